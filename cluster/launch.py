@@ -1,0 +1,86 @@
+"""Start a training run:  python -m cluster.launch CONFIG.yaml [key.sub=value ...]
+
+Starts a local Ray cluster on 127.0.0.1 when none is running, joins the running one otherwise
+(so ``ray job submit -- python -m cluster.launch v05.yaml`` works against ``ray start --head``).
+The config is parsed and checked (keys, model path, dataset file, placement) before any actor
+starts. Outputs go to ``<run.output_dir>/<run.name>/``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from cluster.config import ConfigError, dump_config, load_config
+from cluster.placement import PlacementError, plan
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m cluster.launch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", help="YAML config file (e.g. v05.yaml)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.max_steps=3")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the resolved config and placement plan, start nothing")
+    return ap.parse_args(argv)
+
+
+def preflight(cfg):
+    """Everything that can fail before an actor starts: task data, placement, algo needs."""
+    from tasks import make_task_from_config
+
+    p = plan(cfg)
+    task = make_task_from_config(cfg.task)
+    if cfg.algo.name in ("v05", "prior_only") and cfg.mode == "sync" and not _has_prior():
+        raise ConfigError(f"algo.name={cfg.algo.name} needs the V0 prior server (actors/prior.py)")
+    return p, task
+
+
+def _has_prior() -> bool:
+    return (Path(__file__).resolve().parent.parent / "actors" / "prior.py").is_file()
+
+
+def run(cfg) -> dict:
+    """Run one training job to the end; returns the summary."""
+    import ray
+
+    from cluster.runtime import connect, start_roles
+    from cluster.trainer import Trainer
+
+    p, task = preflight(cfg)
+    model_path = cfg.model.resolve()
+    started = connect(cfg, p)
+    roles = None
+    try:
+        print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
+        t0 = time.time()
+        roles = start_roles(cfg, p, model_path)
+        print(f"actors up in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        return Trainer(cfg, roles, task).run()
+    finally:
+        if roles is not None:
+            roles.shutdown()
+        if started:
+            ray.shutdown()
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            p, _ = preflight(cfg)
+            print(dump_config(cfg))
+            print(f"# placement: {p.describe()} = {p.total_gpus:g} GPU, {p.total_cpus:g} CPU")
+            return 0
+        summary = run(cfg)
+    except (ConfigError, PlacementError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s -> {cfg.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

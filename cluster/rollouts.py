@@ -1,0 +1,109 @@
+"""Rollout plumbing shared by the sync loop and the async coordinator.
+
+- ``PromptSampler``: the training-prompt stream, deterministic by seed, with a resumable position.
+- ``GeneratorPool``: least-loaded dispatch of rollout requests to generator actors.
+- ``Group``: one prompt's estimator state plus its scored rollouts, turned into TrainSamples.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass, field
+
+from actors.types import Rollout, RolloutRequest, SamplingConfig, TrainSample
+from estimator.state import PromptState
+
+
+class PromptSampler:
+    """Epoch-wise shuffled pass over the train split; ``position`` counts prompts drawn."""
+
+    def __init__(self, problems: list, seed: int, position: int = 0):
+        if not problems:
+            raise ValueError("the task's train split is empty")
+        self.problems, self.seed, self.position = problems, seed, position
+        self._epoch, self._perm = -1, []
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next(self, n: int) -> list:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.problems))
+            if epoch != self._epoch:
+                self._epoch, self._perm = epoch, self._order(epoch)
+            out.append(self.problems[self._perm[i]])
+            self.position += 1
+        return out
+
+
+class GeneratorPool:
+    """Sends each request to the generator with the fewest outstanding rollouts."""
+
+    def __init__(self, handles: list):
+        self.handles = list(handles)
+        self.load = [0] * len(self.handles)
+        self._where: dict = {}  # ref -> (generator index, n)
+        self._ids = itertools.count()
+
+    def submit(self, req: RolloutRequest):
+        g = min(range(len(self.handles)), key=lambda i: self.load[i])
+        ref = self.handles[g].generate.remote(req)
+        self.load[g] += req.n
+        self._where[ref] = (g, req.n)
+        return ref
+
+    def finished(self, ref) -> int:
+        """Forget a completed request; returns the index of the generator that served it."""
+        g, n = self._where.pop(ref)
+        self.load[g] -= n
+        return g
+
+    def request_id(self) -> str:
+        return f"r{next(self._ids)}"
+
+    def call_all(self, method: str, *args):
+        import ray
+
+        return ray.get([getattr(h, method).remote(*args) for h in self.handles])
+
+
+@dataclass
+class Group:
+    """A prompt in flight: its estimator state, its rollouts by slot, its timings."""
+
+    problem: object
+    state: PromptState
+    rollouts: dict[int, Rollout] = field(default_factory=dict)
+    t_admit: float = field(default_factory=time.time)
+    t_done: float = 0.0
+    unparsed: int = 0
+
+    def requests(self, pool: GeneratorPool, sampling: SamplingConfig) -> list[tuple[RolloutRequest, int]]:
+        """The rollout requests the estimator wants now, each with its first slot index."""
+        n = self.state.to_request()
+        if not n:
+            return []
+        base = self.state.requested - n
+        req = RolloutRequest(pool.request_id(), self.problem.id, self.problem.prompt, n, sampling)
+        return [(req, base)]
+
+    def add(self, task, rollouts: list[Rollout], base: int) -> None:
+        for j, r in enumerate(rollouts):
+            verdict = task.score(self.problem, r.text)
+            r.reward, r.parsed = verdict.reward, verdict.parsed
+            self.unparsed += not verdict.parsed
+            self.rollouts[base + j] = r
+            self.state.add(verdict.reward, index=base + j)
+
+    def samples(self) -> list[TrainSample]:
+        adv = self.state.advantages()
+        return [TrainSample(r.prompt_token_ids, r.token_ids, r.logprobs, float(a), r.version)
+                for (_, r), a in zip(sorted(self.rollouts.items()), adv)]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for _, r in sorted(self.rollouts.items())]

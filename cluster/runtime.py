@@ -1,0 +1,98 @@
+"""Bring the cluster up and the role actors with it: Ray connection, placement, handles.
+
+Everything here imports Ray lazily so that ``cluster.config`` and ``--help`` stay fast.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from cluster.placement import Plan, reserve, threads_for
+
+
+def connect(cfg, plan: Plan) -> bool:
+    """Join the configured or running Ray cluster, else start a local one on 127.0.0.1.
+    Returns True if this process started the cluster (and so should stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {"PYTHONPATH": os.getcwd(), "TOKENIZERS_PARALLELISM": "false"}}
+    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        return False
+    try:  # a cluster started with `ray start --head` on this machine
+        ray.init(address="auto", runtime_env=env)
+        return False
+    except ConnectionError:
+        pass
+    cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
+    ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
+             _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
+             logging_level="WARNING")
+    return True
+
+
+@dataclass
+class Roles:
+    """Handles of the running actors; the driver talks to the system only through these."""
+
+    generators: list
+    learner: object
+    prior: object | None = None
+    groups: dict = field(default_factory=dict)
+
+    def shutdown(self) -> None:
+        import ray
+
+        self.learner.shutdown()
+        for h in self.generators + ([self.prior] if self.prior is not None else []):
+            ray.kill(h, no_restart=True)
+        for pg in self.groups.values():
+            ray.util.remove_placement_group(pg)
+
+
+def _pg_strategy(pg, index: int):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
+
+
+def start_generators(cfg, model_path: str, pg) -> list:
+    import ray
+
+    from actors.generator import Generator, GeneratorConfig
+
+    g = cfg.generators
+    engine_cfg = GeneratorConfig(**g.engine)
+    threads = threads_for(g.cpus, g.threads)
+    ncores = os.cpu_count() or 1
+    cls = ray.remote(Generator)
+    handles = []
+    for i in range(g.count):
+        # Pin each CPU engine's threads to its own cores so two engines do not share core 0.
+        first = (i * threads) % ncores
+        bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
+        handles.append(cls.options(
+            num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
+            max_concurrency=1024, scheduling_strategy=_pg_strategy(pg, i),
+        ).remote(model_path, i, engine_cfg, threads, bind))
+    ray.get([h.ready.remote() for h in handles])
+    return handles
+
+
+def start_learner(cfg, model_path: str, pg):
+    from learner.group import LearnerGroup
+
+    lp = cfg.learner
+    return LearnerGroup(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
+                        placement_group=pg, num_gpus_per_rank=lp.gpus)
+
+
+def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
+    groups = reserve(plan)
+    learner = start_learner(cfg, model_path, groups["learner"])
+    generators = start_generators(cfg, model_path, groups["generator"])
+    return Roles(generators=generators, learner=learner, groups=groups)
