@@ -1,0 +1,134 @@
+"""The estimator benchmark (bench/estimator_mse.py) at tiny sizes: output structure, and the
+behaviours its conclusions rest on (exact prior beats GRPO, MC agrees with exact sums, the
+simulation agrees with the per-prompt state machine the coordinator uses)."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bench import _estimator_sim as sim
+from bench import _estimator_variants as var
+from bench.estimator_mse import QUICK, V05_VARIANTS, est_config, main, run_benchmark
+from estimator import PromptState, make_estimator
+
+TINY = replace(QUICK, n_prompts=2000, n_exact=300, bias_ks=(1, 4, 16), grid_points=11,
+               mc_bias_prompts=20, mc_bias_reps=400, timing_n=2000, n_variant=1024,
+               variant_batches=(512,))
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "estimator_mse"
+    res = run_benchmark(TINY, out, plot=True, log=lambda *_: None)
+    return res, out
+
+
+def _row(res, prior, estimator="v05_osla", lookahead="predictive", noise="bound"):
+    (row,) = [r for r in res["v05"] if (r["estimator"], r["prior"], r["lookahead"], r["noise"])
+              == (estimator, prior, lookahead if estimator == "v05_osla" else None, noise)]
+    return row
+
+
+def test_outputs_are_written_with_the_documented_structure(result):
+    res, out = result
+    on_disk = json.loads(out.with_suffix(".json").read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert {"config", "machine", "date", "grpo", "v05", "bias_vs_k", "convention_check",
+            "experimental", "timing", "v05_loses"} <= set(on_disk)
+    assert on_disk["machine"]["cpu_count"] >= 1 and on_disk["config"]["n_prompts"] == 2000
+    assert [r["group"] for r in on_disk["grpo"]] == [2, 4, 8, 16]
+    assert len(on_disk["v05"]) == len(TINY.priors) * len(V05_VARIANTS)
+    for r in on_disk["v05"]:
+        assert {"mse", "mse_se", "bias", "mean_k", "k_hist", "cond_bias_mean_abs",
+                "cond_bias_max_abs", "mse_ratio_vs_grpo_same_k"} <= set(r)
+        assert len(r["k_hist"]) == TINY.k_max + 1
+        assert sum(r["k_hist"]) == pytest.approx(1.0)
+        assert sum(r["k_hist"][: TINY.k_init]) == 0.0
+    assert on_disk["timing"]["decisions_per_s"]["predictive/bound"] > 0
+
+
+def test_exact_prior_osla_beats_grpo4_and_k_stays_in_range(result):
+    res, _ = result
+    grpo4 = next(r for r in res["grpo"] if r["group"] == 4)
+    exact = _row(res, "exact")
+    assert exact["mse"] < grpo4["mse"] / 3
+    for r in res["v05"]:
+        assert TINY.k_init <= r["mean_k"] <= TINY.k_max
+    # an uninformative prior must cost rollouts: OSLA spends more than with an exact prior
+    assert _row(res, "const0.5")["mean_k"] > exact["mean_k"] + 1
+
+
+def test_monte_carlo_agrees_with_exact_sums(result):
+    res, _ = result
+    var_r = res["population_var_reward"]
+    for r in res["grpo"]:  # GRPO's MSE is E[Var r] / G
+        assert abs(r["mse"] - var_r / r["group"]) < 5 * r["mse_se"]
+    for r in res["v05"]:
+        assert abs(r["mc_minus_exact_mse_in_se"]) < 5, r
+    check = res["bias_vs_k"]["mc_check"]
+    assert check["max_abs_z"] < 6 and check["max_abs_diff_where_sd_0"] < 1e-12
+
+
+def test_bias_bound_and_reward_convention(result):
+    res, _ = result
+    wc = res["bias_vs_k"]["worst_case_grid"]["bound"]["max_abs_times_sqrt_k_over_sigma"]
+    assert max(wc) <= 1.0 + 1e-9 and min(wc) > 0.5  # O(1/sqrt k), and the constant is ~1
+    conv = res["convention_check"]
+    assert conv["max_fraction_prompts_with_different_k"] == 0.0
+    assert conv["max_relative_diff_4mse01_vs_mse_pm1"] < 1e-9
+
+
+@pytest.mark.parametrize("lookahead, noise", [("predictive", "bound"), ("plugin", "bernoulli")])
+def test_vectorised_osla_matches_the_per_prompt_state(lookahead, noise):
+    rng = np.random.default_rng(3)
+    pop = sim.draw_population(60, 16, rng)
+    prior_p = sim.prior_probs("sd0.2", pop.p, rng)
+    cfg = est_config(TINY, lookahead, noise)
+    k_stop, base = sim.simulate_osla(pop, sim.to_reward_scale(prior_p, cfg.rewards), cfg)
+    est = make_estimator("v05", lookahead=lookahead, noise=noise)
+    for i in range(60):
+        st = PromptState(est, prior_p=float(prior_p[i]))
+        while (n := st.to_request()):
+            for _ in range(n):
+                st.add(float(pop.rewards[i, st.k]))
+        assert st.k == k_stop[i]
+        assert st.baseline == pytest.approx(base[i], abs=1e-12)
+
+
+def test_exact_dynamic_programme_matches_binomial_sum():
+    rng = np.random.default_rng(4)
+    p, prior = rng.random(300), rng.uniform(-1, 1, 300)
+    for noise in ("bound", "bernoulli"):
+        cfg = est_config(TINY, noise=noise)
+        ex = sim.exact_rule(p, prior, cfg, adaptive=False, k_fixed=8)
+        assert np.allclose(ex["mean_baseline"] - ex["mu"], sim.conditional_bias(p, prior, cfg, 8))
+        osla = sim.exact_rule(p, prior, cfg, adaptive=True)
+        assert np.allclose(osla["k_pmf"].sum(axis=1), 1.0)
+
+
+def test_experimental_median_floor_reduces_to_v05_and_fixes_the_constant_prior():
+    rng = np.random.default_rng(5)
+    pop = sim.draw_population(3000, 16, rng)
+    cfg = est_config(TINY)
+    prior = sim.to_reward_scale(sim.prior_probs("sd0.1", pop.p, rng), cfg.rewards)
+    k0, b0 = sim.simulate_osla(pop, prior, cfg)
+    k1, b1 = var._osla_floor(pop.csum, prior, cfg, tau2=0.0)
+    assert (k0 == k1).all() and np.allclose(b0, b1)
+    const = np.zeros_like(prior)
+    _, bv = sim.simulate_osla(pop, const, cfg)
+    _, bf, taus = var.experimental_v05_median_floor(pop, const, cfg, batch=1000)
+    assert min(taus) > 0.3
+    assert np.mean((bf - pop.mu) ** 2) < 0.5 * np.mean((bv - pop.mu) ** 2)
+
+
+@pytest.mark.parametrize("argv, message", [(["--rewards", "1,0"], "r_lo < r_hi"),
+                                           (["--rewards", "1"], "two values")])
+def test_cli_rejects_bad_rewards(argv, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        main(argv + ["--quick", "--out", str(tmp_path / "x")])
+
+
+def test_unknown_prior_quality_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown prior quality"):
+        sim.prior_probs("oracle", np.array([0.5]), np.random.default_rng(0))
