@@ -1,0 +1,165 @@
+"""Record finished prompt groups to disk and replay them into the learner, with no generator.
+
+File format: a stream of msgpack maps, one per finished prompt group::
+
+    {"prompt_id": str, "prompt": str, "rewards": [float], "baseline": float,
+     "policy_version": int, "samples": [TrainSample.to_dict(), ...]}
+
+    python -m learner.replay FILE [--model PATH] [--batch-prompts B] [--ranks R] [--steps N]
+
+trains a ``LearnerGroup`` on batches of B consecutive groups (cycling through the file if N
+asks for more batches than it holds) and prints one JSON line per step and a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from actors.types import TrainSample
+
+_KEYS = ("prompt_id", "prompt", "rewards", "baseline", "policy_version", "samples")
+
+
+class RolloutRecorder:
+    """Appends one msgpack record per finished prompt group (flushed, so a crash loses none)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "ab")
+        self.n_groups = 0
+
+    def append(self, prompt_id: str, prompt: str, rewards: Sequence[float], baseline: float,
+               policy_version: int, samples: Sequence[TrainSample | dict]) -> None:
+        import msgpack
+
+        if len(rewards) != len(samples):
+            raise ValueError(f"group {prompt_id!r}: {len(rewards)} rewards for "
+                             f"{len(samples)} samples")
+        record = {
+            "prompt_id": str(prompt_id), "prompt": str(prompt),
+            "rewards": [float(r) for r in rewards], "baseline": float(baseline),
+            "policy_version": int(policy_version),
+            "samples": [s.to_dict() if isinstance(s, TrainSample) else dict(s) for s in samples],
+        }
+        self._f.write(msgpack.packb(record, use_bin_type=True))
+        self._f.flush()
+        self.n_groups += 1
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "RolloutRecorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_groups(path: str | Path) -> Iterator[dict]:
+    """Yield the recorded groups in order; ``samples`` come back as ``TrainSample``s."""
+    import msgpack
+
+    with open(path, "rb") as f:
+        for i, rec in enumerate(msgpack.Unpacker(f, raw=False)):
+            missing = [k for k in _KEYS if k not in rec]
+            if missing:
+                raise ValueError(f"{path}: record {i} lacks {missing}")
+            rec["samples"] = [TrainSample.from_dict(s) for s in rec["samples"]]
+            yield rec
+
+
+def batches(groups: list[dict], batch_prompts: int, steps: int) -> Iterator[list[TrainSample]]:
+    """``steps`` batches of ``batch_prompts`` consecutive groups, wrapping around the file."""
+    if not groups:
+        raise ValueError("the rollout file holds no groups")
+    pos = 0
+    for _ in range(steps):
+        chosen = [groups[(pos + j) % len(groups)] for j in range(batch_prompts)]
+        pos = (pos + batch_prompts) % len(groups)
+        yield [s for g in chosen for s in g["samples"]]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m learner.replay", description=__doc__.split("\n")[0])
+    p.add_argument("file", help="msgpack rollout file written by RolloutRecorder")
+    p.add_argument("--model", default=None, help="HF checkpoint dir (default: embedded policy)")
+    p.add_argument("--batch-prompts", type=int, default=4, help="prompt groups per step")
+    p.add_argument("--ranks", type=int, default=1, help="learner ranks (Ray actors)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimiser steps (default: one pass over the file)")
+    p.add_argument("--cpus-per-rank", type=float, default=1.0)
+    p.add_argument("--config", default="{}",
+                   help='LearnerConfig fields as JSON, e.g. \'{"lr": 1e-5, "zero_stage": 2}\'')
+    args = p.parse_args(argv)
+    for name in ("batch_prompts", "ranks"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.steps is not None and args.steps < 1:
+        p.error("--steps must be >= 1")
+    return args
+
+
+def run(args: argparse.Namespace, out=sys.stdout) -> dict:
+    """Train from the file; prints per-step JSON lines and returns the summary dict."""
+    import ray
+
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+
+    cfg = LearnerConfig(**json.loads(args.config))
+    groups = list(read_groups(args.file))
+    steps = args.steps or max(1, len(groups) // args.batch_prompts)
+    model = args.model
+    if model is None:
+        from tasks.policy import ensure_default_policy
+
+        model = str(ensure_default_policy())
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address="local", num_cpus=max(1, int(args.ranks * args.cpus_per_rank + 0.999)),
+                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    group = None
+    try:
+        t_init = time.perf_counter()
+        group = LearnerGroup(model, args.ranks, cfg, num_cpus_per_rank=args.cpus_per_rank)
+        init_s = time.perf_counter() - t_init
+        history, n_samples, t0 = [], 0, time.perf_counter()
+        for batch in batches(groups, args.batch_prompts, steps):
+            m = group.train_step(batch)
+            n_samples += len(batch)
+            history.append(m)
+            print(json.dumps({"samples": len(batch), **m}), file=out, flush=True)
+        wall = time.perf_counter() - t0
+    finally:
+        if group is not None:
+            group.shutdown()
+        if own_ray:
+            ray.shutdown()
+    summary = _summary(history, n_samples, wall, init_s)
+    print(json.dumps({"summary": summary}), file=out, flush=True)
+    return summary
+
+
+def _summary(history: list[dict], n_samples: int, wall: float, init_s: float) -> dict:
+    times = [m["step_time_s"] for m in history]
+    return {
+        "steps": len(history), "samples": n_samples,
+        "tokens": sum(m["n_tokens"] for m in history),
+        "skipped_steps": sum(m["skipped"] for m in history),
+        "wall_s": wall, "init_s": init_s, "samples_per_s": n_samples / wall if wall > 0 else 0.0,
+        "mean_step_time_s": sum(times) / len(times) if times else 0.0,
+        "final_loss": history[-1]["loss"] if history else None,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""One learner rank: a Hugging Face causal LM inside a DeepSpeed engine.
+
+A plain class; ``learner/group.py`` wraps it with ``ray.remote``. Heavy imports (torch,
+deepspeed, transformers) happen inside methods so that importing this module is cheap.
+
+Loss normalisation across ranks (why R ranks give the same update as 1 rank):
+every rank divides its summed per-token (or per-response) losses by the GLOBAL token (or
+response) count, all-reduced before the first forward, and DeepSpeed averages gradients over
+ranks, so each rank backpropagates ``world_size * local_sum / global_count``; the average of
+those gradients is exactly the gradient of the global-batch loss whatever the shard sizes.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+from actors.types import TrainSample
+from learner.config import LearnerConfig
+
+# Files of an HF checkpoint directory that are not weights: copied next to saved weights.
+_AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
+_CLIENT_KEY = "v05_client_state"
+# Order of the all-reduced metric sums in ``train_step``.
+_SUMS = ("loss", "clip", "approx_kl", "kl", "entropy", "n_tokens")
+
+
+class LearnerWorker:
+    def __init__(self, model_path: str, cfg: LearnerConfig | dict, rank: int, world_size: int,
+                 master_port: int, num_threads: int = 1, master_addr: str = "127.0.0.1"):
+        import torch
+
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.cfg = cfg if isinstance(cfg, LearnerConfig) else LearnerConfig(**cfg)
+        self.rank, self.world_size = rank, world_size
+        self.model_path = str(model_path)
+        torch.set_num_threads(num_threads)
+        torch.manual_seed(self.cfg.seed)
+        self.cuda = torch.cuda.is_available()
+        self.device = self._pick_device()
+        self.dtype_name = self.cfg.resolved_dtype(self.cuda)
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype_name]
+        self._init_dist(master_addr, master_port)
+        self.engine = self._init_engine(self._load_model())
+        self.ref_model = self._load_ref() if self.cfg.kl_coef > 0 else None
+        pad = self.engine.module.config.pad_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+        self.step = 0  # optimiser updates applied
+        self.consecutive_nan = 0
+
+    # ---------------------------------------------------------------- setup
+    def _pick_device(self):
+        import torch
+
+        if not self.cuda:
+            return torch.device("cpu")
+        # Under Ray each rank sees only its own GPU (index 0); without Ray, one GPU per rank.
+        idx = self.rank % torch.cuda.device_count()
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+
+    def _init_dist(self, addr: str, port: int) -> None:
+        from datetime import timedelta
+
+        import deepspeed
+
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.device.index or 0))
+        deepspeed.init_distributed(dist_backend=self.cfg.resolved_backend(self.cuda),
+                                   auto_mpi_discovery=False, init_method=f"tcp://{addr}:{port}",
+                                   rank=self.rank, world_size=self.world_size,
+                                   timeout=timedelta(minutes=10), verbose=False)
+
+    def _load_model(self, trainable: bool = True):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        if trainable and self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        return model
+
+    def _load_ref(self):
+        model = self._load_model(trainable=False).to(self.device).eval()
+        model.requires_grad_(False)
+        return model
+
+    def ds_config(self) -> dict:
+        cfg = self.cfg
+        return {
+            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+            # We set the accumulation boundary ourselves (variable micro-batch counts per step).
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage},
+            # check_grad_overflow makes the bf16 optimiser skip steps with a non-finite norm.
+            "bf16": {"enabled": self.dtype_name == "bf16", "check_grad_overflow": True},
+            "zero_allow_untested_optimizer": True,  # a torch AdamW: no compiled op needed
+            "steps_per_print": 2 ** 31,
+            "wall_clock_breakdown": False,
+        }
+
+    def _init_engine(self, model):
+        import deepspeed
+        import torch
+
+        opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
+                                eps=self.cfg.eps, weight_decay=self.cfg.weight_decay)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=self.ds_config())
+        return engine
+
+    # ---------------------------------------------------------------- training
+    def ready(self) -> int:
+        return self.rank
+
+    def train_step(self, samples: list[TrainSample]) -> dict:
+        """One optimiser step on this rank's shard (every rank must be called, same length)."""
+        import torch
+
+        t0 = time.perf_counter()
+        if len(samples) == 0:
+            raise ValueError("train_step got an empty shard; LearnerGroup pads shards instead")
+        counts = torch.tensor([sum(len(s.token_ids) for s in samples),
+                               sum(1 for s in samples if s.token_ids)], dtype=torch.float64)
+        counts = self._all_reduce(counts)  # (global tokens, global non-empty responses)
+        n_tok, n_seq = int(counts[0]), int(counts[1])
+        if n_tok == 0:
+            return self._metrics(None, math.nan, "no response tokens in the global batch", t0,
+                                 n_seq)
+        normalizer = n_tok if self.cfg.aggregation == "token_mean" else n_seq
+        sums, loss_bad = self._forward_backward(samples, normalizer)
+        sums = self._all_reduce(sums)  # one collective for every metric
+        skip_reason, grad_norm = self._apply_update(loss_bad)
+        return self._metrics(sums, grad_norm, skip_reason, t0, n_seq)
+
+    def _forward_backward(self, samples: list[TrainSample], normalizer: int):
+        """Forward/backward every micro-batch. Returns (unreduced metric sums (len(_SUMS),),
+        whether any rank saw a non-finite loss)."""
+        import torch
+
+        mbs = self.cfg.micro_batch_size
+        micro = [samples[i:i + mbs] for i in range(0, len(samples), mbs)]
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64)
+        bad = False
+        for i, mb in enumerate(micro):
+            last = i == len(micro) - 1
+            # Reduce gradients only after the last micro-batch (they accumulate locally before).
+            self.engine.set_gradient_accumulation_boundary(last)
+            out = self._micro_loss(mb, normalizer)
+            # DeepSpeed averages gradients over ranks; undo that so they sum (see module doc).
+            loss = out.loss * self.world_size
+            bad = bad or not bool(torch.isfinite(out.loss.detach()))
+            if last:
+                bad = bool(self._all_reduce(torch.tensor([float(bad)]))[0] > 0)
+                if bad:
+                    # A NaN loss can still leave finite gradients (NaN compares false in the
+                    # clamp/min backward, so the token just gets 0). Poison the gradient on
+                    # every rank instead: each optimiser path then skips and clears its own
+                    # accumulated state (DeepSpeed's overflow check, or ours at stage 0).
+                    loss = loss * float("nan")
+            self.engine.backward(loss)
+            n = out.n_tokens.double().cpu()
+            sums += torch.stack([out.loss.detach().double().cpu(), out.clip_fraction.double().cpu() * n,
+                                 out.approx_kl.double().cpu() * n, out.kl.double().cpu() * n,
+                                 out.entropy.double().cpu() * n, n])
+        return sums, bad
+
+    def _micro_loss(self, mb: list[TrainSample], normalizer: int):
+        import torch
+
+        from learner.batch import collate
+        from learner.loss import LossInputs, policy_loss
+
+        batch = {k: v.to(self.device) for k, v in collate(mb, self.pad_id).items()}
+        ids, attn = batch["input_ids"], batch["attention_mask"]  # (B, L)
+        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
+        logp, entropy = token_logprobs(logits, ids[:, 1:], self.cfg.temperature)
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logits = self.ref_model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                ref, _ = token_logprobs(ref_logits, ids[:, 1:], self.cfg.temperature, False)
+        inputs = LossInputs(logprobs=logp, behaviour_logprobs=batch["behaviour_logprobs"],
+                            advantages=batch["advantages"], mask=batch["response_mask"],
+                            ref_logprobs=ref, entropy=entropy)
+        return policy_loss(inputs, clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
+                           kl_coef=self.cfg.kl_coef, aggregation=self.cfg.aggregation,
+                           normalizer=float(normalizer))
+
+    def _apply_update(self, loss_bad: bool) -> tuple[str, float]:
+        """Step the optimiser unless the gradient is non-finite (it is whenever the loss was,
+        see ``_forward_backward``). Returns (skip_reason or "", pre-clip global grad norm)."""
+        import torch
+
+        eng = self.engine
+        if hasattr(eng.optimizer, "overflow"):
+            # ZeRO / bf16 optimisers check the global norm themselves and skip on inf/NaN.
+            eng.step()
+            norm = eng.get_global_grad_norm()
+            norm = math.nan if norm is None else float(norm)
+            ok = eng.was_step_applied()
+        else:
+            # Plain torch AdamW at stage 0: the boundary backward already all-reduced p.grad.
+            grads = [p.grad for p in eng.module.parameters() if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) if grads else 0.0
+            ok = math.isfinite(norm)
+            if ok:
+                eng.step()  # clips to grad_clip, then AdamW
+            else:
+                eng.zero_grad()
+        if ok and loss_bad:
+            raise AssertionError("learner: a step with a non-finite loss was applied")
+        if ok:
+            self.step += 1
+            self.consecutive_nan = 0
+            return "", norm
+        reason = "non-finite loss" if loss_bad else "non-finite gradient norm"
+        self.consecutive_nan += 1
+        if self.consecutive_nan > self.cfg.max_consecutive_nan:
+            n, self.consecutive_nan = self.consecutive_nan, 0
+            raise RuntimeError(
+                f"learner: {n} consecutive steps skipped (last: {reason}), more than "
+                f"max_consecutive_nan={self.cfg.max_consecutive_nan}; check the advantages and "
+                "behaviour log-probs for NaN/inf, or lower the learning rate")
+        return reason, norm
+
+    def _metrics(self, sums, grad_norm: float, skip_reason: str, t0: float, n_seq: int) -> dict:
+        s = dict(zip(_SUMS, [float(x) for x in sums])) if sums is not None else {}
+        n = s.get("n_tokens", 0.0)
+        per_tok = lambda k: s[k] / n if n else math.nan  # noqa: E731
+        return {
+            "loss": s.get("loss", math.nan), "grad_norm": grad_norm,
+            "entropy": per_tok("entropy") if s else math.nan,
+            "clip_fraction": per_tok("clip") if s else math.nan,
+            "approx_kl": per_tok("approx_kl") if s else math.nan,
+            "kl": per_tok("kl") if s else math.nan,
+            "n_tokens": int(n), "n_samples": n_seq,
+            "skipped": bool(skip_reason), "skip_reason": skip_reason,
+            "step": self.step, "consecutive_skips": self.consecutive_nan,
+            "step_time_s": time.perf_counter() - t0,
+        }
+
+    def _all_reduce(self, t):
+        import torch.distributed as dist
+
+        dev = t.to(self.device) if self.cuda else t  # NCCL reduces only CUDA tensors
+        dist.all_reduce(dev, op=dist.ReduceOp.SUM)
+        return dev.cpu()
+
+    # ---------------------------------------------------------------- weights & checkpoints
+    @contextlib.contextmanager
+    def _gathered(self):
+        """Under ZeRO-3, materialise full parameters on every rank (a collective)."""
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()),
+                                                   modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def get_weights(self, all_ranks: bool = False) -> dict:
+        """Full fp32 state dict {HF parameter name: np.ndarray}; {} on ranks > 0 unless all_ranks.
+        Every rank must be called (ZeRO-3 gathers)."""
+        with self._gathered():
+            if self.rank != 0 and not all_ranks:
+                return {}
+            return {k: v.detach().float().cpu().numpy().copy()
+                    for k, v in self.engine.module.state_dict().items()}
+
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
+        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
+        tag = f"step{self.step}"
+        # Under one key: DeepSpeed's load returns its own entries (optimizer, ds_config...) too.
+        state = {_CLIENT_KEY: dict(client_state), "learner_step": self.step}
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state)
+        return str(Path(ckpt_dir) / tag)
+
+    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
+        """Restore the latest (or ``tag``) checkpoint; returns the saved client_state."""
+        path, state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir} (tag={tag})")
+        state = state or {}
+        self.step = int(state.get("learner_step", self.step))
+        self.consecutive_nan = 0
+        return dict(state.get(_CLIENT_KEY, {}))
+
+    def save_hf(self, out_dir: str) -> str:
+        """Write the current weights as an HF checkpoint (rank 0), with the tokenizer files."""
+        import torch
+
+        with self._gathered():
+            if self.rank != 0:
+                return ""
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            sd = {k: v.detach().to("cpu", torch.float32).contiguous()
+                  for k, v in self.engine.module.state_dict().items()}
+            self.engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
+        for name in _AUX_FILES:
+            src = Path(self.model_path) / name
+            if src.exists():
+                shutil.copy(src, out / name)
+        return str(out)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def token_logprobs(logits, targets, temperature: float = 1.0, with_entropy: bool = True):
+    """Log-prob of each target and (no-grad) entropy per position.
+
+    logits (B, T, V), targets (B, T) -> logp (B, T) float32, entropy (B, T) float32 or None.
+    """
+    import torch
+
+    logits = logits.float() / temperature
+    lse = torch.logsumexp(logits, dim=-1)  # (B, T)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
