@@ -121,6 +121,7 @@ class PriorPlacement(Section):
     backend: str = Field("embedded", description="Prior backend (see actors/prior.py).")
     gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
     cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
+    window: int = Field(256, ge=1, description="Recent (prompt, success rate) pairs the prior conditions on.")
     timeout_s: float = Field(10.0, gt=0, description="Prior call timeout; on timeout prompts fall back to the empirical baseline.")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options.")
 
@@ -130,7 +131,7 @@ class ClusterConfig(Section):
 
     address: str | None = Field(None, description=(
         "Ray address to join; None: join a running cluster (RAY_ADDRESS or `ray start`) if any, "
-        "else start a local one on 127.0.0.1."))
+        "else start a local one on 127.0.0.1; 'local': always start a private local one."))
     num_cpus: float | None = Field(None, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
     weight_sync: Literal["object_store", "nccl"] = Field("object_store", description="Weight-sync transport.")
 

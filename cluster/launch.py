@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from cluster.config import ConfigError, dump_config, load_config
 from cluster.placement import PlacementError, plan
@@ -32,13 +31,7 @@ def preflight(cfg):
 
     p = plan(cfg)
     task = make_task_from_config(cfg.task)
-    if cfg.algo.name in ("v05", "prior_only") and cfg.mode == "sync" and not _has_prior():
-        raise ConfigError(f"algo.name={cfg.algo.name} needs the V0 prior server (actors/prior.py)")
     return p, task
-
-
-def _has_prior() -> bool:
-    return (Path(__file__).resolve().parent.parent / "actors" / "prior.py").is_file()
 
 
 def run(cfg) -> dict:

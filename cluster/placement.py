@@ -10,6 +10,9 @@ import math
 from dataclasses import dataclass
 
 
+COORDINATOR_CPUS = 0.1
+
+
 class PlacementError(ValueError):
     pass
 
@@ -55,6 +58,8 @@ def plan(cfg) -> Plan:
         RolePlan("learner", cfg.learner.ranks, cfg.learner.cpus, cfg.learner.gpus),
         RolePlan("prior", 1 if cfg.algo.name in ("v05", "prior_only") else 0,
                  cfg.prior.cpus, cfg.prior.gpus),
+        # The coordinator is light (asyncio bookkeeping, reward checks): a sliver of a CPU.
+        RolePlan("coordinator", 1 if cfg.mode == "async" else 0, COORDINATOR_CPUS, 0),
     )
     for r in roles:
         if r.gpus > 1 and not float(r.gpus).is_integer():

@@ -81,6 +81,8 @@ class Group:
     t_admit: float = field(default_factory=time.time)
     t_done: float = 0.0
     unparsed: int = 0
+    wave: int = 0       # admission batch this prompt came in with
+    uid: str = ""       # unique per admission (a prompt can come back in a later epoch)
 
     def requests(self, pool: GeneratorPool, sampling: SamplingConfig) -> list[tuple[RolloutRequest, int]]:
         """The rollout requests the estimator wants now, each with its first slot index."""
@@ -107,3 +109,18 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [r.reward for _, r in sorted(self.rollouts.items())]
+
+    def export(self) -> dict:
+        """What the driver needs of a finished prompt for metrics and ``prompts.jsonl``."""
+        st = self.state
+        fused = st.est.needs_prior and not st.fallback
+        rs = self.rollouts.values()
+        return {"prompt_id": self.problem.id, "uid": self.uid, "wave": self.wave, "k": st.k,
+                "rewards": self.rewards, "baseline": st.baseline, "prior_p": st.prior_p,
+                # The test kept the prior iff w == 0, and then the baseline IS the prior.
+                "prior_accepted": (st.baseline == st.prior) if fused else None,
+                "fallback": st.fallback, "keep": st.keep, "unparsed": self.unparsed,
+                "t_admit": self.t_admit, "t_done": self.t_done,
+                "versions": sorted({r.version for r in rs}),
+                "generators": sorted({r.generator for r in rs}),
+                "tokens": sum(len(r.token_ids) for r in rs)}

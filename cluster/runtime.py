@@ -20,14 +20,15 @@ def connect(cfg, plan: Plan) -> bool:
         return False
     env = {"env_vars": {"PYTHONPATH": os.getcwd(), "TOKENIZERS_PARALLELISM": "false"}}
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address and address != "local":
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return False
-    try:  # a cluster started with `ray start --head` on this machine
-        ray.init(address="auto", runtime_env=env)
-        return False
-    except ConnectionError:
-        pass
+    if address is None:
+        try:  # a cluster started with `ray start --head` on this machine
+            ray.init(address="auto", runtime_env=env)
+            return False
+        except ConnectionError:
+            pass
     cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
     ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
@@ -47,7 +48,8 @@ class Roles:
     def shutdown(self) -> None:
         import ray
 
-        self.learner.shutdown()
+        if self.learner is not None:
+            self.learner.shutdown()
         for h in self.generators + ([self.prior] if self.prior is not None else []):
             ray.kill(h, no_restart=True)
         for pg in self.groups.values():
@@ -91,8 +93,29 @@ def start_learner(cfg, model_path: str, pg):
                         placement_group=pg, num_gpus_per_rank=lp.gpus)
 
 
+def start_prior(cfg, pg):
+    import ray
+
+    from actors.prior import PriorServer
+
+    p = cfg.prior
+    handle = ray.remote(PriorServer).options(
+        num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
+        scheduling_strategy=_pg_strategy(pg, 0),
+    ).remote(p.backend, p.options, p.window, threads_for(p.cpus))
+    ray.get(handle.ready.remote())
+    return handle
+
+
 def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
     groups = reserve(plan)
-    learner = start_learner(cfg, model_path, groups["learner"])
-    generators = start_generators(cfg, model_path, groups["generator"])
-    return Roles(generators=generators, learner=learner, groups=groups)
+    roles = Roles(generators=[], learner=None, groups=groups)
+    try:
+        roles.learner = start_learner(cfg, model_path, groups["learner"])
+        roles.generators = start_generators(cfg, model_path, groups["generator"])
+        if "prior" in groups:
+            roles.prior = start_prior(cfg, groups["prior"])
+    except BaseException:
+        roles.shutdown()
+        raise
+    return roles

@@ -1,20 +1,25 @@
 """The driver of a run: the step loop over the role handles, checkpoints, outputs.
 
     for step in steps:
-        groups  = generate_batch(generators, ...)     # sync: the batch waits for its slowest
-        metrics = learner.train_step(samples(groups))
-        publish(learner.get_weights() -> generators)  # version v+1, loaded in place
+        batch   = source.next_batch()        # sync: generate B prompts, wait for the slowest
+                                             # async: the first B prompts the coordinator finished
+        metrics = learner.train_step(batch.samples)
+        publish(learner weights -> generators)   # version v+1, loaded in place
         evaluate every N; write metrics.jsonl; checkpoint every M
 """
 from __future__ import annotations
 
+import json
 import time
-from pathlib import Path
 
+import numpy as np
+
+from actors.telemetry import Telemetry
 from cluster.config import Config, dump_config
 from cluster.metrics import RunWriter
 from cluster.rollouts import GeneratorPool, PromptSampler
-from cluster.sync import batch_metrics, evaluate, generate_batch
+from cluster.sources import AsyncSource, SyncSource
+from cluster.sync import evaluate
 from estimator.registry import ESTIMATORS
 
 
@@ -26,11 +31,12 @@ class Trainer:
         self.est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(task.rewards))
         self.pool = GeneratorPool(roles.generators)
         self.sender = make_sender(cfg.cluster.weight_sync)
+        self.sender.connect(roles.generators)
         self.ckpt_dir = cfg.run_dir / "checkpoints"
-        self.version = 0
-        self.step = 0
-        self.totals = {"prompts_admitted": 0, "prompts_trained": 0, "prompts_dropped": 0,
-                       "rollouts": 0, "tokens_generated": 0, "nan_skipped_steps": 0}
+        self.version = self.step = 0
+        self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
+                       "tokens_generated": 0, "nan_skipped_steps": 0,
+                       "generator_update_failures": 0}
         self.recorder = None
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
@@ -43,101 +49,152 @@ class Trainer:
         import ray
 
         t = time.time()
-        payload = self.sender.publish(self.roles.learner.get_weights(), self.version)
-        ray.get([g.update_weights.remote(payload, self.version) for g in self.roles.generators])
-        self.sender.release(payload)
+        weights = self.roles.learner.get_weights()
+        payload = self.sender.publish(weights, self.version)
+        refs = [g.update_weights.remote(payload, self.version) for g in self.roles.generators]
+        self.sender.push(weights)
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                # A generator died mid-update; when Ray restarts it the coordinator gives it
+                # the newest weights before sending it work again.
+                self.totals["generator_update_failures"] += 1
+        self.source.weights_published(self.version, payload)
         return time.time() - t
 
-    def save(self, data_pos: int) -> None:
-        state = {"step": self.step, "data_pos": data_pos, "policy_version": self.version,
-                 "totals": self.totals}
+    def save(self) -> None:
+        state = {"step": self.step, "data_pos": self.source.data_pos(),
+                 "policy_version": self.version, "totals": self.totals,
+                 "accounting": self.source.accounting()}
         self.roles.learner.save_checkpoint(str(self.ckpt_dir), state)
 
-    def restore(self) -> int:
+    def restore(self) -> dict:
         if not (self.ckpt_dir / "latest").exists():
             raise FileNotFoundError(f"run.resume=true but no checkpoint under {self.ckpt_dir}")
         state = self.roles.learner.load_checkpoint(str(self.ckpt_dir))
         self.step, self.version = state["step"], state["policy_version"]
         self.totals.update(state.get("totals", {}))
-        self.publish()
-        return state["data_pos"]
+        return state
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
         writer = RunWriter(cfg.run_dir, dump_config(cfg), resume=cfg.run.resume,
                            tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
-        data_pos = self.restore() if cfg.run.resume else 0
-        sampler = PromptSampler(self.task.train(), cfg.run.seed, data_pos)
+        import ray
+
+        # Versions continue from what the generators hold (actors may outlive one run).
+        self.version = max(ray.get([g.version.remote() for g in self.roles.generators]))
+        state = self.restore() if cfg.run.resume else {"data_pos": 0}
+        sampler = PromptSampler(self.task.train(), cfg.run.seed, state["data_pos"])
+        src_cls = AsyncSource if cfg.mode == "async" else SyncSource
+        self.source = src_cls(cfg, self.roles, self.task, self.est, self.pool, sampler,
+                              self.version, state.get("accounting"))
+        if cfg.run.resume:
+            self.publish()  # generators start from the checkpoint's weights
         heldout = self.task.heldout()[: cfg.run.eval_prompts]
+        initial = evaluate(self.pool, self.task, heldout, cfg.rollout.max_tokens) \
+            if cfg.run.eval_every and not cfg.run.resume else {}
+        prompts_log = (cfg.run_dir / "prompts.jsonl").open("a" if cfg.run.resume else "w")
+        self.telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
         t_start = time.time()
-        while self.step < cfg.run.max_steps:
-            self.step += 1
-            m = self.one_step(sampler)
-            if cfg.run.eval_every and (self.step % cfg.run.eval_every == 0 or self.step == 1):
-                m.update(evaluate(self.pool, self.task, heldout, cfg.rollout.max_tokens))
-            writer.step(m)
-            if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
-                self.save(sampler.position)
-        self.save(sampler.position)
-        if self.recorder:
-            self.recorder.close()
+        try:
+            self.source.start()
+            while self.step < cfg.run.max_steps:
+                self.step += 1
+                m = self.one_step(prompts_log, t_start)
+                if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+                    m.update(evaluate(self.pool, self.task, heldout, cfg.rollout.max_tokens))
+                writer.step(m)
+                ks = [g["k"] for g in self._last_groups]
+                self.telemetry.report.remote(m, ks, sum(max(0, k - self.est.cfg.k_init) for k in ks))
+                if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
+                    self.save()
+            acct = self.source.stop()
+            self.save()
+        finally:
+            ray.kill(self.telemetry)
+            prompts_log.close()
+            if self.recorder:
+                self.recorder.close()
         wall = time.time() - t_start
-        summary = {**self.totals, "steps": self.step, "policy_version": self.version,
-                   "wall_time_s": wall, "prompts_in_flight_at_end": 0,
+        # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
+        acct["prompts_dropped"] += self.totals["prompts_skipped_nan"]
+        acct.setdefault("drop_reasons", {})["learner_nan_skip"] = self.totals["prompts_skipped_nan"]
+        summary = {**acct, **self.totals, "steps": self.step, "policy_version": self.version,
+                   "mode": cfg.mode, "algo": cfg.algo.name, "wall_time_s": wall,
                    "prompts_per_s": self.totals["prompts_trained"] / wall,
-                   "rollouts_per_s": self.totals["rollouts"] / wall}
+                   "rollouts_per_s": self.totals["rollouts"] / wall,
+                   "eval_accuracy_initial": initial.get("eval_accuracy")}
         writer.summary(summary)
         return summary
 
-    def one_step(self, sampler: PromptSampler) -> dict:
-        cfg = self.cfg
-        from actors.types import SamplingConfig
-
-        sampling = SamplingConfig(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                  max_tokens=cfg.rollout.max_tokens)
-        t0 = time.time()
-        busy0 = self._busy()
-        pos0 = sampler.position
-        kept, dropped, served = generate_batch(self.pool, self.task, self.est, sampler,
-                                               cfg.rollout.batch_prompts, sampling)
+    def one_step(self, prompts_log, t_start: float) -> dict:
+        busy0, t0 = self._busy(), time.time()
+        batch = self.source.next_batch()
         t1 = time.time()
-        busy1 = self._busy()
-        samples = [s for g in kept for s in g.samples()]
-        lm = self.roles.learner.train_step(samples) if samples else {"skipped": True,
-                                                                     "skip_reason": "no samples"}
+        samples = batch["samples"]
+        staleness = np.array([self.version - s.version for s in samples] or [0])
+        lm = self.roles.learner.train_step(samples)
         t2 = time.time()
-        if not lm.get("skipped"):
+        skipped = bool(lm.get("skipped"))
+        self.totals["nan_skipped_steps"] += skipped
+        if not skipped:
             self.version += 1
-        self.totals["nan_skipped_steps"] += int(bool(lm.get("skipped")) and bool(samples))
-        sync_s = self.publish()
+        sync_s = self.publish() if not skipped else 0.0
         t3 = time.time()
-        self._record(kept)
-        bm = batch_metrics(kept, dropped)
-        self._count(bm, sampler.position - pos0)
+        groups = self._last_groups = batch["groups"]
+        self._log_prompts(prompts_log, groups, t1)
+        self._record(batch)
+        gm = group_metrics(groups)
+        self.totals["prompts_skipped_nan" if skipped else "prompts_trained"] += len(groups)
+        self.totals["rollouts"] += gm["rollouts"]
+        self.totals["tokens_generated"] += gm["tokens_generated"]
+        wall = t3 - t_start
         n_gen = len(self.roles.generators)
-        return {"step": self.step, "policy_version": self.version, **bm,
+        return {"step": self.step, "policy_version": self.version, **gm,
                 **{k: lm.get(k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
                                           "approx_kl", "skipped", "skip_reason")},
-                "step_time_s": t3 - t0, "gen_time_s": t1 - t0, "train_time_s": t2 - t1,
-                "sync_time_s": sync_s,
-                "generator_busy_fraction": (busy1 - busy0) / (n_gen * (t3 - t0)),
-                "requests_per_generator": served}
+                "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+                "step_time_s": t3 - t0, "gen_time_s": batch.get("gen_time_s", t1 - t0),
+                "learner_wait_s": t1 - t0, "train_time_s": t2 - t1, "sync_time_s": sync_s,
+                "learner_idle_fraction": (t1 - t0) / (t3 - t0),
+                "generator_busy_fraction": (self._busy() - busy0) / (n_gen * (t3 - t0)),
+                "prompts_per_s": self.totals["prompts_trained"] / wall,
+                "rollouts_per_s": self.totals["rollouts"] / wall,
+                "tokens_per_s": self.totals["tokens_generated"] / wall,
+                **batch.get("extra", {})}
 
     def _busy(self) -> float:
         return sum(s["busy_s"] for s in self.pool.call_all("stats"))
 
-    def _count(self, bm: dict, admitted: int) -> None:
-        t = self.totals
-        t["prompts_admitted"] += admitted
-        t["prompts_trained"] += bm["prompts_trained"]
-        t["prompts_dropped"] += bm["prompts_dropped"]
-        t["rollouts"] += bm["rollouts"]
-        t["tokens_generated"] += bm["tokens_generated"]
+    def _log_prompts(self, f, groups: list[dict], t_trained: float) -> None:
+        for g in groups:
+            f.write(json.dumps({**g, "step": self.step, "t_trained": t_trained}) + "\n")
+        f.flush()
 
-    def _record(self, kept) -> None:
+    def _record(self, batch: dict) -> None:
         if self.recorder is None:
             return
-        for g in kept:
-            self.recorder.append(g.problem.id, g.problem.prompt, g.rewards, g.state.baseline,
-                                 self.version, g.samples())
+        samples = iter(batch["samples"])
+        for g in batch["groups"]:
+            group_samples = [next(samples) for _ in range(g["k"])]
+            self.recorder.append(g["prompt_id"], g.get("prompt", ""), g["rewards"],
+                                 g["baseline"], self.version, group_samples)
+
+
+def group_metrics(groups: list[dict]) -> dict:
+    """Per-step metrics of the prompt groups a learner step trained on."""
+    if not groups:
+        return {"reward_mean": float("nan"), "rollouts": 0, "tokens_generated": 0,
+                "k_mean": float("nan"), "k_hist": [], "prior_accept_rate": None,
+                "unparsed_fraction": 0.0}
+    ks = np.array([g["k"] for g in groups])
+    accepted = [g["prior_accepted"] for g in groups if g["prior_accepted"] is not None]
+    rollouts = int(ks.sum())
+    return {"reward_mean": float(np.mean([r for g in groups for r in g["rewards"]])),
+            "rollouts": rollouts, "tokens_generated": int(sum(g["tokens"] for g in groups)),
+            "k_mean": float(ks.mean()), "k_hist": np.bincount(ks).tolist(),
+            "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
+            "unparsed_fraction": sum(g["unparsed"] for g in groups) / max(1, rollouts)}
