@@ -1,0 +1,292 @@
+"""Models and configuration of the cluster simulator (bench/sim.py). Pure NumPy, no ML stack.
+
+Every model is a small frozen dataclass whose defaults describe a Qwen3-4B-like policy served by
+vLLM on H100/H200-class GPUs, trained on DAPO-Math-like prompts. docs/simulator.md states each
+default, what it is assumed from and how rough it is. Times are seconds, lengths are tokens.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class DecodeModel:
+    """Time of one decode step of a continuous-batching engine (vLLM) running n sequences.
+
+    Memory-bound decode: every step reads the weights once (``a_s``) plus each running
+    sequence's KV cache and does its share of compute (``b_s`` per sequence), so throughput
+    n / (a_s + b_s n) grows with the batch and saturates at 1 / b_s tokens/s. ``table`` (measured
+    (n, seconds) points, interpolated linearly, extrapolated along the last segment) overrides
+    a_s and b_s: the calibration hook uses it.
+    """
+
+    a_s: float = 0.006            # per-step cost independent of batch (weights read, launch)
+    b_s: float = 0.0001           # per-sequence cost per step (KV read at ~3k context, compute)
+    max_num_seqs: int = 256       # vLLM's cap on concurrently running sequences per engine
+    table: tuple | None = None    # ((n, seconds), ...) measured points, n ascending
+
+    def __post_init__(self):
+        _check(self.max_num_seqs >= 1, f"decode.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _check(self.a_s >= 0 and self.b_s >= 0 and self.a_s + self.b_s > 0,
+               f"decode.a_s and decode.b_s must be >= 0, not both 0 (got {self.a_s}, {self.b_s})")
+        if self.table is not None:
+            pts = np.asarray(self.table, dtype=float)
+            _check(pts.ndim == 2 and pts.shape[1] == 2 and len(pts) >= 1,
+                   "decode.table must be a list of [n, seconds] pairs")
+            _check(bool((pts[:, 0] >= 1).all() and (np.diff(pts[:, 0]) > 0).all()),
+                   "decode.table batch sizes n must be >= 1 and strictly increasing")
+            _check(bool((pts[:, 1] > 0).all()), "decode.table step times must be > 0")
+
+    def step_times(self) -> np.ndarray:
+        """Seconds per decode step for n = 0..max_num_seqs running sequences, shape (max+1,)."""
+        n = np.arange(self.max_num_seqs + 1, dtype=float)
+        if self.table is None:
+            t = self.a_s + self.b_s * n
+        else:
+            pts = np.asarray(self.table, dtype=float)
+            t = np.interp(n, pts[:, 0], pts[:, 1])
+            if len(pts) >= 2:  # np.interp clamps; extrapolate along the last segment instead
+                (n0, t0), (n1, t1) = pts[-2], pts[-1]
+                over = n > n1
+                t[over] = t1 + (n[over] - n1) * max(0.0, (t1 - t0) / (n1 - n0))
+        t[0] = np.nan  # an empty engine does not step
+        return t
+
+    def peak_tokens_per_s(self) -> float:
+        return self.max_num_seqs / float(self.step_times()[-1])
+
+
+def _phi(z: np.ndarray) -> np.ndarray:
+    """Standard normal CDF (no scipy dependency)."""
+    return 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Response lengths: log-normal, truncated at ``max_tokens``, correlated within a prompt.
+
+    ln L = ln(median) + sigma (sqrt(s) z_prompt + sqrt(1 - s) z_rollout), s = ``prompt_share``:
+    some problems need long solutions for every sample. With ``file`` (one integer per line) the
+    marginal is that file's empirical distribution instead (quantile of Phi(z)), keeping the same
+    within-prompt correlation.
+    """
+
+    median: float = 2500.0
+    sigma: float = 0.7
+    prompt_share: float = 0.5
+    max_tokens: int = 8192
+    min_tokens: int = 16
+    prompt_tokens: int = 256      # trained (not generated) tokens per rollout; prefill is ignored
+    file: str | None = None
+    values: tuple | None = None   # empirical lengths given inline (calibration); beats ``file``
+
+    def __post_init__(self):
+        _check(self.median > 0, f"length.median must be > 0, got {self.median}")
+        _check(self.sigma >= 0, f"length.sigma must be >= 0, got {self.sigma}")
+        _check(0 <= self.prompt_share <= 1, f"length.prompt_share must be in [0, 1], got {self.prompt_share}")
+        _check(1 <= self.min_tokens <= self.max_tokens,
+               f"need 1 <= length.min_tokens <= length.max_tokens, got {self.min_tokens}, {self.max_tokens}")
+        _check(self.prompt_tokens >= 0, f"length.prompt_tokens must be >= 0, got {self.prompt_tokens}")
+
+    def empirical(self) -> np.ndarray | None:
+        if self.values is not None:
+            vals = np.asarray(self.values, dtype=float)
+        elif self.file is not None:
+            path = Path(self.file)
+            _check(path.is_file(), f"length.file {self.file!r} does not exist")
+            vals = np.array([float(x) for x in path.read_text().split()])
+        else:
+            return None
+        _check(vals.size >= 1 and bool((vals >= 1).all()),
+               "response lengths must be a non-empty list of integers >= 1")
+        return np.sort(vals)
+
+    def draw(self, z_prompt: np.ndarray, z_roll: np.ndarray) -> np.ndarray:
+        """(N,), (N, K) standard normals -> (N, K) integer lengths in [min_tokens, max_tokens]."""
+        s = self.prompt_share
+        z = math.sqrt(s) * z_prompt[:, None] + math.sqrt(1.0 - s) * z_roll
+        emp = self.empirical()
+        if emp is None:
+            length = np.exp(math.log(self.median) + self.sigma * z)
+        else:
+            length = np.quantile(emp, np.clip(_phi(z), 0.0, 1.0))
+        return np.clip(np.rint(length), self.min_tokens, self.max_tokens).astype(np.int64)
+
+
+def parse_prior(quality: str) -> tuple[str, float]:
+    """'exact' | 'sd0.2' (Gaussian error on p) | 'halluc0.2' (that fraction gets 1 - p) | 'const0.5'."""
+    if quality == "exact":
+        return "exact", 0.0
+    for kind in ("sd", "halluc", "const"):
+        if quality.startswith(kind):
+            try:
+                val = float(quality[len(kind):])
+            except ValueError:
+                break
+            if 0 <= val <= 1:
+                return kind, val
+    raise ValueError(f"prompts.prior must be exact, sdX, hallucX or constX with X in [0, 1], got {quality!r}")
+
+
+@dataclass(frozen=True)
+class PromptModel:
+    """True success rates p ~ Beta(a, b) (U-shaped) or resampled from measured (p, prior) pairs;
+    the V0 prior's prediction of p with a named quality (see :func:`parse_prior`)."""
+
+    beta_a: float = 0.3
+    beta_b: float = 0.3
+    prior: str = "sd0.2"
+    p_values: tuple | None = None       # measured per-prompt success rates (calibration)
+    prior_values: tuple | None = None   # the prior's p for the same prompts, paired
+
+    def __post_init__(self):
+        _check(self.beta_a > 0 and self.beta_b > 0, "prompts.beta_a and prompts.beta_b must be > 0")
+        parse_prior(self.prior)
+        if self.p_values is not None:
+            p = np.asarray(self.p_values, float)
+            _check(p.size >= 1 and bool(((p >= 0) & (p <= 1)).all()), "prompts.p_values must lie in [0, 1]")
+            if self.prior_values is not None:
+                q = np.asarray(self.prior_values, float)
+                _check(q.shape == p.shape, "prompts.prior_values must pair one-to-one with p_values")
+                _check(bool(((q >= 0) & (q <= 1)).all()), "prompts.prior_values must lie in [0, 1]")
+
+    def draw(self, n: int, rng: np.random.Generator, prior_rng: np.random.Generator):
+        """-> p (n,), prior probability (n,). The prior has its own stream so that changing its
+        quality leaves p, rewards and lengths unchanged (common random numbers)."""
+        if self.p_values is not None:
+            idx = rng.integers(0, len(self.p_values), n)
+            p = np.asarray(self.p_values, float)[idx]
+            if self.prior_values is not None:
+                return p, np.asarray(self.prior_values, float)[idx]
+        else:
+            p = rng.beta(self.beta_a, self.beta_b, n)
+        kind, val = parse_prior(self.prior)
+        noise, flip = prior_rng.normal(0.0, 1.0, n), prior_rng.random(n)
+        if kind == "exact":
+            return p, p.copy()
+        if kind == "sd":
+            return p, np.clip(p + val * noise, 0.0, 1.0)
+        if kind == "halluc":  # the mirrored prediction, as in bench/_estimator_sim.py
+            return p, np.where(flip < val, 1.0 - p, p)
+        return p, np.full(n, val)
+
+
+@dataclass(frozen=True)
+class LearnerModel:
+    """Learner time per step = step_overhead_s + trained tokens * s_per_token_gpu / learner GPUs;
+    weight sync costs sync_s (learner broadcast, and each engine pauses that long)."""
+
+    s_per_token_gpu: float = 1.0e-4   # one GPU trains ~10k tokens/s of a 4B model
+    step_overhead_s: float = 5.0      # optimizer step, ZeRO-3 gathers, batch assembly
+    sync_s: float = 3.0               # 8 GB of bf16 weights broadcast + engine reload
+
+    def __post_init__(self):
+        _check(self.s_per_token_gpu >= 0, f"learner.s_per_token_gpu must be >= 0, got {self.s_per_token_gpu}")
+        _check(self.step_overhead_s >= 0, f"learner.step_overhead_s must be >= 0, got {self.step_overhead_s}")
+        _check(self.sync_s >= 0, f"learner.sync_s must be >= 0, got {self.sync_s}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The cluster, the algorithms' knobs and the run budget."""
+
+    n_gpus: int = 32
+    n_generators: int = 24            # one engine each; learner GPUs = the rest
+    gpus_per_generator: int = 1
+    batch_prompts: int = 128          # B: prompts per learner step
+    group_size: int = 16              # G of GRPO
+    k_init: int = 4                   # V0.5
+    k_max: int = 16
+    cost: float = 0.0039              # OSLA cost per rollout on the {-1, +1} reward scale
+    max_staleness: int = 1            # async: admitted prompts <= (version + this + 1) * B
+    max_inflight_prompts: int | None = None
+    steps: int = 40                   # budget: learner steps per mode ...
+    max_hours: float | None = None    # ... or simulated hours, whichever ends first
+    warmup_steps: int = 4             # rates are measured after this many learner steps
+    overlap_slowdown: float = 1.0     # async only: factor on decode and learner times (shared cores)
+    dispatch_latency_s: float = 0.01  # coordinator -> engine request latency (one Ray call)
+    seed: int = 0
+    decode: DecodeModel = field(default_factory=DecodeModel)
+    length: LengthModel = field(default_factory=LengthModel)
+    prompts: PromptModel = field(default_factory=PromptModel)
+    learner: LearnerModel = field(default_factory=LearnerModel)
+
+    def __post_init__(self):
+        for name in ("n_gpus", "n_generators", "gpus_per_generator", "batch_prompts",
+                     "group_size", "k_init", "k_max", "steps"):
+            _check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.learner_gpus >= 1, f"n_gpus ({self.n_gpus}) must leave >= 1 learner GPU after "
+               f"{self.n_generators} generators x {self.gpus_per_generator}")
+        _check(self.k_init <= self.k_max, f"k_init ({self.k_init}) must be <= k_max ({self.k_max})")
+        _check(self.max_staleness >= 0, f"max_staleness must be >= 0, got {self.max_staleness}")
+        _check(0 <= self.warmup_steps < self.steps, f"warmup_steps must be in [0, steps), got {self.warmup_steps}")
+        _check(self.cost >= 0, f"cost must be >= 0, got {self.cost}")
+        _check(self.overlap_slowdown >= 1.0, f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
+        _check(self.dispatch_latency_s >= 0, f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s}")
+        _check(self.max_hours is None or self.max_hours > 0, "max_hours must be > 0")
+        _check(self.max_inflight_prompts is None or self.max_inflight_prompts >= 1,
+               "max_inflight_prompts must be >= 1")
+
+    @property
+    def learner_gpus(self) -> int:
+        return self.n_gpus - self.n_generators * self.gpus_per_generator
+
+    @property
+    def reward_slots(self) -> int:
+        return max(self.group_size, self.k_max)
+
+
+# -- loading, overrides --------------------------------------------------------------------
+
+def _tuplify(x):
+    return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
+
+
+def from_dict(d: dict, base: SimConfig | None = None, _cls=SimConfig, _prefix=""):
+    """Nested dict -> config dataclass (unknown keys raise ValueError naming them)."""
+    base = base if base is not None else _cls()
+    if not isinstance(d, dict):
+        raise ValueError(f"config section {_prefix or 'root'!r} must be a mapping, got {type(d).__name__}")
+    known = {f.name for f in fields(_cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[_prefix + k for k in unknown]}; valid: {sorted(known)}")
+    kw = {}
+    for k, v in d.items():
+        cur = getattr(base, k)
+        kw[k] = from_dict(v, cur, type(cur), f"{_prefix}{k}.") if is_dataclass(cur) else _tuplify(v)
+    return replace(base, **kw)
+
+
+def load_file(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {path!r} does not exist")
+    text = p.read_text()
+    return json.loads(text) if p.suffix == ".json" else (yaml.safe_load(text) or {})
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """['decode.a_s=0.005', 'n_generators=16'] -> nested dict (values parsed as YAML)."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value (dotted keys for sections)")
+        key, val = item.split("=", 1)
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(val)
+    return out

@@ -1,0 +1,166 @@
+"""Plots of bench/sim.py: per-mode Gantt timelines, utilisation over time, sensitivity sweeps."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib import colors as mcolors  # noqa: E402
+
+from bench.sim_metrics import window  # noqa: E402
+
+TITLES = {"sync_grpo16": "sync GRPO G=16", "sync_v05": "sync V0.5 (k_init 4 .. k_max 16)",
+          "async_grpo16": "async GRPO G=16", "async_v05": "async V0.5 (the product)"}
+SYNC_COLOR, TRAIN_COLOR, IDLE_COLOR = "#d62728", "#1f77b4", "#ececec"
+
+
+def _bars(ax, y, seg, t0, t1, facecolors, h=0.8):
+    keep = (seg[:, 1] < t1) & (seg[:, 2] > t0)
+    s = seg[keep]
+    if len(s):
+        xs = [(max(a, t0) - t0, min(b, t1) - max(a, t0)) for a, b in s[:, 1:3]]
+        ax.broken_barh(xs, (y - h / 2, h), facecolors=facecolors(s), linewidth=0)
+
+
+def gantt(results: dict, path: str, span_s: float | None = None) -> None:
+    """One panel per mode: engines' decode bars coloured by running sequences (log scale), red
+    weight-sync pauses, white idle; the learner on top (blue train, red sync)."""
+    modes = list(results)
+    cfg = results[modes[0]].cfg
+    if span_s is None:
+        r0 = results[modes[0]]
+        w0, w1 = window(r0)  # 2.5 steps of the first mode (sync GRPO: generate, train, sync)
+        span_s = 2.5 * (w1 - w0) / max(1, len(r0.steps) - cfg.warmup_steps)
+    norm = mcolors.LogNorm(1, cfg.decode.max_num_seqs)
+    cmap = plt.get_cmap("viridis")
+    E = cfg.n_generators
+    fig = plt.figure(figsize=(13, 1.2 + 2.6 * len(modes)))
+    axes = fig.subplots(len(modes), 1)
+    fig.subplots_adjust(left=0.08, right=0.88, top=1 - 0.75 / fig.get_figheight(),
+                        bottom=0.55 / fig.get_figheight(), hspace=0.42)
+    for ax, m in zip(np.atleast_1d(axes), modes):
+        res = results[m]
+        t0 = window(res)[0]
+        t1 = t0 + span_s
+        seg = res.engine_segments
+        ax.set_facecolor(IDLE_COLOR)
+        for e in range(E):
+            es = seg[seg[:, 0] == e]
+            _bars(ax, e, es, t0, t1, lambda s: [SYNC_COLOR if k else cmap(norm(max(n, 1)))
+                                                 for n, k in s[:, 3:5]])
+        ls = res.learner_segments
+        ls5 = np.column_stack([np.zeros(len(ls)), ls[:, :2], np.zeros(len(ls)), ls[:, 2]])
+        _bars(ax, E + 1.5, ls5, t0, t1, lambda s: [SYNC_COLOR if k else TRAIN_COLOR for k in s[:, 4]],
+              h=1.8)
+        ax.axhline(E + 0.25, color="white", lw=2)
+        ax.set_ylim(-0.7, E + 2.6)
+        ax.set_xlim(0, span_s)
+        ax.set_yticks([0, E - 1, E + 1.5], ["engine 0", f"engine {E - 1}", "learner"])
+        s = summarise_line(res)
+        ax.set_title(f"{TITLES.get(m, m)}   [{s}]", fontsize=10, loc="left")
+    np.atleast_1d(axes)[-1].set_xlabel(f"seconds into a {span_s:.0f} s window that starts after "
+                                       f"{cfg.warmup_steps} warm-up learner steps")
+    cax = fig.add_axes([0.9, 0.2, 0.015, 0.6])
+    cb = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    cb.set_label(f"running sequences per engine (max_num_seqs {cfg.decode.max_num_seqs})")
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="grey")
+               for c in (TRAIN_COLOR, SYNC_COLOR, IDLE_COLOR)]
+    fig.legend(handles, ["learner training", "weight sync (engines paused)", "idle"],
+               loc="upper center", ncol=3, frameon=False, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarise_line(res) -> str:
+    from bench.sim_metrics import summarise
+    s = summarise(res)
+    return (f"{s['prompts_per_hour']:.0f} prompts/h, generators busy "
+            f"{s['generator_busy_fraction']:.0%}, learner busy {s['learner_busy_fraction']:.0%}")
+
+
+def utilisation_series(res):
+    """Per learner step (between consecutive step ends): (edges (S+1,), engine busy, slot
+    occupancy, learner busy), each (S,). A step-wise average reads better than fixed bins, which
+    alias against the generate/train rhythm."""
+    cfg = res.cfg
+    edges = np.array([0.0] + [s["t_end"] for s in res.steps])
+    S = len(edges) - 1
+    busy, occ, lrn = (np.zeros(S) for _ in range(3))
+    seg = res.engine_segments
+    dec = seg[seg[:, 4] == 0]
+    ls = res.learner_segments
+    ls = ls[ls[:, 2] == 0]
+    for i in range(S):
+        a, b = edges[i], edges[i + 1]
+        ov = np.clip(np.minimum(dec[:, 2], b) - np.maximum(dec[:, 1], a), 0, None)
+        busy[i] = ov.sum() / (cfg.n_generators * (b - a))
+        occ[i] = (ov * dec[:, 3]).sum() / (cfg.n_generators * (b - a) * cfg.decode.max_num_seqs)
+        lrn[i] = np.clip(np.minimum(ls[:, 1], b) - np.maximum(ls[:, 0], a), 0, None).sum() / (b - a)
+    return edges, busy, occ, lrn
+
+
+def utilisation(results: dict, path: str) -> None:
+    modes = list(results)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 7.5), sharey=True)
+    for ax, m in zip(axes.ravel(), modes):
+        edges, busy, occ, lrn = utilisation_series(results[m])
+        x = edges / 60
+        for ys, col, lab in ((busy, "#2ca02c", "generators busy (>= 1 sequence running)"),
+                             (occ, "#9467bd", "generator slot occupancy (n / max_num_seqs)"),
+                             (lrn, TRAIN_COLOR, "learner training")):
+            ax.stairs(ys, x, color=col, lw=1.8, label=lab)
+        w0 = window(results[m])[0] / 60
+        ax.axvline(w0, color="grey", ls=":", lw=1)
+        ax.set_title(TITLES.get(m, m), fontsize=10, loc="left")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("simulated minutes; each stair is one learner step (dotted: end of warm-up)",
+                      fontsize=9)
+    axes[0, 0].set_ylabel("fraction")
+    axes[1, 0].set_ylabel("fraction")
+    axes[0, 0].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def sweeps(sweep_data: dict, path: str) -> None:
+    """Each sweep: prompts/hour ratios (left axis) and async V0.5 utilisation (right axis)."""
+    names = list(sweep_data)
+    ncol = 3
+    nrow = -(-len(names) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(14, 3.9 * nrow + 1.0), squeeze=False)
+    lines = []
+    for ax, name in zip(axes.ravel(), names):
+        sw = sweep_data[name]
+        x = np.arange(len(sw["points"]))
+        lines = []
+        for key, style, col in (("async_v05_vs_sync_grpo16_prompts_per_hour", "o-", "black"),
+                                ("async_v05_vs_async_grpo16_prompts_per_hour", "s--", "#ff7f0e"),
+                                ("async_grpo16_vs_sync_grpo16_prompts_per_hour", "d-.", "#8c564b"),
+                                ("sync_v05_vs_sync_grpo16_prompts_per_hour", "^:", "#e377c2")):
+            ys = [p["ratios"].get(key, np.nan) for p in sw["points"]]
+            lines += ax.plot(x, ys, style, color=col,
+                             label=key.replace("_prompts_per_hour", "").replace("_vs_", " / ")
+                             + "  (prompts/h, left axis)")
+        ax.axhline(4.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(x, [str(p["value"]) for p in sw["points"]], fontsize=9)
+        ax.set_xlabel(f"{sw['param']} (default {sw['default']})")
+        ax.set_ylabel("prompts/hour ratio")
+        ax.set_title(name, fontsize=11, loc="left")
+        ax.grid(alpha=0.3)
+        ax2 = ax.twinx()
+        for key, col in (("generator_busy_fraction", "#2ca02c"), ("learner_busy_fraction", TRAIN_COLOR)):
+            ys = [p["modes"].get("async_v05", {}).get(key, np.nan) for p in sw["points"]]
+            lines += ax2.plot(x, ys, color=col, alpha=0.45, lw=4,
+                              label="async V0.5 " + key.replace("_", " ") + " (right axis)")
+        ax2.set_ylim(0, 1.05)
+        ax2.set_ylabel("fraction of time (async V0.5)")
+    for ax in axes.ravel()[len(names):]:
+        ax.axis("off")
+    fig.legend(lines, [ln.get_label() for ln in lines], loc="lower center", ncol=3, fontsize=9,
+               frameon=False, title="dashed grey line: the 4x target")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

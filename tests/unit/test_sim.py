@@ -1,0 +1,207 @@
+"""The cluster simulator (bench/sim*.py): engine timing, conservation, staleness, calibration."""
+from __future__ import annotations
+
+import heapq
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bench.sim import calibration_config, predict_ratio, run_modes
+from bench.sim_core import MODES, simulate
+from bench.sim_engine import Engine, Rollout
+from bench.sim_metrics import summarise
+from bench.sim_models import (DecodeModel, LearnerModel, LengthModel, PromptModel, SimConfig,
+                              from_dict, parse_overrides)
+
+
+def toy(**kw) -> SimConfig:
+    """4 engines x 16 slots, B = 8, heavy-tailed lengths, a fast learner: runs in ~0.1 s."""
+    base = dict(n_gpus=5, n_generators=4, batch_prompts=8, steps=8, warmup_steps=2, seed=3,
+                max_staleness=1, dispatch_latency_s=0.0,
+                decode=DecodeModel(a_s=0.005, b_s=0.0005, max_num_seqs=16),
+                length=LengthModel(median=100, sigma=1.2, prompt_share=0.0, max_tokens=2000,
+                                   prompt_tokens=10),
+                learner=LearnerModel(s_per_token_gpu=1e-5, step_overhead_s=0.1, sync_s=0.2))
+    base.update(kw)
+    return SimConfig(**base)
+
+
+# -- the engine on its own -------------------------------------------------------------------
+
+class Loop:
+    """The smallest event loop an Engine needs: schedule, now, on_finished."""
+
+    def __init__(self):
+        self.events, self.now, self.n, self.done = [], 0.0, 0, []
+
+    def schedule(self, t, fn, *args):
+        heapq.heappush(self.events, (t, self.n, fn, args))
+        self.n += 1
+
+    def on_finished(self, engine, finished):
+        self.done += [(r.index, self.now, r.version) for r in finished]
+
+    def run_until(self, t_end=math.inf):
+        while self.events and self.events[0][0] <= t_end:
+            t, _, fn, args = heapq.heappop(self.events)
+            self.now = t
+            fn(*args)
+
+
+def engine(max_num_seqs=4, sync_s=2.0):
+    loop = Loop()
+    times = np.array([np.nan] + [1.0 + 0.5 * n for n in range(1, max_num_seqs + 1)])
+    return Engine(0, times, max_num_seqs, sync_s, loop), loop
+
+
+def test_engine_join_at_step_boundary_and_batch_dependent_step_time():
+    e, loop = engine()
+    e.submit(Rollout(None, 0, 4, 1.0), 0.0)          # alone: 1.5 s per step
+    loop.run_until(1.0)
+    loop.now = 1.0
+    e.submit(Rollout(None, 1, 2, 1.0), 1.0)          # mid-step: joins at 1.5, then 2.0 s per step
+    loop.run_until()
+    assert loop.done == [(1, 5.5, 0), (0, 7.0, 0)]   # B: 1.5 + 2*2; A: 3 steps left -> 2 at 2.0, 1 at 1.5
+    assert e.outstanding == 0 and not e.running
+
+
+def test_engine_respects_max_num_seqs():
+    e, loop = engine(max_num_seqs=1)
+    e.submit(Rollout(None, 0, 4, 1.0), 0.0)
+    e.submit(Rollout(None, 1, 2, 1.0), 0.0)          # waits for the only slot
+    loop.run_until()
+    assert loop.done == [(0, 6.0, 0), (1, 9.0, 0)]
+
+
+def test_engine_weight_sync_pauses_between_steps_and_bumps_version():
+    e, loop = engine(sync_s=2.0)
+    e.submit(Rollout(None, 0, 4, 1.0), 0.0)
+    loop.run_until(1.0)
+    loop.now = 1.0
+    e.request_sync(7, 1.0)                            # pauses at the 1.5 boundary until 3.5
+    e.submit(Rollout(None, 1, 1, 1.0), 1.0)           # joins after the pause, on version 7
+    loop.run_until()
+    # from 3.5 both run at 2.0 s/step: B ends at 5.5; A's last 2 steps run alone: 5.5 + 2 * 1.5
+    assert loop.done == [(1, 5.5, 7), (0, 8.5, 0)]
+    assert e.version == 7 and (1.5, 3.5, 1, 1) in e.segments
+
+
+# -- the four modes --------------------------------------------------------------------------
+
+def test_determinism_by_seed():
+    a = summarise(simulate(toy(), "async_v05"))
+    b = summarise(simulate(toy(), "async_v05"))
+    c = summarise(simulate(toy(seed=4), "async_v05"))
+    assert json.dumps(a, default=float) == json.dumps(b, default=float)
+    assert a["prompts_per_hour"] != c["prompts_per_hour"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_conservation_and_fractions(mode):
+    res = simulate(toy(), mode)
+    ch = res.checks
+    assert ch["trained"] == toy().steps * toy().batch_prompts
+    assert ch["admitted"] == ch["trained"] + ch["ready"] + ch["inflight"]
+    assert ch["rollouts_created"] == (ch["rollouts_finished"] + ch["rollouts_in_engines"]
+                                      + ch["rollouts_pending"])
+    assert res.k_trained.sum() == len(res.staleness)   # every trained rollout has a staleness
+    s = summarise(res)
+    for key in ("generator_busy_fraction", "generator_sync_fraction", "generator_idle_fraction",
+                "generator_slot_occupancy", "learner_busy_fraction"):
+        assert 0.0 <= s[key] <= 1.0, (key, s[key])
+    total = s["generator_busy_fraction"] + s["generator_sync_fraction"] + s["generator_idle_fraction"]
+    assert total == pytest.approx(1.0, abs=1e-9)
+    if mode.endswith("grpo16"):
+        assert set(res.k_trained) == {16}
+    else:  # k comes from the real OSLA test: between k_init and k_max
+        assert res.k_trained.min() >= 4 and res.k_trained.max() <= 16
+
+
+def test_sync_modes_idle_generators_on_a_tail_heavy_config():
+    per, _ = run_modes(toy())
+    for sync, asyn in (("sync_grpo16", "async_grpo16"), ("sync_v05", "async_v05")):
+        assert per[sync]["generator_busy_fraction"] < per[asyn]["generator_busy_fraction"]
+    assert per["async_v05"]["prompts_per_hour"] > per["sync_grpo16"]["prompts_per_hour"]
+
+
+@pytest.mark.parametrize("mode", ["async_grpo16", "async_v05"])
+def test_staleness_bound_on_admission(mode):
+    for s in (0, 1, 3):
+        res = simulate(toy(max_staleness=s), mode)
+        assert res.checks["admission_excess"] <= 0   # admitted <= (version + s + 1) * B, always
+        assert res.staleness.min() >= 0
+        if s == 0:  # only one batch in flight: nothing is ever trained on an older policy
+            assert res.staleness.max() == 0
+    assert simulate(toy(max_staleness=3), mode).staleness.max() >= 1
+
+
+def test_sync_modes_have_zero_staleness():
+    assert simulate(toy(), "sync_v05").staleness.max() == 0
+
+
+def test_better_prior_needs_fewer_rollouts():
+    exact = simulate(toy(prompts=PromptModel(prior="exact")), "async_v05").k_trained.mean()
+    flat = simulate(toy(prompts=PromptModel(prior="const0.5")), "async_v05").k_trained.mean()
+    assert exact < flat
+
+
+# -- models and config -----------------------------------------------------------------------
+
+def test_decode_table_interpolates_and_extrapolates():
+    t = DecodeModel(max_num_seqs=6, table=((1, 0.01), (3, 0.02))).step_times()
+    assert np.isnan(t[0])
+    assert t[1:].tolist() == pytest.approx([0.01, 0.015, 0.02, 0.025, 0.03, 0.035])
+
+
+def test_length_model_truncates_and_reads_empirical_values():
+    rng = np.random.default_rng(0)
+    z, zr = rng.normal(size=200), rng.normal(size=(200, 16))
+    L = LengthModel(median=3000, sigma=1.5, max_tokens=4096).draw(z, zr)
+    assert L.max() == 4096 and L.min() >= 16 and L.dtype.kind == "i"
+    E = LengthModel(values=(5, 7, 9), max_tokens=9, min_tokens=1).draw(z, zr)
+    assert set(np.unique(E)) <= set(range(5, 10))
+
+
+def test_bad_config_raises_clear_errors():
+    with pytest.raises(ValueError, match="learner GPU"):
+        SimConfig(n_gpus=24, n_generators=24)
+    with pytest.raises(ValueError, match="decode.nope"):
+        from_dict({"decode": {"nope": 1}})
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["n_generators"])
+    with pytest.raises(ValueError, match="prompts.prior"):
+        PromptModel(prior="sdx")
+    assert from_dict(parse_overrides(["decode.a_s=0.002", "n_generators=20"])).decode.a_s == 0.002
+
+
+# -- calibration -----------------------------------------------------------------------------
+
+CAL = {"n_generators": 2, "max_num_seqs": 8, "decode_step_s": [[1, 0.02], [8, 0.05]],
+       "learner_s_per_token": 2e-4, "learner_step_overhead_s": 0.3, "sync_s": 0.4,
+       "response_lengths": [4, 6, 9, 12, 16, 16, 16], "prompt_tokens": 12,
+       "batch_prompts": 4, "max_staleness": 1, "steps": 8, "warmup_steps": 2}
+
+
+def test_predict_ratio_on_a_tiny_calibration():
+    out = predict_ratio(CAL)
+    r = out["async_v05_vs_sync_grpo16_prompts_per_s"]
+    assert math.isfinite(r) and r > 0
+    assert r == pytest.approx(out["prompts_per_s"]["async_v05"] / out["prompts_per_s"]["sync_grpo16"])
+    assert out["config"]["n_generators"] == 2 and out["config"]["learner"]["sync_s"] == 0.4
+    # learner-bound limit: both modes wait on the learner, so the ratio is the ratio of trained
+    # rollouts per prompt, G / mean k (lengths have the same distribution in both modes)
+    slow = predict_ratio({**CAL, "learner_s_per_token": 0.5})
+    assert min(slow["learner_busy_fraction"].values()) > 0.95
+    expect = 16 / slow["mean_k"]["async_v05"]
+    assert slow["async_v05_vs_sync_grpo16_prompts_per_s"] == pytest.approx(expect, rel=0.15)
+
+
+def test_calibration_schema_errors_name_the_key():
+    with pytest.raises(ValueError, match="sync_s"):
+        calibration_config({k: v for k, v in CAL.items() if k != "sync_s"})
+    with pytest.raises(ValueError, match="bogus"):
+        calibration_config({**CAL, "bogus": 1})
+    with pytest.raises(ValueError, match="response_lengths"):
+        calibration_config({**CAL, "response_lengths": [0, 3]})
