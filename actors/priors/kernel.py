@@ -1,0 +1,194 @@
+"""In-context success-rate regression on prompt embeddings: pure NumPy, no torch.
+
+Given a context of N prompts (unit-norm embeddings X, shape (N, d)), their observed success
+rates y (N,) and recency weights w (N,), predict the success rate of new prompts. The model is
+weighted kernel ridge regression on the residual y - m around the (weighted, slightly shrunk)
+context mean m:
+
+    K = B * T + g^2 l l^T      B: base kernel on embeddings, l: standardized log length,
+                               T_ij = 0.5 ** (|age_i - age_j| / halflife): time decay
+    f(q) = m + K(q, X) @ alpha,        alpha = D (D K D + lam I)^-1 D (y - m),   D = diag(sqrt(w))
+
+Recency enters twice, with one ``halflife`` (in policy versions): the weights
+w_i = 0.5 ** (age_i / halflife) make the mean and the LOO criterion follow the current policy,
+and the time-decay factor T (a product kernel, still positive semi-definite) discounts what an
+old observation says about a prompt now (a query is at age 0), however closely it matches:
+weights alone cannot do that when lam is small, since ridge then interpolates every point.
+
+The length weight g and the ridge lam are chosen per context by exact weighted leave-one-out
+error, against the constant model f = m, which is always a candidate: a context whose
+embeddings carry no signal falls back to its mean. One eigendecomposition of D B D serves every
+(g, lam): the rank-1 length term enters through Sherman-Morrison. With M = (D K D + lam I)^-1
+and yt = D (y - m), the LOO residual of point i is (M yt)_i / M_ii (already sqrt(w_i)-scaled).
+
+Everything here is task-agnostic: the only inputs are embeddings, the generic log length,
+scores and weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
+LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
+# Weights g of the standardized log-length feature; 0 = not used.
+LENGTH_WEIGHTS = (0.0, 0.3, 1.0)
+# Base kernels: "linear" = inner products of centered embeddings, scaled to mean diagonal 1;
+# "rbf" = exp(-|x - x'|^2 / median pairwise |x - x'|^2). Each costs one (N, N) eigh per fit.
+BASE_KERNELS = ("linear", "rbf")
+
+
+def recency_weights(ages: np.ndarray, halflife: float | None) -> np.ndarray:
+    """w_i = 0.5 ** (age_i / halflife); ages are in policy versions, >= 0. None: all ones."""
+    ages = np.asarray(ages, dtype=np.float64)
+    if halflife is None or not np.isfinite(halflife):
+        return np.ones_like(ages)
+    return np.power(0.5, np.maximum(ages, 0.0) / float(halflife))
+
+
+def log_length(prompts: list[str]) -> np.ndarray:
+    """A generic size feature: log(1 + characters). (N,)"""
+    return np.log1p(np.array([len(p) for p in prompts], dtype=np.float64))
+
+
+@dataclass
+class Fitted:
+    """The chosen model for one context; ``kernel`` None means the constant model."""
+
+    mean: float
+    kernel: str | None = None
+    halflife: float | None = None
+    lam: float = float("inf")
+    length_weight: float = 0.0
+    loo_mse: float = float("inf")
+    const_loo_mse: float = float("inf")
+    alpha: np.ndarray | None = None          # (N,)
+    X: np.ndarray | None = None              # (N, d) context embeddings
+    center: np.ndarray | None = None         # (d,) weighted mean embedding
+    scale: float = 1.0                       # linear: mean diag; rbf: median sq. distance
+    decay: np.ndarray | None = None          # (N,) 0.5 ** (age / halflife): T(query, x_i)
+    len_feat: np.ndarray | None = None       # (N,) standardized log length of the context
+    len_mu: float = 0.0
+    len_sd: float = 1.0
+
+    def label(self) -> str:
+        if self.kernel is None:
+            return "constant"
+        return f"{self.kernel}+len{self.length_weight:g}@lam{self.lam:.3g}"
+
+
+def base_kernel(kind: str, A: np.ndarray, B: np.ndarray, center: np.ndarray,
+                scale: float) -> np.ndarray:
+    """(len(A), len(B)) base kernel between embedding sets."""
+    if kind == "linear":
+        return (A - center) @ (B - center).T / scale
+    d2 = (A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2.0 * A @ B.T
+    return np.exp(-np.maximum(d2, 0.0) / scale)
+
+
+def kernel_scale(kind: str, X: np.ndarray, center: np.ndarray) -> float:
+    if kind == "linear":
+        Xc = X - center
+        s = float((Xc * Xc).sum(1).mean())
+    else:
+        sq = (X * X).sum(1)
+        d2 = sq[:, None] + sq[None, :] - 2.0 * X @ X.T
+        off = d2[~np.eye(len(X), dtype=bool)]
+        s = float(np.median(off)) if off.size else 0.0
+    return s if s > 1e-12 else 1.0
+
+
+def _loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
+                    length_weights) -> list[tuple[float, float, float, np.ndarray]]:
+    """(loo_mse, lam, g, alpha_tilde) for every (lam, g) from one eigh of Kt (N, N)."""
+    s, U = np.linalg.eigh(Kt)
+    s = np.maximum(s, 0.0)
+    ut = U.T @ yt                                             # (N,)
+    gt = U.T @ g_unit                                         # (N,)
+    U2 = U * U                                                # (N, N)
+    s_mean = float(s.mean()) or 1.0
+    out = []
+    for c in LAMBDA_GRID:
+        lam = c * s_mean
+        inv = 1.0 / (s + lam)                                 # (N,)
+        a_y = U @ (inv * ut)                                  # A^-1 yt
+        a_diag = U2 @ inv                                     # diag(A^-1)
+        a_g = U @ (inv * gt)                                  # A^-1 g_unit
+        for g in length_weights:
+            # Sherman-Morrison for A + (g g_unit)(g g_unit)^T.
+            denom = 1.0 + g * g * float(g_unit @ a_g)
+            m_y = a_y - a_g * (g * g * float(g_unit @ a_y) / denom)
+            m_diag = a_diag - (g * a_g) ** 2 / denom
+            loo = m_y / np.maximum(m_diag, 1e-12)
+            out.append((float(loo @ loo) / wsum, lam, g, m_y))
+    return out
+
+
+def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
+                halflife: float | None = None, loglen: np.ndarray | None = None,
+                prior_mean: float = 0.5, prior_strength: float = 1.0,
+                kernels: tuple[str, ...] = ("linear",)) -> Fitted:
+    """Choose (kernel, length weight, lam) by weighted LOO MSE on the context and fit it.
+
+    X: (N, d), y: (N,) in [0, 1], ages: (N,) policy versions ago (None: all 0), loglen: (N,)
+    or None (no length feature). ``prior_strength`` pseudo-observations of ``prior_mean``
+    shrink the context mean, which matters only for tiny contexts.
+    """
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
+    w = recency_weights(ages, halflife)
+    if halflife is None:
+        T, decay = None, np.ones(len(y))
+    else:
+        T = np.power(0.5, np.abs(ages[:, None] - ages[None, :]) / halflife)   # (N, N)
+        decay = w
+    bad = [k for k in kernels if k not in BASE_KERNELS]
+    if bad or not kernels:
+        raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
+    n, wsum = len(y), float(w.sum())
+    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
+    # Exact LOO of the constant model (the weighted mean without point i).
+    loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
+    const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
+    best = Fitted(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse)
+    if n < 4:
+        return best
+    wn = w / wsum
+    center = wn @ X                                            # (d,)
+    sw = np.sqrt(w)
+    yt = sw * (y - mean)
+    if loglen is not None:
+        loglen = np.asarray(loglen, dtype=np.float64)
+        len_mu = float(wn @ loglen)
+        len_sd = float(np.sqrt(wn @ (loglen - len_mu) ** 2)) or 1.0
+        len_feat = (loglen - len_mu) / len_sd
+        length_weights = LENGTH_WEIGHTS
+    else:
+        len_mu, len_sd, len_feat, length_weights = 0.0, 1.0, np.zeros(n), (0.0,)
+    for kind in kernels:
+        scale = kernel_scale(kind, X, center)
+        B = base_kernel(kind, X, X, center, scale)
+        Kt = (B if T is None else B * T) * np.outer(sw, sw)
+        for mse, lam, g, m_y in _loo_candidates(Kt, yt, sw * len_feat, wsum, length_weights):
+            if mse < best.loo_mse:
+                best = Fitted(mean=mean, kernel=kind, halflife=halflife, lam=lam,
+                              length_weight=g, loo_mse=mse, const_loo_mse=const_mse,
+                              alpha=sw * m_y, X=X, center=center, scale=scale, decay=decay,
+                              len_feat=len_feat, len_mu=len_mu, len_sd=len_sd)
+    return best
+
+
+def predict_fitted(fit: Fitted, Q: np.ndarray, loglen: np.ndarray | None = None) -> np.ndarray:
+    """Predictions (M,) for query embeddings Q (M, d); not clipped. ``loglen`` (M,) is needed
+    when the fit uses the length feature."""
+    Q = np.asarray(Q, dtype=np.float64)
+    if fit.kernel is None:
+        return np.full(len(Q), fit.mean)
+    Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale) * fit.decay   # (M, N)
+    if fit.length_weight:
+        if loglen is None:
+            raise ValueError("this fit uses the length feature: pass loglen for the queries")
+        lq = (np.asarray(loglen, dtype=np.float64) - fit.len_mu) / fit.len_sd
+        Kq = Kq + fit.length_weight ** 2 * np.outer(lq, fit.len_feat)
+    return fit.mean + Kq @ fit.alpha

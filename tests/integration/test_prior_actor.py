@@ -1,0 +1,53 @@
+"""PriorServer as a real Ray actor in a local cluster: observe, predict, stats, errors."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+ray = pytest.importorskip("ray")
+
+from actors.prior import PriorServer  # noqa: E402
+
+# Two clearly separated families: short sums the policy solves, olympiad proofs it does not.
+EASY = [f"What is {a} plus {b}?" for a, b in zip(range(2, 26), range(30, 54))]
+HARD = [f"Prove that for every prime p > {a}, the polynomial x^{a} - {b} has a root modulo p "
+        f"if and only if p splits completely in the field Q(zeta_{a})." for a, b in
+        zip(range(3, 27), range(5, 29))]
+
+
+@pytest.fixture(scope="module")
+def prior():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    try:
+        actor = ray.remote(num_cpus=0.5)(PriorServer).remote("embedded", {}, window=64,
+                                                             cpu_threads=1)
+        assert ray.get(actor.ready.remote(), timeout=300) is True
+        yield actor
+    finally:
+        ray.shutdown()
+
+
+def test_actor_observes_and_ranks_a_separable_context(prior):
+    n_ctx = ray.get(prior.observe.remote([(p, 0.875, 0) for p in EASY[:16]]
+                                         + [(p, 0.125, 1) for p in HARD[:16]]))
+    assert n_ctx == 32
+    queries = EASY[16:] + HARD[16:]
+    p = np.array(ray.get(prior.predict.remote(queries)))
+    assert p.shape == (16,) and np.all((p >= 0) & (p <= 1))
+    labels = np.r_[np.ones(8), np.zeros(8)]
+    pairs = [(a > b) + 0.5 * (a == b) for a in p[labels == 1] for b in p[labels == 0]]
+    assert np.mean(pairs) > 0.5
+    assert p[:8].mean() > p[8:].mean() + 0.2
+    stats = ray.get(prior.stats.remote())
+    assert stats["n_context"] == 32 and stats["predict_calls"] == 1
+    assert stats["n_predicted"] == 16 and stats["mean_latency_ms"] > 0
+    assert stats["latest_version"] == 1
+
+
+def test_actor_window_and_validation_errors_cross_the_actor_boundary(prior):
+    before = ray.get(prior.stats.remote())["n_observed"]
+    ray.get(prior.observe.remote([(p, 0.5, 2) for p in EASY + HARD + EASY]))
+    assert ray.get(prior.stats.remote())["n_context"] == 64      # bounded by window=64
+    with pytest.raises(ValueError, match="outside"):
+        ray.get(prior.observe.remote([("x", 2.0, 3)]))
+    assert ray.get(prior.stats.remote())["n_observed"] == before + 72   # nothing half-added

