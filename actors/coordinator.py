@@ -7,7 +7,8 @@ is satisfied is finished at once and queued for the learner; the coordinator nev
 for a batch. New prompts are admitted whenever generator capacity frees, extra rollouts
 first (they are dispatched the moment a reward arrives, before admission runs), and
 admission holds while the learner is more than ``max_staleness`` versions behind:
-prompts admitted (and not dropped) <= (version + max_staleness + 1) * batch_prompts.
+prompts admitted (and not dropped) <= (version + max_staleness + 1) * batch_prompts, and
+no admission while the oldest prompt in flight is more than ``max_staleness`` versions old.
 
 Accounting: every admitted prompt ends exactly once: taken by the learner (``trained``),
 dropped with a counted reason, or still in flight (or queued) when the run stops.
@@ -59,6 +60,7 @@ class Coordinator:
         self._ready_event = asyncio.Event()
         self._stopped = False
         self.t_start = time.time()
+        self.events: list[tuple] = []  # generator faults, for the summary
         if accounting:  # resuming: prompts in flight at the checkpoint are lost, say so
             self.counts["admitted"] = accounting["prompts_admitted"]
             self.counts["handed"] = accounting.get("prompts_handed", 0)
@@ -106,7 +108,8 @@ class Coordinator:
                 "drop_reasons": dict(self.drops), "prior_fallbacks": c["prior_fallback"],
                 "extra_rollouts_requested": c["extra_requests"],
                 "reissued_requests": c["reissued"], "generator_restarts": c["restarts"],
-                "requests_per_generator": list(self.served), "data_pos": self.sampler.position}
+                "requests_per_generator": list(self.served), "data_pos": self.sampler.position,
+                "generator_events": list(self.events)}
 
     def status(self) -> dict:
         return {"inflight": len(self.inflight), "ready": len(self.ready),
@@ -121,6 +124,12 @@ class Coordinator:
         by_cap = rc.max_inflight_prompts - len(self.inflight)
         live = self.counts["admitted"] - sum(self.drops.values())
         by_staleness = (self.version + rc.max_staleness + 1) * rc.batch_prompts - live
+        # Per prompt too: while the oldest prompt in flight was admitted more than
+        # max_staleness versions ago, admit nothing, so the generators finish it first
+        # (else slow prompts, those the test keeps asking more of, would starve).
+        if self.inflight and self.version - min(
+                g.admitted_version for g in self.inflight.values()) > rc.max_staleness:
+            return 0
         return max(0, min(by_slots, by_cap, by_staleness))
 
     def _kick(self) -> None:
@@ -132,12 +141,16 @@ class Coordinator:
         try:
             while not self._stopped and (n := self._room()) > 0:
                 problems = self.sampler.next(n)
-                self.counts["admitted"] += n
                 wave = next(self._waves)
                 priors = await self._priors(problems)
+                if self._stopped:  # stopped while asking the prior: these were never admitted
+                    return
+                # Counted only now, with no await until they are in `inflight`, so a stop at
+                # any point leaves every admitted prompt accounted for.
+                self.counts["admitted"] += n
                 for p, prior in zip(problems, priors):
                     g = Group(p, PromptState(self.est, prior), wave=wave,
-                              uid=f"{p.id}#{next(self._ids)}")
+                              uid=f"{p.id}#{next(self._ids)}", admitted_version=self.version)
                     self.inflight[g.uid] = g
                     self._dispatch(g)
         finally:
@@ -170,23 +183,23 @@ class Coordinator:
     def request_id(self) -> str:  # Group.requests asks its pool for ids
         return f"c{next(self._ids)}"
 
-    def _pick(self) -> int:
-        alive = [i for i, a in enumerate(self.alive) if a]
-        if not alive:
-            raise RuntimeError("no generator is alive")
-        return min(alive, key=lambda i: self.load[i])
+    async def _pick(self) -> int:
+        """The least-loaded live generator; waits while every one is restarting."""
+        while not any(self.alive):
+            await asyncio.sleep(0.2)
+        return min((i for i, a in enumerate(self.alive) if a), key=lambda i: self.load[i])
 
     async def _request(self, g: Group, req, base: int, failures: int = 0) -> None:
         import ray
 
-        i = self._pick()
+        i = await self._pick()
         self.load[i] += req.n
         try:
             rollouts = await self.gens[i].generate.remote(req)
-        except ray.exceptions.RayActorError:
+        except ray.exceptions.RayActorError as err:  # died, or restarting (ActorUnavailableError)
             self.load[i] -= req.n
             self.counts["reissued"] += 1
-            self._lost(i)
+            self._lost(i, type(err).__name__)
             return await self._request(g, req, base, failures)
         except Exception as err:
             self.load[i] -= req.n
@@ -195,6 +208,8 @@ class Coordinator:
             return await self._request(g, req, base, failures + 1)
         self.load[i] -= req.n
         self.served[i] += 1
+        if self.version > 0 and any(r.version == 0 for r in rollouts) and self.payload is not None:
+            self._lost(i, "served version 0")  # restarted on its initial weights: re-sync it
         if g.uid not in self.inflight:  # dropped meanwhile
             return
         g.add(self.task, rollouts, base)
@@ -220,10 +235,11 @@ class Coordinator:
         self._kick()
 
     # -- faults ------------------------------------------------------------------------------
-    def _lost(self, i: int) -> None:
+    def _lost(self, i: int, why: str) -> None:
         if self.alive[i]:
             self.alive[i] = False
             self.counts["restarts"] += 1
+            self.events.append((round(time.time() - self.t_start, 3), "lost", i, why))
             self._spawn(self._rejoin(i))
 
     async def _rejoin(self, i: int) -> None:
@@ -236,6 +252,7 @@ class Coordinator:
                     await self.gens[i].update_weights.remote(self.payload, self.version)
                     continue  # re-check: a newer version may have been published meanwhile
                 self.alive[i] = True
+                self.events.append((round(time.time() - self.t_start, 3), "rejoined", i, loaded))
                 self._kick()
                 return
             except Exception:

@@ -83,6 +83,7 @@ class Group:
     unparsed: int = 0
     wave: int = 0       # admission batch this prompt came in with
     uid: str = ""       # unique per admission (a prompt can come back in a later epoch)
+    admitted_version: int = 0
 
     def requests(self, pool: GeneratorPool, sampling: SamplingConfig) -> list[tuple[RolloutRequest, int]]:
         """The rollout requests the estimator wants now, each with its first slot index."""
@@ -123,4 +124,8 @@ class Group:
                 "t_admit": self.t_admit, "t_done": self.t_done,
                 "versions": sorted({r.version for r in rs}),
                 "generators": sorted({r.generator for r in rs}),
-                "tokens": sum(len(r.token_ids) for r in rs)}
+                "tokens": sum(len(r.token_ids) for r in rs),
+                "lengths": [len(r.token_ids) for r in rs],
+                "prompt_tokens": len(next(iter(rs)).prompt_token_ids) if rs else 0,
+                # (generator, start, end) of each rollout: the utilisation timeline's bars
+                "spans": [(r.generator, r.t_start, r.t_end) for r in rs]}

@@ -20,12 +20,14 @@ def connect(cfg, plan: Plan) -> bool:
         return False
     env = {"env_vars": {"PYTHONPATH": os.getcwd(), "TOKENIZERS_PARALLELISM": "false"}}
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    # Joining: the job's own runtime env (ray job submit --working-dir) or the installed
+    # package makes our modules importable on the workers; ours would fight the job's.
     if address and address != "local":
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True)
         return False
     if address is None:
         try:  # a cluster started with `ray start --head` on this machine
-            ray.init(address="auto", runtime_env=env)
+            ray.init(address="auto")
             return False
         except ConnectionError:
             pass
@@ -81,8 +83,7 @@ def start_generators(cfg, model_path: str, pg) -> list:
             num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
             max_concurrency=1024, scheduling_strategy=_pg_strategy(pg, i),
         ).remote(model_path, i, engine_cfg, threads, bind))
-    ray.get([h.ready.remote() for h in handles])
-    return handles
+    return handles  # not waited for: engines start while the learner starts
 
 
 def start_learner(cfg, model_path: str, pg):
@@ -103,18 +104,22 @@ def start_prior(cfg, pg):
         num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
         scheduling_strategy=_pg_strategy(pg, 0),
     ).remote(p.backend, p.options, p.window, threads_for(p.cpus))
-    ray.get(handle.ready.remote())
     return handle
 
 
 def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
+    import ray
+
     groups = reserve(plan)
     roles = Roles(generators=[], learner=None, groups=groups)
     try:
-        roles.learner = start_learner(cfg, model_path, groups["learner"])
+        # Actor constructors run concurrently: engines, prior and DeepSpeed start together.
         roles.generators = start_generators(cfg, model_path, groups["generator"])
         if "prior" in groups:
             roles.prior = start_prior(cfg, groups["prior"])
+        roles.learner = start_learner(cfg, model_path, groups["learner"])
+        ray.get([h.ready.remote() for h in roles.generators]
+                + ([roles.prior.ready.remote()] if roles.prior is not None else []))
     except BaseException:
         roles.shutdown()
         raise

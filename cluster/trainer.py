@@ -36,7 +36,7 @@ class Trainer:
         self.version = self.step = 0
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
                        "tokens_generated": 0, "nan_skipped_steps": 0,
-                       "generator_update_failures": 0}
+                       "generator_update_failures": 0, "learner_wait_s": 0.0}
         self.recorder = None
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
@@ -98,7 +98,7 @@ class Trainer:
             if cfg.run.eval_every and not cfg.run.resume else {}
         prompts_log = (cfg.run_dir / "prompts.jsonl").open("a" if cfg.run.resume else "w")
         self.telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
-        t_start = time.time()
+        t_start, busy_start = time.time(), self._busy()
         try:
             self.source.start()
             while self.step < cfg.run.max_steps:
@@ -119,6 +119,7 @@ class Trainer:
             if self.recorder:
                 self.recorder.close()
         wall = time.time() - t_start
+        busy = busy_between(busy_start, self._busy())
         # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
         acct["prompts_dropped"] += self.totals["prompts_skipped_nan"]
         acct.setdefault("drop_reasons", {})["learner_nan_skip"] = self.totals["prompts_skipped_nan"]
@@ -126,6 +127,9 @@ class Trainer:
                    "mode": cfg.mode, "algo": cfg.algo.name, "wall_time_s": wall,
                    "prompts_per_s": self.totals["prompts_trained"] / wall,
                    "rollouts_per_s": self.totals["rollouts"] / wall,
+                   "generator_busy_fraction": busy / (len(self.roles.generators) * wall),
+                   "learner_idle_fraction": self.totals["learner_wait_s"] / wall,
+                   "t_start": t_start,
                    "eval_accuracy_initial": initial.get("eval_accuracy")}
         writer.summary(summary)
         return summary
@@ -134,6 +138,7 @@ class Trainer:
         busy0, t0 = self._busy(), time.time()
         batch = self.source.next_batch()
         t1 = time.time()
+        self.totals["learner_wait_s"] += t1 - t0
         samples = batch["samples"]
         staleness = np.array([self.version - s.version for s in samples] or [0])
         lm = self.roles.learner.train_step(samples)
@@ -160,14 +165,25 @@ class Trainer:
                 "step_time_s": t3 - t0, "gen_time_s": batch.get("gen_time_s", t1 - t0),
                 "learner_wait_s": t1 - t0, "train_time_s": t2 - t1, "sync_time_s": sync_s,
                 "learner_idle_fraction": (t1 - t0) / (t3 - t0),
-                "generator_busy_fraction": (self._busy() - busy0) / (n_gen * (t3 - t0)),
+                "t_train_start": t1, "t_train_end": t2, "t_step_end": t3,
+                "generator_busy_fraction": busy_between(busy0, self._busy()) / (n_gen * (t3 - t0)),
                 "prompts_per_s": self.totals["prompts_trained"] / wall,
                 "rollouts_per_s": self.totals["rollouts"] / wall,
                 "tokens_per_s": self.totals["tokens_generated"] / wall,
                 **batch.get("extra", {})}
 
-    def _busy(self) -> float:
-        return sum(s["busy_s"] for s in self.pool.call_all("stats"))
+    def _busy(self) -> list:
+        """Each generator's cumulative busy seconds (None while it is dead or restarting)."""
+        import ray
+
+        out = []
+        for ref in [g.stats.remote() for g in self.roles.generators]:
+            try:
+                out.append(ray.get(ref, timeout=60)["busy_s"])
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                out.append(None)
+        return out
+
 
     def _log_prompts(self, f, groups: list[dict], t_trained: float) -> None:
         for g in groups:
@@ -198,3 +214,9 @@ def group_metrics(groups: list[dict]) -> dict:
             "k_mean": float(ks.mean()), "k_hist": np.bincount(ks).tolist(),
             "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
             "unparsed_fraction": sum(g["unparsed"] for g in groups) / max(1, rollouts)}
+
+
+def busy_between(before: list, after: list) -> float:
+    """Busy seconds between two samples; a restarted generator counts from its restart."""
+    return sum(max(0.0, b - (a if a is not None and a <= b else 0.0))
+               for a, b in zip(before, after) if b is not None)
