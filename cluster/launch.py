@@ -11,8 +11,8 @@ import argparse
 import sys
 import time
 
-from cluster.config import ConfigError, dump_config, load_config
-from cluster.placement import PlacementError, plan
+from cluster.config import dump_config, load_config
+from cluster.placement import plan
 
 
 def parse_args(argv):
@@ -34,15 +34,14 @@ def preflight(cfg):
     return p, task
 
 
-def run(cfg) -> dict:
+def run(cfg, checked=None) -> dict:
     """Run one training job to the end; returns the summary."""
     import ray
 
     from cluster.runtime import connect, start_roles
     from cluster.trainer import Trainer
 
-    p, task = preflight(cfg)
-    model_path = cfg.model.resolve()
+    p, task, model_path = checked or (*preflight(cfg), cfg.model.resolve())
     started = connect(cfg, p)
     roles = None
     try:
@@ -60,17 +59,18 @@ def run(cfg) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+    try:  # everything that can be wrong with the request fails here, before any actor starts
         cfg = load_config(args.config, args.overrides)
+        p, task = preflight(cfg)
         if args.dry_run:
-            p, _ = preflight(cfg)
             print(dump_config(cfg))
             print(f"# placement: {p.describe()} = {p.total_gpus:g} GPU, {p.total_cpus:g} CPU")
             return 0
-        summary = run(cfg)
-    except (ConfigError, PlacementError, FileNotFoundError) as err:
+        model_path = cfg.model.resolve()
+    except (ValueError, FileNotFoundError) as err:  # ConfigError, PlacementError, task files
         print(f"error: {err}", file=sys.stderr)
         return 2
+    summary = run(cfg, (p, task, model_path))
     print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s -> {cfg.run_dir}")
     return 0
 

@@ -116,7 +116,7 @@ class Group:
         st = self.state
         fused = st.est.needs_prior and not st.fallback
         rs = self.rollouts.values()
-        return {"prompt_id": self.problem.id, "uid": self.uid, "wave": self.wave, "k": st.k,
+        return {"prompt_id": self.problem.id, "prompt": self.problem.prompt, "uid": self.uid, "wave": self.wave, "k": st.k,
                 "rewards": self.rewards, "baseline": st.baseline, "prior_p": st.prior_p,
                 # The test kept the prior iff w == 0, and then the baseline IS the prior.
                 "prior_accepted": (st.baseline == st.prior) if fused else None,

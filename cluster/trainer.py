@@ -196,7 +196,7 @@ class Trainer:
         samples = iter(batch["samples"])
         for g in batch["groups"]:
             group_samples = [next(samples) for _ in range(g["k"])]
-            self.recorder.append(g["prompt_id"], g.get("prompt", ""), g["rewards"],
+            self.recorder.append(g["prompt_id"], g["prompt"], g["rewards"],
                                  g["baseline"], self.version, group_samples)
 
 

@@ -3,8 +3,10 @@ import json
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,11 +26,13 @@ def free_port() -> int:
 def head(tmp_path):
     """A head node we started ourselves (--block keeps its CLI alive; we stop it by pgid)."""
     gcs, dash = free_port(), free_port()
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # AF_UNIX socket paths must stay short
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test cluster; no token to hand around
     proc = subprocess.Popen(
         ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4",
-         f"--temp-dir={tmp_path / 'ray'}"],
+         f"--temp-dir={ray_tmp}"],
         env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT,
         start_new_session=True)
     url = f"http://127.0.0.1:{dash}"
@@ -45,6 +49,7 @@ def head(tmp_path):
     yield url, env
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_job_submit_runs_a_short_training(head, tmp_path):

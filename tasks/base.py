@@ -1,0 +1,82 @@
+"""The task interface: problems, verdicts, and a binary-reward verifier contract.
+
+Pure Python (no torch / vLLM import) so that the coordinator and tests can score completions
+without the ML stack. A task hands out two disjoint problem lists (train, held-out) and scores
+one completion at a time.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its reference answer. ``difficulty`` is a task-specific level (0 = unknown)."""
+
+    id: str
+    prompt: str
+    answer: str
+    difficulty: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's judgement of one completion.
+
+    ``parsed`` is False when no answer could be extracted; the reward is then ``r_lo``
+    (callers count unparsed completions as a metric). ``extracted`` is the answer string the
+    verifier compared, or None when nothing was found.
+    """
+
+    reward: float
+    parsed: bool
+    extracted: str | None
+
+
+def check_rewards(reward_low: float, reward_high: float) -> tuple[float, float]:
+    """Validate a binary reward pair; the estimator needs r_lo < r_hi to define its noise bound."""
+    lo, hi = float(reward_low), float(reward_high)
+    if not lo < hi:
+        raise ValueError(f"reward_low ({lo}) must be smaller than reward_high ({hi})")
+    return lo, hi
+
+
+class Task(ABC):
+    """A dataset plus a binary verifier: reward ``r_hi`` if the answer is correct, else ``r_lo``.
+
+    Subclasses implement ``train``, ``heldout``, ``extract`` (completion -> answer string or
+    None) and ``is_correct`` (extracted answer vs problem -> bool, or None when the extracted
+    string cannot be interpreted). ``score`` combines them and is the only method callers use.
+    """
+
+    name: str = "task"
+
+    def __init__(self, reward_low: float = -1.0, reward_high: float = 1.0):
+        self.rewards: tuple[float, float] = check_rewards(reward_low, reward_high)
+
+    @abstractmethod
+    def train(self) -> list[Problem]:
+        """The training problems (disjoint from ``heldout()``)."""
+
+    @abstractmethod
+    def heldout(self) -> list[Problem]:
+        """The held-out evaluation problems (disjoint from ``train()``)."""
+
+    @abstractmethod
+    def extract(self, completion: str) -> str | None:
+        """The final answer written in ``completion``, or None if there is none."""
+
+    @abstractmethod
+    def is_correct(self, problem: Problem, extracted: str) -> bool | None:
+        """Whether ``extracted`` answers ``problem``; None if it cannot be interpreted at all."""
+
+    def score(self, problem: Problem, completion: str) -> Verdict:
+        r_lo, r_hi = self.rewards
+        extracted = self.extract(completion)
+        if extracted is None:
+            return Verdict(reward=r_lo, parsed=False, extracted=None)
+        ok = self.is_correct(problem, extracted)
+        if ok is None:
+            return Verdict(reward=r_lo, parsed=False, extracted=extracted)
+        return Verdict(reward=r_hi if ok else r_lo, parsed=True, extracted=extracted)

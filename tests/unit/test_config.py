@@ -1,0 +1,101 @@
+"""Every shipped config parses; bad keys fail naming the key and the choices; placement plans."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.config import ConfigError, build_config, load_config
+from cluster.placement import PlacementError, check_fits, plan
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = [ROOT / "v05.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_configs_parse(path):
+    cfg = load_config(path)
+    assert cfg.run.max_steps >= 1
+    assert plan(cfg).total_cpus > 0
+
+
+def test_paper_config_uses_32_gpus():
+    cfg = load_config(ROOT / "configs" / "qwen3-4b-dapo-32gpu.yaml")
+    p = plan(cfg)
+    assert p.total_gpus == 32
+    assert cfg.cluster.weight_sync == "nccl"
+    check_fits(p, {"GPU": 32, "CPU": 4 * 8 * 16})
+    with pytest.raises(PlacementError, match="asks for 32 GPU"):
+        check_fits(p, {"GPU": 16, "CPU": 512})
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(ROOT / "v05.yaml", ["run.max_steps=3", "run.name=try1",
+                                          "optim.lr=1e-3", "run.resume=true"])
+    assert cfg.run.max_steps == 3 and cfg.run.name == "try1"
+    assert cfg.optim.lr == pytest.approx(1e-3) and cfg.run.resume is True
+    assert cfg.run.output_dir == "runs" and cfg.run_dir == Path("runs/try1")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("run.max_stepz=3", r"unknown config key 'run.max_stepz'.*max_steps"),
+    ("runn.name=x", r"unknown config key 'runn'.*'run'"),
+    ("run.max_steps=many", r"run.max_steps"),
+    ("run.max_steps=0", r"run.max_steps"),
+    ("algo.name=ppo", r"algo.name.*grpo"),
+    ("mode=turbo", r"mode.*sync"),
+    ("algo.k_init=32", r"k_init"),
+    ("optim.zero_stage=5", r"optim.zero_stage"),
+    ("run", r"key.sub=value"),
+])
+def test_bad_overrides_fail_with_the_key_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(ROOT / "v05.yaml", [override])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    cfg = build_config({"model": {"path": str(tmp_path / "no-model")}})
+    with pytest.raises(ConfigError, match="config.json missing"):
+        cfg.model.resolve()
+
+
+def test_nccl_needs_gpus():
+    with pytest.raises(PlacementError, match="nccl"):
+        plan(build_config({"cluster": {"weight_sync": "nccl"}}))
+
+
+def test_cost_scales_with_reward_convention():
+    cfg = build_config({"algo": {"name": "v05"}})
+    assert cfg.algo.estimator_config((-1.0, 1.0)).cost == pytest.approx(0.0039)
+    assert cfg.algo.estimator_config((0.0, 1.0)).cost == pytest.approx(0.0039 / 4)
+
+
+def test_launcher_rejects_bad_key_fast_without_ml_imports():
+    out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml", "run.bogus=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "unknown config key 'run.bogus'" in out.stderr
+    code = ("import sys, cluster.config, cluster.launch; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'ray', 'vllm', 'deepspeed', 'transformers'}))")
+    imported = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, check=True)
+    assert imported.stdout.strip() == "[]"
+
+
+def test_missing_dataset_fails_at_launch_before_any_actor(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml", "task.name=math_jsonl",
+                          f"task.path={tmp_path / 'missing.jsonl'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "dataset file" in out.stderr and "missing.jsonl" in out.stderr
+    assert "Generator" not in out.stderr  # failed before starting actors
