@@ -49,6 +49,7 @@ class Coordinator:
         self.sampler = PromptSampler(self.task.train(), seed, data_pos)
         self.slots = slots_per_generator
         self.version, self.payload = version, None
+        self.base_version = version
         self.inflight: dict[str, Group] = {}
         self.ready: deque[Group] = deque()
         self.counts = Counter()
@@ -122,8 +123,10 @@ class Coordinator:
         capacity = self.slots * sum(self.alive) - sum(self.load)
         by_slots = capacity // self.est.cfg.k_init
         by_cap = rc.max_inflight_prompts - len(self.inflight)
-        live = self.counts["admitted"] - sum(self.drops.values())
-        by_staleness = (self.version + rc.max_staleness + 1) * rc.batch_prompts - live
+        # Counted from this coordinator's start: versions may not start at 0 (resume, reuse).
+        live = self.counts["admitted_here"] - self.counts["dropped_here"]
+        by_staleness = ((self.version - self.base_version + rc.max_staleness + 1)
+                        * rc.batch_prompts - live)
         # Per prompt too: while the oldest prompt in flight was admitted more than
         # max_staleness versions ago, admit nothing, so the generators finish it first
         # (else slow prompts, those the test keeps asking more of, would starve).
@@ -148,6 +151,7 @@ class Coordinator:
                 # Counted only now, with no await until they are in `inflight`, so a stop at
                 # any point leaves every admitted prompt accounted for.
                 self.counts["admitted"] += n
+                self.counts["admitted_here"] += n
                 for p, prior in zip(problems, priors):
                     g = Group(p, PromptState(self.est, prior), wave=wave,
                               uid=f"{p.id}#{next(self._ids)}", admitted_version=self.version)
@@ -232,6 +236,7 @@ class Coordinator:
         if not already_removed:
             self.inflight.pop(g.uid, None)
         self.drops[reason] += 1
+        self.counts["dropped_here"] += 1
         self._kick()
 
     # -- faults ------------------------------------------------------------------------------

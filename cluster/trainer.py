@@ -166,7 +166,9 @@ class Trainer:
                 "learner_wait_s": t1 - t0, "train_time_s": t2 - t1, "sync_time_s": sync_s,
                 "learner_idle_fraction": (t1 - t0) / (t3 - t0),
                 "t_train_start": t1, "t_train_end": t2, "t_step_end": t3,
-                "generator_busy_fraction": busy_between(busy0, self._busy()) / (n_gen * (t3 - t0)),
+                # Stats are read just after t3, so the ratio can overshoot by a hair: clamp.
+                "generator_busy_fraction": min(1.0, busy_between(busy0, self._busy())
+                                               / (n_gen * (t3 - t0))),
                 "prompts_per_s": self.totals["prompts_trained"] / wall,
                 "rollouts_per_s": self.totals["rollouts"] / wall,
                 "tokens_per_s": self.totals["tokens_generated"] / wall,
