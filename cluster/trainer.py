@@ -85,8 +85,10 @@ class Trainer:
         import ray
 
         # Versions continue from what the generators hold (actors may outlive one run).
-        self.version = max(ray.get([g.version.remote() for g in self.roles.generators]))
+        self.version = served = max(ray.get([g.version.remote() for g in self.roles.generators]))
         state = self.restore() if cfg.run.resume else {"data_pos": 0}
+        if cfg.run.resume and served >= self.version:
+            self.version = served + 1  # generators outlived the run: load over theirs
         sampler = PromptSampler(self.task.train(), cfg.run.seed, state["data_pos"])
         src_cls = AsyncSource if cfg.mode == "async" else SyncSource
         self.source = src_cls(cfg, self.roles, self.task, self.est, self.pool, sampler,

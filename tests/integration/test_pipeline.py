@@ -174,3 +174,43 @@ def test_async_run_survives_a_generator_kill(system):
                                            + summary["prompts_in_flight_at_end"])
     assert summary["generator_restarts"] >= 1 and summary["reissued_requests"] >= 1
     assert ray.get(victim.ready.remote(), timeout=300)  # Ray restarted it
+
+
+def test_checkpoint_resume_and_rollout_replay(system):
+    from learner.replay import main as replay_main
+
+    cfg = make_cfg(system["tmp"], "resume", mode="sync",
+                   run={"max_steps": 2, "eval_every": 0, "record_rollouts": True})
+    first = run(system, cfg)
+    cfg3 = make_cfg(system["tmp"], "resume", mode="sync",
+                    run={"max_steps": 3, "eval_every": 0, "resume": True})
+    second = run(system, cfg3)
+    rows = read_metrics(cfg3.run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]  # continued, not restarted
+    assert second["policy_version"] > first["policy_version"]
+    assert second["steps"] == 3
+    assert second["prompts_admitted"] == (second["prompts_trained"] + second["prompts_dropped"]
+                                          + second["prompts_in_flight_at_end"])
+    # The recorded groups drive the learner alone, without generators.
+    out = replay_main([str(cfg.run_dir / "rollouts.msgpack"), "--model", system["model_path"],
+                       "--batch-prompts", "4", "--steps", "1", "--cpus-per-rank", "0.2"])
+    assert out["steps"] == 1
+
+
+def test_async_run_survives_a_dead_prior(system):
+    from cluster.runtime import start_prior
+
+    cfg = make_cfg(system["tmp"], "no-prior", mode="async",
+                   algo={"name": "v05", "k_init": 4, "k_max": 16},
+                   run={"max_steps": 2, "eval_every": 0}, prior={"timeout_s": 2.0})
+    ray.kill(system["roles"].prior, no_restart=True)
+    try:
+        summary = run(system, cfg)
+    finally:
+        system["roles"].prior = start_prior(cfg, system["roles"].groups["prior"])
+    assert summary["steps"] == 2
+    assert summary["prior_fallbacks"] >= 8
+    prompts = [json.loads(x) for x in (cfg.run_dir / "prompts.jsonl").read_text().splitlines()]
+    assert all(p["fallback"] and p["k"] == 4 for p in prompts)
+    assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
+                                           + summary["prompts_in_flight_at_end"])
