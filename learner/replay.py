@@ -104,8 +104,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, out=sys.stdout) -> dict:
+def run(args: argparse.Namespace, out=None) -> dict:
     """Train from the file; prints per-step JSON lines and returns the summary dict."""
+    out = out or sys.stdout  # looked up per call: a default bound at import goes stale
     import ray
 
     from learner.config import LearnerConfig
