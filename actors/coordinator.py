@@ -24,7 +24,7 @@ import time
 from collections import Counter, deque
 
 from actors.types import SamplingConfig
-from cluster.rollouts import Group, PromptSampler
+from cluster.rollouts import Group, PromptSampler, checked_priors
 from estimator.state import PromptState
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
@@ -166,9 +166,7 @@ class Coordinator:
         try:
             ps = await asyncio.wait_for(
                 self.prior.predict.remote([p.prompt for p in problems]), self.prior_timeout_s)
-            if len(ps) != len(problems) or not all(0.0 <= float(x) <= 1.0 for x in ps):
-                raise ValueError(f"prior returned garbage: {ps!r:.200}")
-            return [float(x) for x in ps]
+            return checked_priors(ps, len(problems))
         except Exception as err:  # timeout, dead actor, garbage: fall back, never wait forever
             self.counts["prior_fallback"] += len(problems)
             self.counts["prior_errors"] += 1

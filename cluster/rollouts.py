@@ -65,10 +65,12 @@ class GeneratorPool:
     def request_id(self) -> str:
         return f"r{next(self._ids)}"
 
-    def call_all(self, method: str, *args):
-        import ray
 
-        return ray.get([getattr(h, method).remote(*args) for h in self.handles])
+def checked_priors(ps, n: int) -> list[float]:
+    """The prior server's answer for n prompts, or ValueError if it is garbage."""
+    if len(ps) != n or not all(0.0 <= float(p) <= 1.0 for p in ps):  # NaN fails too
+        raise ValueError(f"prior returned garbage for {n} prompts: {ps!r:.200}")
+    return [float(p) for p in ps]
 
 
 @dataclass

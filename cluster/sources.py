@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 from actors.types import SamplingConfig
+from cluster.rollouts import checked_priors
 from cluster.sync import generate_batch
 
 
@@ -52,10 +53,7 @@ class SyncSource:
 
         try:
             ref = self.roles.prior.predict.remote([p.prompt for p in problems])
-            ps = ray.get(ref, timeout=self.cfg.prior.timeout_s)
-            if len(ps) != len(problems) or not all(0.0 <= float(p) <= 1.0 for p in ps):
-                raise ValueError("prior returned garbage")
-            return [float(p) for p in ps]
+            return checked_priors(ray.get(ref, timeout=self.cfg.prior.timeout_s), len(problems))
         except Exception:
             self.fallbacks += len(problems)
             return [None] * len(problems)

@@ -62,22 +62,3 @@ def evaluate(pool: GeneratorPool, task, problems: list, max_tokens: int) -> dict
         by_level.setdefault(p.difficulty, []).append(c)
     return {"eval_accuracy": float(np.mean(correct)),
             "eval_accuracy_by_difficulty": {str(k): float(np.mean(v)) for k, v in sorted(by_level.items())}}
-
-
-def batch_metrics(kept, dropped) -> dict:
-    groups = kept + dropped
-    rewards = np.concatenate([g.rewards for g in groups])
-    ks = np.array([g.state.k for g in groups])
-    n_roll = int(ks.sum())
-    toks = sum(len(r.token_ids) for g in groups for r in g.rollouts.values())
-    return {
-        "reward_mean": float(rewards.mean()),
-        "rollouts": n_roll,
-        "tokens_generated": toks,
-        "prompts_trained": len(kept),
-        "prompts_dropped": len(dropped),
-        "k_mean": float(ks.mean()),
-        "k_hist": np.bincount(ks).tolist(),
-        "unparsed_fraction": sum(g.unparsed for g in groups) / max(1, n_roll),
-        "fallback_prompts": sum(g.state.fallback for g in groups),
-    }

@@ -27,6 +27,12 @@ ASYNC_KEYS = {"k_mean", "k_hist", "prior_accept_rate", "staleness_mean", "stalen
               "learner_idle_fraction", "prompts_per_s", "rollouts_per_s"}
 
 
+def assert_accounted(summary):
+    """Every admitted prompt ended exactly once: trained, dropped, or still in flight."""
+    assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
+                                           + summary["prompts_in_flight_at_end"])
+
+
 def make_cfg(tmp, name, **sections):
     base = {
         "run": {"name": name, "output_dir": str(tmp), "max_steps": 3, "eval_every": 3,
@@ -94,8 +100,7 @@ def test_sync_grpo_trains_and_generators_serve_new_weights(system):
     assert METRIC_KEYS <= set(rows[0])
     assert rows[-1]["eval_accuracy"] is not None
     assert all(r["rollouts"] == 4 * 4 for r in rows)
-    assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
-                                           + summary["prompts_in_flight_at_end"])
+    assert_accounted(summary)
     assert (cfg.run_dir / "config.yaml").is_file() and (cfg.run_dir / "checkpoints").is_dir()
 
 
@@ -140,8 +145,7 @@ def test_async_v05_streams_with_variable_k(system):
     for p in prompts:
         by_wave.setdefault(p["wave"], []).append(p)
     assert any(a["t_trained"] < b["t_done"] for ps in by_wave.values() for a in ps for b in ps)
-    assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
-                                           + summary["prompts_in_flight_at_end"])
+    assert_accounted(summary)
     assert summary["prompts_trained"] == 6 * 4
 
 
@@ -170,8 +174,7 @@ def test_async_run_survives_a_generator_kill(system):
     killer.join()
     assert killed.is_set(), "the run ended before the generator could be killed"
     assert summary["steps"] == 12
-    assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
-                                           + summary["prompts_in_flight_at_end"])
+    assert_accounted(summary)
     assert summary["generator_restarts"] >= 1 and summary["reissued_requests"] >= 1
     assert ray.get(victim.ready.remote(), timeout=300)  # Ray restarted it
 
@@ -189,8 +192,7 @@ def test_checkpoint_resume_and_rollout_replay(system):
     assert [r["step"] for r in rows] == [1, 2, 3]  # continued, not restarted
     assert second["policy_version"] > first["policy_version"]
     assert second["steps"] == 3
-    assert second["prompts_admitted"] == (second["prompts_trained"] + second["prompts_dropped"]
-                                          + second["prompts_in_flight_at_end"])
+    assert_accounted(second)
     # The recorded groups drive the learner alone, without generators.
     out = replay_main([str(cfg.run_dir / "rollouts.msgpack"), "--model", system["model_path"],
                        "--batch-prompts", "4", "--steps", "1", "--cpus-per-rank", "0.2"])
@@ -212,5 +214,4 @@ def test_async_run_survives_a_dead_prior(system):
     assert summary["prior_fallbacks"] >= 8
     prompts = [json.loads(x) for x in (cfg.run_dir / "prompts.jsonl").read_text().splitlines()]
     assert all(p["fallback"] and p["k"] == 4 for p in prompts)
-    assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
-                                           + summary["prompts_in_flight_at_end"])
+    assert_accounted(summary)
