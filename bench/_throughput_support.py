@@ -139,11 +139,16 @@ def calibration(out: dict) -> dict | None:
     if not {"sync_grpo16", "async_v05"} <= set(runs):
         return None
     sync, av = runs["sync_grpo16"], runs["async_v05"]
-    m = sync["measured"]
+    m, ma = sync["measured"], av["measured"]
+    per_token = m["train_time_s"] / max(1, m["trained_tokens"])
+    # Generators and learner share the cores in async mode: the learner's time per token
+    # there, over its time in sync mode, is the measured slowdown of overlapping work.
+    overlap = max(1.0, ma["train_time_s"] / max(1, ma["trained_tokens"]) / per_token)
     return {
         "n_generators": m["n_generators"], "max_num_seqs": m["max_num_seqs"],
         "decode_step_s": out["probe"]["decode_step_s"],
-        "learner_s_per_token": m["train_time_s"] / max(1, m["trained_tokens"]),
+        "learner_s_per_token": per_token,
+        "overlap_slowdown": overlap,
         "sync_s": m["sync_time_s"],
         "response_lengths": sync["response_lengths"],
         "prompt_tokens": m["prompt_tokens"], "batch_prompts": sync["config"]["batch_prompts"],
