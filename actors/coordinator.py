@@ -222,9 +222,8 @@ class Coordinator:
         del self.inflight[g.uid]
         g.t_done = time.time()
         if self.prior is not None and self.est.needs_prior:
-            r_lo, r_hi = self.task.rewards
-            rate = (g.state.vbar - r_lo) / (r_hi - r_lo)
-            self.prior.observe.remote([(g.problem.prompt, float(rate), self.version)])
+            self.prior.observe.remote(
+                [(g.problem.prompt, g.success_rate(self.task.rewards), self.version)])
         if not g.state.keep:
             return self._drop(g, "filtered_all_equal", already_removed=True)
         self.ready.append(g)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from actors.types import Rollout, RolloutRequest, SamplingConfig, TrainSample
+from estimator.core import reward_to_prob
 from estimator.state import PromptState
 
 
@@ -109,6 +110,10 @@ class Group:
         return [TrainSample(r.prompt_token_ids, r.token_ids, r.logprobs, float(a), r.version)
                 for (_, r), a in zip(sorted(self.rollouts.items()), adv)]
 
+    def success_rate(self, rewards: tuple[float, float]) -> float:
+        """Mean reward on the [0, 1] scale: the observed success rate the prior learns from."""
+        return float(reward_to_prob(self.state.vbar, rewards))
+
     @property
     def rewards(self) -> list[float]:
         return [r.reward for _, r in sorted(self.rollouts.items())]
@@ -116,13 +121,16 @@ class Group:
     def export(self) -> dict:
         """What the driver needs of a finished prompt for metrics and ``prompts.jsonl``."""
         st = self.state
+        res = st.result()  # baseline and keep from one estimator call
+        baseline = float(res.baseline[0])
         fused = st.est.needs_prior and not st.fallback
         rs = self.rollouts.values()
-        return {"prompt_id": self.problem.id, "prompt": self.problem.prompt, "uid": self.uid, "wave": self.wave, "k": st.k,
-                "rewards": self.rewards, "baseline": st.baseline, "prior_p": st.prior_p,
+        return {"prompt_id": self.problem.id, "prompt": self.problem.prompt, "uid": self.uid,
+                "wave": self.wave, "k": st.k,
+                "rewards": self.rewards, "baseline": baseline, "prior_p": st.prior_p,
                 # The test kept the prior iff w == 0, and then the baseline IS the prior.
-                "prior_accepted": (st.baseline == st.prior) if fused else None,
-                "fallback": st.fallback, "keep": st.keep, "unparsed": self.unparsed,
+                "prior_accepted": (baseline == st.prior) if fused else None,
+                "fallback": st.fallback, "keep": bool(res.keep[0]), "unparsed": self.unparsed,
                 "t_admit": self.t_admit, "t_done": self.t_done,
                 "versions": sorted({r.version for r in rs}),
                 "generators": sorted({r.generator for r in rs}),

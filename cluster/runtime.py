@@ -58,7 +58,7 @@ class Roles:
             ray.util.remove_placement_group(pg)
 
 
-def _pg_strategy(pg, index: int):
+def pg_strategy(pg, index: int):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
@@ -81,7 +81,7 @@ def start_generators(cfg, model_path: str, pg) -> list:
         bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
         handles.append(cls.options(
             num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
-            max_concurrency=1024, scheduling_strategy=_pg_strategy(pg, i),
+            max_concurrency=1024, scheduling_strategy=pg_strategy(pg, i),
         ).remote(model_path, i, engine_cfg, threads, bind))
     return handles  # not waited for: engines start while the learner starts
 
@@ -102,7 +102,7 @@ def start_prior(cfg, pg):
     p = cfg.prior
     handle = ray.remote(PriorServer).options(
         num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
-        scheduling_strategy=_pg_strategy(pg, 0),
+        scheduling_strategy=pg_strategy(pg, 0),
     ).remote(p.backend, p.options, p.window, threads_for(p.cpus))
     return handle
 

@@ -61,9 +61,8 @@ class SyncSource:
     def _observe(self, groups) -> None:
         if self.roles.prior is None:
             return
-        r_lo, r_hi = self.task.rewards
         self.roles.prior.observe.remote(
-            [(g.problem.prompt, (g.state.vbar - r_lo) / (r_hi - r_lo), 0) for g in groups])
+            [(g.problem.prompt, g.success_rate(self.task.rewards), 0) for g in groups])
 
     def weights_published(self, version: int, payload) -> None:
         pass
@@ -89,13 +88,13 @@ class AsyncSource:
 
         from actors.coordinator import Coordinator
         from cluster.placement import COORDINATOR_CPUS
-        from cluster.runtime import _pg_strategy
+        from cluster.runtime import pg_strategy
 
         self.cfg = cfg
         slots = cfg.generators.engine.get("max_num_seqs", 64)
         self.coord = ray.remote(Coordinator).options(
             num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
-            scheduling_strategy=_pg_strategy(roles.groups["coordinator"], 0)).remote(
+            scheduling_strategy=pg_strategy(roles.groups["coordinator"], 0)).remote(
             roles.generators, roles.prior, cfg.task, est, cfg.rollout, seed=cfg.run.seed,
             data_pos=sampler.position, version=version, prior_timeout_s=cfg.prior.timeout_s,
             slots_per_generator=slots, accounting=accounting)
