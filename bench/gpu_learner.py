@@ -1,0 +1,253 @@
+"""The DeepSpeed learner on one CUDA device: a correctness check and a throughput measurement.
+
+    python -m bench.gpu_learner [--out DIR] [--shapes qwen3-4b,qwen3-0.6b] [--deadline-s S]
+
+Part 1 (check, tiny policy, random init): one ``LearnerWorker`` rank on the GPU must pick
+bf16 and NCCL by itself; its bf16 log-probs must agree with an fp32 transformers forward on
+the same weights (first step: approx KL and clip fraction near 0 when the behaviour log-probs
+come from that fp32 forward); three steps must move the weights and stay finite; a DeepSpeed
+checkpoint must restore the weights exactly. Any failure raises AssertionError.
+
+Part 2 (measure): a Qwen3-shaped model (random init, bf16, gradient checkpointing) trained by
+the same ``LearnerWorker`` on B responses of prompt+response tokens. It reports trained
+tokens/s and seconds per token per GPU: the learner constant ``s_per_token_gpu`` of
+``bench/sim_models.LearnerModel``. Without CUDA, part 2 runs the tiny shape only (smoke).
+
+Writes ``gpu_learner.json`` under --out (default bench/results).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from actors.types import TrainSample
+from learner.config import LearnerConfig
+
+# Public Qwen3 shapes (config.json of the released checkpoints); random weights here.
+SHAPES = {
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+                 vocab_size=512, tie_word_embeddings=False),
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _log(msg: str) -> None:
+    print(f"[gpu_learner {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _samples(n: int, prompt_len: int, resp_len: int, vocab: int, seed: int,
+             behaviour=None) -> list[TrainSample]:
+    """n synthetic responses; behaviour log-probs from ``behaviour(prompt, resp)`` or -1.0."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p = rng.integers(3, vocab, prompt_len).tolist()
+        r = rng.integers(3, vocab, resp_len).tolist()
+        lp = behaviour(p, r) if behaviour else [-1.0] * resp_len
+        out.append(TrainSample(p, r, lp, float(rng.choice([-1.0, 1.0])) * (1 + i % 3) / 3, 0))
+    return out
+
+
+def _fp32_logprobs(model_path: str):
+    """behaviour(prompt, resp) -> fp32 transformers log-probs of resp's tokens on the GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.worker import token_logprobs
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(dev).eval()
+
+    def behaviour(p, r):
+        ids = torch.tensor([p + r], device=dev)
+        with torch.no_grad():
+            logp, _ = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:], 1.0, False)
+        return logp[0, len(p) - 1:].tolist()
+    return behaviour
+
+
+def _save_random(shape: str, path: Path) -> tuple[Path, int]:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=8192, rope_theta=1e6,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(dev):  # init on the GPU: seconds instead of minutes for 4B weights
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16 if dev == "cuda" else torch.float32)
+    model.save_pretrained(path)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return path, n
+
+
+def check(tmp: Path) -> dict:
+    """Part 1. Returns what it measured; raises AssertionError on a failed check."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from learner.worker import LearnerWorker
+
+    path, _ = _save_random("tiny", tmp / "tiny")
+    behaviour = _fp32_logprobs(str(path))
+    samples = _samples(16, 12, 20, SHAPES["tiny"]["vocab_size"], 0, behaviour)
+    w = LearnerWorker(str(path), LearnerConfig(lr=1e-3, micro_batch_size=4), 0, 1, _port())
+    cuda = torch.cuda.is_available()
+    res = {"device": str(w.device), "dtype": w.dtype_name, "backend": dist.get_backend()}
+    if cuda:
+        assert (w.dtype_name, res["backend"]) == ("bf16", "nccl"), res
+    before = w.get_weights()
+    steps = [w.train_step(samples) for _ in range(3)]
+    first = steps[0]
+    res.update(first_step={k: first[k] for k in ("loss", "approx_kl", "clip_fraction",
+                                                   "grad_norm", "entropy")},
+               steps_applied=w.step)
+    assert all(not s["skipped"] and np.isfinite(s["loss"]) for s in steps), steps
+    # bf16 vs fp32 log-probs of the same weights: a wrong dtype/device path shows up here.
+    assert first["approx_kl"] < 5e-3 and first["clip_fraction"] < 0.05, first
+    after = w.get_weights()
+    assert set(after) == set(before)
+    moved = max(float(np.abs(after[k] - before[k]).max()) for k in after)
+    assert moved > 1e-4 and all(np.isfinite(v).all() for v in after.values()), moved
+    tag = w.save_checkpoint(str(tmp / "ckpt"), {"step": w.step})
+    w.train_step(samples)  # move away, then restore
+    assert w.load_checkpoint(str(tmp / "ckpt"))["step"] == 3, tag
+    restored = w.get_weights()
+    assert all(np.array_equal(restored[k], after[k]) for k in after), "checkpoint restore differs"
+    res["max_weight_change"] = moved
+    w.close()
+    return res
+
+
+def measure(shape: str, tmp: Path, batch: int, prompt_len: int, resp_len: int,
+            micro: int, steps: int) -> dict:
+    """Part 2: trained tokens/s of ``LearnerWorker`` on one device for one model shape."""
+    import torch
+
+    from learner.worker import LearnerWorker
+
+    t0 = time.perf_counter()
+    path, n_params = _save_random(shape, tmp / shape)
+    t_build = time.perf_counter() - t0
+    cfg = LearnerConfig(lr=1e-6, micro_batch_size=micro, gradient_checkpointing=True)
+    t0 = time.perf_counter()
+    w = LearnerWorker(str(path), cfg, 0, 1, _port())
+    t_init = time.perf_counter() - t0
+    samples = _samples(batch, prompt_len, resp_len, SHAPES[shape]["vocab_size"], 1)
+    w.train_step(samples)  # warm-up: allocator, kernels
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        m = w.train_step(samples)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        assert not m["skipped"], m
+    tokens = batch * (prompt_len + resp_len)  # every position goes through forward+backward
+    mean = sum(times) / len(times)
+    res = {"shape": shape, "params": n_params, "batch": batch, "prompt_len": prompt_len,
+           "resp_len": resp_len, "micro_batch_size": micro, "gradient_checkpointing": True,
+           "dtype": w.dtype_name, "build_s": round(t_build, 1), "init_s": round(t_init, 1),
+           "step_s": [round(t, 3) for t in times], "trained_tokens_per_step": tokens,
+           "tokens_per_s": tokens / mean, "s_per_token_gpu": mean / tokens,
+           "model_tflops_per_s": 6 * n_params * tokens / mean / 1e12}
+    if torch.cuda.is_available():
+        res["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    w.close()
+    del w
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return res
+
+
+def _isolated(fn, *args):
+    """Run fn(*args) in a fresh process: DeepSpeed caches its process groups per process, so a
+    second engine after ``destroy_process_group`` in the same process fails."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(fn, *args).result()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--shapes", default="qwen3-4b,qwen3-0.6b",
+                    help=f"comma-separated, from {sorted(SHAPES)}")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--resp-len", type=int, default=1792)
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--deadline-s", type=float, default=1e9,
+                    help="skip shapes not started within this many seconds of the start")
+    a = ap.parse_args(argv)
+    shapes = [s for s in a.shapes.split(",") if s]
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad:
+        raise SystemExit(f"--shapes: unknown {bad}; valid: {sorted(SHAPES)}")
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        shapes = ["tiny"]
+        a.prompt_len, a.resp_len = min(a.prompt_len, 16), min(a.resp_len, 32)
+    start = time.perf_counter()
+    import deepspeed
+    import transformers
+
+    out = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+           "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+           "command": "python -m bench.gpu_learner " + " ".join(argv if argv is not None
+                                                                 else sys.argv[1:]),
+           "gpu": torch.cuda.get_device_name() if cuda else None, "measure": []}
+    with tempfile.TemporaryDirectory(prefix="v05_gpu_") as d:
+        _log("part 1: check on the tiny policy")
+        out["check"] = _isolated(check, Path(d))
+        _log(f"check passed: {out['check']}")
+        for s in shapes:
+            if time.perf_counter() - start > a.deadline_s:
+                _log(f"deadline: skipping {s}")
+                continue
+            _log(f"part 2: measuring {s}")
+            r = _isolated(measure, s, Path(d), a.batch, a.prompt_len, a.resp_len, a.micro, a.steps)
+            _log(json.dumps(r))
+            out["measure"].append(r)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "gpu_learner.json").write_text(json.dumps(out, indent=1))
+    _log(f"wrote {Path(a.out) / 'gpu_learner.json'}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
