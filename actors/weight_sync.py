@@ -310,14 +310,21 @@ def make_receiver(transport: str) -> WeightReceiver:
     return TRANSPORTS[transport][1]()
 
 
-def sync_weights(sender: WeightSender, generators: list, weights: Mapping[str, Any],
-                 version: int) -> list:
-    """Ask every generator to load ``weights`` as ``version``; returns the ObjectRefs of
-    their ``update_weights`` calls (each resolves to the seconds that generator took)."""
+def send_weights(sender: WeightSender, generators: list, weights: Mapping[str, Any],
+                 version: int) -> tuple[Any, list]:
+    """Ask every generator to load ``weights`` as ``version``. Returns (the payload, which a
+    restarted generator can be given later, the ObjectRefs of the generators'
+    ``update_weights`` calls, each resolving to the seconds that generator took)."""
     payload = sender.publish(weights, version)
     refs = [g.update_weights.remote(payload, version) for g in generators]
-    sender.push(weights)
-    return refs
+    sender.push(weights)  # collective transports: after every generator was asked to receive
+    return payload, refs
+
+
+def sync_weights(sender: WeightSender, generators: list, weights: Mapping[str, Any],
+                 version: int) -> list:
+    """``send_weights`` without the payload: the ObjectRefs of the generators' updates."""
+    return send_weights(sender, generators, weights, version)[1]
 
 
 def _free_port(host: str) -> int:

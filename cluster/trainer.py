@@ -25,13 +25,11 @@ from estimator.registry import ESTIMATORS
 
 class Trainer:
     def __init__(self, cfg: Config, roles, task):
-        from actors.weight_sync import make_sender
-
         self.cfg, self.roles, self.task = cfg, roles, task
         self.est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(task.rewards))
         self.pool = GeneratorPool(roles.generators)
-        self.sender = make_sender(cfg.cluster.weight_sync)
-        self.sender.connect(roles.generators)
+        # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
+        roles.learner.connect_weight_sync(cfg.cluster.weight_sync, roles.generators)
         self.ckpt_dir = cfg.run_dir / "checkpoints"
         self.version = self.step = 0
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
@@ -49,10 +47,7 @@ class Trainer:
         import ray
 
         t = time.time()
-        weights = self.roles.learner.get_weights()
-        payload = self.sender.publish(weights, self.version)
-        refs = [g.update_weights.remote(payload, self.version) for g in self.roles.generators]
-        self.sender.push(weights)
+        payload, refs = self.roles.learner.publish_weights(self.roles.generators, self.version)
         for ref in refs:
             try:
                 ray.get(ref)

@@ -70,6 +70,17 @@ class LearnerGroup:
         refs = [w.train_step.remote(shard) for w, shard in zip(self.workers, shards)]
         return ray.get(refs)[0]
 
+    def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
+        """Rank 0 becomes the weight sender to ``generators`` (see ``actors/weight_sync``)."""
+        import ray
+
+        ray.get(self.workers[0].connect_weight_sync.remote(transport, list(generators)))
+
+    def publish_weights(self, generators: list, version: int) -> tuple:
+        """Rank 0 sends its weights to ``generators`` as ``version`` (every rank takes part:
+        ZeRO-3 gathers). Returns (payload, ObjectRefs of the generators' updates)."""
+        return self._all("publish_weights", list(generators), version)[0]
+
     def get_weights(self) -> dict:
         """Rank 0's full fp32 state dict {HF name: np.ndarray}."""
         return self._all("get_weights")[0]

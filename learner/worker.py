@@ -54,6 +54,7 @@ class LearnerWorker:
         self.pad_id = int(pad if pad is not None else 0)
         self.step = 0  # optimiser updates applied
         self.consecutive_nan = 0
+        self.sender = None  # rank 0's WeightSender, once connect_weight_sync ran
 
     # ---------------------------------------------------------------- setup
     def _pick_device(self):
@@ -277,6 +278,35 @@ class LearnerWorker:
             return {k: v.detach().float().cpu().numpy().copy()
                     for k, v in self.engine.module.state_dict().items()}
 
+    def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
+        """Rank 0 hosts the weight sender, next to the weights: with ``nccl`` it broadcasts
+        from this rank's GPU (the driver needs none), with ``object_store`` this rank puts the
+        state dict into its node's object store. Other ranks do nothing."""
+        if self.rank != 0:
+            return
+        from actors.weight_sync import make_sender
+
+        self.sender = make_sender(transport)
+        self.sender.connect(generators)
+
+    def publish_weights(self, generators: list, version: int) -> tuple:
+        """Send this learner's weights to ``generators`` as ``version``. Every rank must be
+        called (ZeRO-3 gathers). Returns, on rank 0, (payload, refs of the generators'
+        ``update_weights`` calls); on other ranks (None, [])."""
+        from actors.weight_sync import send_weights
+
+        with self._gathered():
+            if self.rank != 0:
+                return None, []
+            sender = self.sender
+            if sender is None:
+                raise RuntimeError("publish_weights before connect_weight_sync")
+            sd = self.engine.module.state_dict()
+            if sender.cfg.type == "object_store":  # numpy has no bf16: fp32 copies
+                sd = {k: v.detach().float().cpu().numpy() for k, v in sd.items()}
+            # nccl: the live tensors in the training dtype, broadcast from this GPU.
+            return send_weights(sender, generators, sd, version)
+
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
         """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
         tag = f"step{self.step}"
@@ -316,6 +346,9 @@ class LearnerWorker:
     def close(self) -> None:
         import torch.distributed as dist
 
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -94,45 +94,31 @@ def test_cuda_generation_matches_transformers(gen):
         assert r.token_ids == _hf_greedy(model, r.prompt_token_ids, 16)[:len(r.token_ids)]
 
 
-class _NcclLearner:
-    """Learner rank 0 stand-in: a model on its own GPU and an NCCL weight sender."""
-
-    def __init__(self, seed: int):
-        from actors.weight_sync import make_sender
-
-        self.model = _hf_model(seed, "cuda")
-        self.sender = make_sender({"type": "nccl"})
-
-    def connect(self, generators) -> None:
-        self.sender.connect(generators)
-
-    def sync(self, generators, version: int) -> list[float]:
-        import ray
-
-        from actors.weight_sync import sync_weights
-
-        return ray.get(sync_weights(self.sender, generators, self.model.state_dict(), version))
-
-
-def test_nccl_weight_sync_matches_transformers(ray_gpu, gen):
+def test_nccl_weight_sync_matches_transformers(ray_gpu, gen, tmp_path):
+    """The product path: learner rank 0 (its own GPU) hosts the NCCL sender and broadcasts."""
     if ray_gpu < 2:
         pytest.skip("NCCL weight sync needs 2 GPUs (one per rank)")
-    import sys
-
     import ray
-    from ray import cloudpickle
 
-    # Ship _NcclLearner by value: Ray's workers cannot import this test module by name.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from tasks.policy_model import build_tokenizer, save_policy
+
     before = [r.token_ids for r in _greedy(gen, "nb-")]
-    learner = ray.remote(num_cpus=1, num_gpus=1)(_NcclLearner).remote(seed=1)
-    ray.get(learner.connect.remote([gen]))
-    (seconds,) = ray.get(learner.sync.remote([gen], 1))
-    assert seconds > 0 and ray.get(gen.version.remote()) == 1
+    path = tmp_path / "seed1"
+    save_policy(_hf_model(1), build_tokenizer(), path)
+    learner = LearnerGroup(str(path), 1, LearnerConfig(dtype="fp32"), num_gpus_per_rank=1)
+    try:
+        learner.connect_weight_sync("nccl", [gen])
+        payload, refs = learner.publish_weights([gen], 1)
+        (seconds,) = ray.get(refs)
+        assert payload.transport == "nccl" and seconds > 0
+        assert ray.get(gen.version.remote()) == 1
+    finally:
+        learner.shutdown()
     new = _hf_model(1, "cuda")
     after = _greedy(gen, "na-")
     for r in after:
         assert r.version == 1
         assert r.token_ids == _hf_greedy(new, r.prompt_token_ids, 16)[:len(r.token_ids)]
     assert [r.token_ids for r in after] != before
-    ray.kill(learner)

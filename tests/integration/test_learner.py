@@ -199,3 +199,21 @@ def test_record_then_replay(groups, policy_dir, tmp_path, capsys):
     assert lines[-1]["summary"] == summary
     assert summary["steps"] == 3 and summary["samples"] == 24 and summary["skipped_steps"] == 0
     assert summary["samples_per_s"] > 0
+
+
+def test_rank0_publishes_its_weights(groups):
+    """Rank 0 hosts the weight sender: the payload it publishes holds the group's weights."""
+    import numpy as np
+    import ray
+
+    two = groups["two"]
+    with pytest.raises(ray.exceptions.RayTaskError, match="before connect_weight_sync"):
+        two.publish_weights([], 1)
+    two.connect_weight_sync("object_store", [])
+    payload, refs = two.publish_weights([], 1)
+    assert refs == [] and payload.version == 1 and payload.transport == "object_store"
+    published, expected = ray.get(payload.ref), two.get_weights()
+    assert payload.num_tensors == len(expected) and set(published) == set(expected)
+    assert all(np.array_equal(published[k], expected[k]) for k in expected)
+    with pytest.raises(ray.exceptions.RayTaskError, match="not newer"):
+        two.publish_weights([], 1)  # versions only go forward
