@@ -223,4 +223,6 @@ def ratios(results: dict) -> dict:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from cluster.runtime import run_main
+
+    run_main(main)  # exits without C++ static destructors: see exit_process

@@ -76,4 +76,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from cluster.runtime import run_main
+
+    run_main(main)  # exits without C++ static destructors: see exit_process

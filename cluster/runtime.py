@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
+from typing import Callable, NoReturn
 
 from cluster.placement import Plan, reserve, threads_for
 
@@ -124,3 +126,55 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
         roles.shutdown()
         raise
     return roles
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a Ray driver process: Python's cleanup, then ``os._exit`` (no C++ static destructors).
+
+    Why: Ray 2.60's OpenTelemetry metric reader makes a last export while the process's C++
+    static objects are being destroyed. When the metrics agent is already gone (the driver
+    stopped its local cluster), that export logs an error through spdlog, whose registry
+    has already been destroyed: SIGSEGV, exit 139, after a run that succeeded (seen in CI and
+    reproduced here with gdb on the core: ``OpenTelemetryMetricExporter::Export`` ->
+    ``RayLog::~RayLog`` -> ``spdlog::details::registry::initialize_logger``). Everything
+    Python would do still happens: Ray is shut down, atexit handlers run, streams flushed.
+    """
+    import atexit
+    import logging
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing left to save
+            pass
+    os._exit(code)
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """``raise SystemExit(main())`` for entry points that use Ray, ending in ``exit_process``.
+    An exception prints its traceback and exits 1, as Python itself would."""
+    import traceback
+
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # noqa: BLE001 - reported, then the same exit status as Python's
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    exit_process(code)

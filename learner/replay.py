@@ -163,4 +163,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from cluster.runtime import run_main
+
+    def _cli() -> int:
+        main()  # prints its own report
+        return 0
+
+    run_main(_cli)  # exits without C++ static destructors: see exit_process

@@ -1,0 +1,26 @@
+"""Suite-wide hooks.
+
+The pytest process is a Ray driver (integration tests start and stop local clusters in it),
+so it ends the way our Ray entry points do, through ``cluster.runtime.exit_process``: pytest
+finishes its report, Python's cleanup runs, and the process exits with pytest's status
+without running C++ static destructors, where Ray 2.60's metrics exporter can crash
+(SIGSEGV, exit 139, after every test passed; see ``exit_process``).
+"""
+from __future__ import annotations
+
+import sys
+
+_status: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _status.append(int(exitstatus))
+
+
+def pytest_unconfigure(config):
+    # Only a whole run of this process, and only once Ray was imported: a pytest embedded in
+    # another program (or a run without Ray) ends normally.
+    if _status and "ray" in sys.modules and not hasattr(config, "workerinput"):
+        from cluster.runtime import exit_process
+
+        exit_process(_status[-1])
