@@ -131,6 +131,10 @@ def check(tmp: Path) -> dict:
     assert all(not s["skipped"] and np.isfinite(s["loss"]) for s in steps), steps
     # bf16 vs fp32 log-probs of the same weights: a wrong dtype/device path shows up here.
     assert first["approx_kl"] < 5e-3 and first["clip_fraction"] < 0.05, first
+    # Direction: each step is taken on the same batch, so the surrogate loss measured at the
+    # start of the next step must be lower (probability moved toward positive advantages).
+    res["losses"] = [s["loss"] for s in steps]
+    assert steps[2]["loss"] < steps[1]["loss"] < steps[0]["loss"], res["losses"]
     after = w.get_weights()
     assert set(after) == set(before)
     moved = max(float(np.abs(after[k] - before[k]).max()) for k in after)
