@@ -143,6 +143,9 @@ def timeline(rows, prompts, t0) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from cluster.runtime import prefer_loopback
+
+    prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     from bench._throughput_support import MemorySampler, plots, sim_check
     from cluster.config import load_config
     from cluster.placement import plan

@@ -70,6 +70,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as err:  # ConfigError, PlacementError, task files
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from cluster.runtime import prefer_loopback
+
+    prefer_loopback(cfg.cluster.address)  # before ray is imported
     summary = run(cfg, (p, task, model_path))
     print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s -> {cfg.run_dir}")
     return 0

@@ -13,6 +13,28 @@ from typing import Callable, NoReturn
 from cluster.placement import Plan, reserve, threads_for
 
 
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def prefer_loopback(address: str | None = None) -> bool:
+    """Make a Ray cluster this process starts listen on 127.0.0.1 only. Call before ray is
+    imported; returns whether the switch is now on.
+
+    Why: on Linux Ray rewrites a loopback node address (``_node_ip_address="127.0.0.1"``,
+    ``ray start --node-ip-address=127.0.0.1``) to the machine's primary address
+    (``services.resolve_ip_for_localhost``). Ray's switch for single-machine clusters on
+    macOS/Windows, read when ray is imported, keeps every process on loopback instead; such a
+    driver still joins a cluster already running on this machine. Left off when a cluster
+    address is given (``RAY_ADDRESS``, which ``ray job submit`` sets, or ``cluster.address``):
+    the nodes of a real cluster must be able to reach the driver."""
+    if os.environ.get("RAY_ADDRESS") or address not in (None, "local"):
+        return False
+    if "ray" in sys.modules:  # too late: Ray read the switch at import
+        return os.environ.get(LOOPBACK_SWITCH) == "0"
+    os.environ.setdefault(LOOPBACK_SWITCH, "0")
+    return os.environ[LOOPBACK_SWITCH] == "0"
+
+
 def connect(cfg, plan: Plan) -> bool:
     """Join the configured or running Ray cluster, else start a local one on 127.0.0.1.
     Returns True if this process started the cluster (and so should stop it)."""

@@ -107,6 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace, out=None) -> dict:
     """Train from the file; prints per-step JSON lines and returns the summary dict."""
     out = out or sys.stdout  # looked up per call: a default bound at import goes stale
+    from cluster.runtime import prefer_loopback
+
+    prefer_loopback()  # before ray is imported, for the local cluster started below
     import ray
 
     from learner.config import LearnerConfig

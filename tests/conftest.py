@@ -1,4 +1,4 @@
-"""Suite-wide hooks.
+"""Suite-wide hooks: Ray on loopback, and the exit path of a Ray driver.
 
 The pytest process is a Ray driver (integration tests start and stop local clusters in it),
 so it ends the way our Ray entry points do, through ``cluster.runtime.exit_process``: pytest
@@ -9,6 +9,12 @@ without running C++ static destructors, where Ray 2.60's metrics exporter can cr
 from __future__ import annotations
 
 import sys
+
+from cluster.runtime import prefer_loopback
+
+# Every test cluster (and `ray start` in test_job_submit) listens on 127.0.0.1 only; set
+# before any test imports ray (see prefer_loopback).
+prefer_loopback()
 
 _status: list[int] = []
 
