@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from actors.types import TrainSample
 from learner.config import LearnerConfig
+from learner.group import free_port
 
 # Public Qwen3 shapes (config.json of the released checkpoints); random weights here.
 SHAPES = {
@@ -43,12 +43,6 @@ SHAPES = {
                  num_attention_heads=2, num_key_value_heads=2, head_dim=32,
                  vocab_size=512, tie_word_embeddings=False),
 }
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _log(msg: str) -> None:
@@ -117,7 +111,7 @@ def check(tmp: Path) -> dict:
     path, _ = _save_random("tiny", tmp / "tiny")
     behaviour = _fp32_logprobs(str(path))
     samples = _samples(16, 12, 20, SHAPES["tiny"]["vocab_size"], 0, behaviour)
-    w = LearnerWorker(str(path), LearnerConfig(lr=1e-3, micro_batch_size=4), 0, 1, _port())
+    w = LearnerWorker(str(path), LearnerConfig(lr=1e-3, micro_batch_size=4), 0, 1, free_port())
     cuda = torch.cuda.is_available()
     res = {"device": str(w.device), "dtype": w.dtype_name, "backend": dist.get_backend()}
     if cuda:
@@ -161,7 +155,7 @@ def measure(shape: str, tmp: Path, batch: int, prompt_len: int, resp_len: int,
     t_build = time.perf_counter() - t0
     cfg = LearnerConfig(lr=1e-6, micro_batch_size=micro, gradient_checkpointing=True)
     t0 = time.perf_counter()
-    w = LearnerWorker(str(path), cfg, 0, 1, _port())
+    w = LearnerWorker(str(path), cfg, 0, 1, free_port())
     t_init = time.perf_counter() - t0
     samples = _samples(batch, prompt_len, resp_len, SHAPES[shape]["vocab_size"], 1)
     w.train_step(samples)  # warm-up: allocator, kernels

@@ -298,14 +298,12 @@ class LearnerWorker:
         with self._gathered():
             if self.rank != 0:
                 return None, []
-            sender = self.sender
-            if sender is None:
+            if self.sender is None:
                 raise RuntimeError("publish_weights before connect_weight_sync")
-            sd = self.engine.module.state_dict()
-            if sender.cfg.type == "object_store":  # numpy has no bf16: fp32 copies
-                sd = {k: v.detach().float().cpu().numpy() for k, v in sd.items()}
-            # nccl: the live tensors in the training dtype, broadcast from this GPU.
-            return send_weights(sender, generators, sd, version)
+            # The live tensors: the object store makes its NumPy copies (bf16 widened), NCCL
+            # broadcasts them in the training dtype from this GPU.
+            return send_weights(self.sender, generators, self.engine.module.state_dict(),
+                                version)
 
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
         """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
