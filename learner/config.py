@@ -11,7 +11,19 @@ class LearnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lr: float = Field(1e-4, gt=0.0, description="AdamW learning rate (constant, no schedule).")
+    lr: float = Field(1e-4, gt=0.0, description=(
+        "AdamW peak learning rate: reached after lr_warmup_steps, then held (lr_schedule "
+        "constant) or decayed (cosine); see learner/schedule.py."))
+    lr_warmup_steps: int = Field(0, ge=0, description=(
+        "Linear warm-up over this many optimiser updates: update s (0-based) uses "
+        "lr * (s + 1) / lr_warmup_steps. 0: no warm-up. Skipped (non-finite) steps do not count."))
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description=(
+        "After warm-up, constant: lr; cosine: from lr down to lr_min over lr_decay_steps "
+        "updates, then lr_min."))
+    lr_decay_steps: int = Field(0, ge=0, description=(
+        "Length of the cosine decay in optimiser updates, counted from the end of warm-up "
+        "(e.g. run.max_steps - lr_warmup_steps). Must be >= 1 for lr_schedule cosine."))
+    lr_min: float = Field(0.0, ge=0.0, description="Floor of the cosine decay (<= lr).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1).")
     eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
@@ -22,6 +34,22 @@ class LearnerConfig(BaseModel):
                             description="PPO clip below: the ratio is clipped at 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0,
                              description="PPO clip above (DAPO's decoupled clip): ratio clipped at 1 + clip_high.")
+    objective: Literal["ppo", "decoupled"] = Field("ppo", description=(
+        "ppo: clip the ratio pi / pi_behaviour (the behaviour log-probs from the generator). "
+        "decoupled: clip pi / pi_prox, pi_prox = the policy before this update (the learner "
+        "takes one optimiser step per batch, so pi_prox is the learner's own log-probs of the "
+        "same forward, detached; no extra forward), and weight each token by the importance "
+        "weight pi_prox / pi_behaviour (truncated at tis_cap): the trust region is measured "
+        "from the current policy, staleness is corrected by the weight. See learner/loss.py."))
+    tis_cap: float | None = Field(None, ge=1.0, description=(
+        "Truncated importance sampling: cap on the importance weight to the behaviour policy "
+        "(decoupled: pi_prox / pi_behaviour; ppo: the ratio pi / pi_behaviour, its value and "
+        "gradient weight), so no stale or mismatched token weighs more than this. None: "
+        "untruncated. Typical: 2 to 5."))
+    dual_clip: float | None = Field(None, gt=1.0, description=(
+        "Dual clip c: for a negative advantage the per-token loss is bounded by c * |A| "
+        "(without it, a token whose probability rose since sampling has an unbounded ratio, "
+        "up to e^20). None: off. Typical: 3."))
     kl_coef: float = Field(0.0, ge=0.0, description=(
         "Weight of the k3 KL to the frozen reference policy; 0 turns it off and no reference "
         "model is loaded."))
@@ -35,8 +63,18 @@ class LearnerConfig(BaseModel):
         "Steps with a non-finite loss or gradient norm are skipped; more than this many in a "
         "row raise RuntimeError."))
     micro_batch_size: int = Field(8, ge=1, description=(
-        "Responses per forward/backward on one rank; a rank's shard is split into micro-batches "
-        "whose gradients accumulate into one optimiser step."))
+        "Most responses in one micro-batch (one forward/backward on one rank). A rank's shard "
+        "is split into micro-batches whose gradients accumulate into one optimiser step."))
+    micro_batch_tokens: int | None = Field(None, ge=1, description=(
+        "Token budget of one micro-batch: prompt + response tokens, packed into one row "
+        "(position ids restart per response, no attention across responses, no padding). "
+        "Responses fill micro-batches longest first up to this budget (and micro_batch_size); "
+        "a longer response trains alone. The learner's activation memory scales with it. "
+        "None: no token budget, micro_batch_size alone bounds a micro-batch."))
+    logprob_chunk_tokens: int = Field(1024, ge=1, description=(
+        "The LM head and log-softmax run over this many response tokens at a time (logits "
+        "recomputed in backward), so no full-vocabulary logits of a whole micro-batch exist. "
+        "Peak extra memory about chunk * vocab * 10 bytes (bf16): 1.5 GiB at 1024 x 152k."))
     seed: int = Field(0, description="torch seed of every rank.")
     dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Training dtype. auto: fp32 on CPU, bf16 on CUDA.")
@@ -52,6 +90,10 @@ class LearnerConfig(BaseModel):
             raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
         if self.clip_low == 0.0 and self.clip_high == 0.0:
             raise ValueError("clip_low and clip_high are both 0: every token would be clipped")
+        if self.lr_schedule == "cosine" and self.lr_decay_steps < 1:
+            raise ValueError("lr_schedule 'cosine' needs lr_decay_steps >= 1")
+        if self.lr_min > self.lr:
+            raise ValueError(f"lr_min {self.lr_min} exceeds lr {self.lr}")
         return self
 
     def resolved_dtype(self, cuda: bool) -> str:

@@ -1,9 +1,26 @@
-"""The token-level clipped policy-gradient loss: a pure function on typed tensors.
+"""The token-level policy-gradient loss: a pure function on typed tensors.
 
 torch only (no DeepSpeed, Ray or model): tests check it against a slow loop reference.
 
-Shapes: B responses, T token positions (already aligned so that position t of every
-tensor refers to the same response token; see ``learner/batch.py``).
+Shapes: B rows, T token positions (already aligned so that position t of every tensor
+refers to the same response token; see ``learner/batch.py``). A row is one response
+(``collate``), or several responses packed back to back with ``segment_ids`` saying which
+(the learner's packed micro-batches: B = 1, T = their response tokens).
+
+Objectives (r: a probability ratio, A: the token's advantage, eps_l/eps_h: the clip range)::
+
+    pg(r)  = -min(r A, clip(r, 1 - eps_l, 1 + eps_h) A)            the PPO surrogate
+    dual   : for A < 0, pg <- min(pg, dual_clip * |A|)              (Ye et al. 2020)
+    ppo       : loss_t = pg(pi / pi_behaviour)
+                with tis_cap C: the ratio's value and gradient weight are truncated at C
+    decoupled : loss_t = w * pg(pi / pi_prox),  w = pi_prox / pi_behaviour (min(w, C) with
+                tis_cap), no gradient through w                      (Hilton et al. 2022;
+                AReaL's decoupled PPO)
+
+pi_prox is the policy at the start of the update (the learner passes its own log-probs,
+detached; see ``LearnerConfig.objective``): the trust region is then measured from the
+current policy, however stale the behaviour policy was, and the staleness is corrected by
+the importance weight w.
 """
 from __future__ import annotations
 
@@ -21,23 +38,27 @@ LOG_RATIO_LIMIT = 20.0
 class LossInputs:
     logprobs: torch.Tensor  # (B, T) log-probs of the current policy (carries the gradient)
     behaviour_logprobs: torch.Tensor  # (B, T) log-probs under the policy that sampled
-    advantages: torch.Tensor  # (B,) one scalar per response
+    advantages: torch.Tensor  # (B,) one scalar per row, or (B, T) per token (packed rows)
     mask: torch.Tensor  # (B, T) bool/0-1: which positions are response tokens
     ref_logprobs: torch.Tensor | None = None  # (B, T) frozen reference policy, for the KL term
     entropy: torch.Tensor | None = None  # (B, T) policy entropy per position (metric only)
+    proximal_logprobs: torch.Tensor | None = None  # (B, T) pi_prox, for objective="decoupled"
+    segment_ids: torch.Tensor | None = None  # (B, T) long: response of each position (seq_mean
+    #   groups by it; ids unique across rows, >= 0 on the mask); None: each row is one response
 
     def validate(self) -> None:
         if self.logprobs.dim() != 2:
             raise ValueError(f"logprobs must be (B, T), got shape {tuple(self.logprobs.shape)}")
         shape = self.logprobs.shape
-        for name in ("behaviour_logprobs", "mask", "ref_logprobs", "entropy"):
+        for name in ("behaviour_logprobs", "mask", "ref_logprobs", "entropy",
+                     "proximal_logprobs", "segment_ids"):
             t = getattr(self, name)
             if t is not None and t.shape != shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} "
                                  "like logprobs")
-        if self.advantages.shape != shape[:1]:
+        if self.advantages.shape not in (shape[:1], shape):
             raise ValueError(f"advantages has shape {tuple(self.advantages.shape)}, "
-                             f"expected ({shape[0]},)")
+                             f"expected ({shape[0]},) or {tuple(shape)}")
 
 
 @dataclass
@@ -48,10 +69,29 @@ class LossOutputs:
     kl: torch.Tensor  # () k3 estimate of KL(current || reference), token mean; 0 without ref
     entropy: torch.Tensor  # () mean entropy over response tokens; 0 without entropy input
     n_tokens: torch.Tensor  # () number of response tokens (the metrics' weight)
+    is_weight: torch.Tensor  # () token mean of the untruncated importance weight to behaviour
+    #   (pi_prox / pi_behaviour for decoupled, pi / pi_behaviour for ppo): how off-policy
+    truncated_fraction: torch.Tensor  # () share of tokens whose weight tis_cap truncated
+    dual_clip_fraction: torch.Tensor  # () share of tokens where the dual clip bounds the loss
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / n.clamp(min=1)
+
+
+def _check_options(aggregation, objective, tis_cap, dual_clip, kl_coef, inputs) -> None:
+    if aggregation not in ("token_mean", "seq_mean"):
+        raise ValueError(f"aggregation must be 'token_mean' or 'seq_mean', got {aggregation!r}")
+    if objective not in ("ppo", "decoupled"):
+        raise ValueError(f"objective must be 'ppo' or 'decoupled', got {objective!r}")
+    if objective == "decoupled" and inputs.proximal_logprobs is None:
+        raise ValueError("objective='decoupled' needs proximal_logprobs")
+    if tis_cap is not None and not tis_cap >= 1.0:
+        raise ValueError(f"tis_cap must be >= 1 (or None), got {tis_cap}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    if kl_coef > 0 and inputs.ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
 
 
 def policy_loss(
@@ -62,11 +102,13 @@ def policy_loss(
     kl_coef: float = 0.0,
     aggregation: Literal["token_mean", "seq_mean"] = "token_mean",
     normalizer: float | torch.Tensor | None = None,
+    objective: Literal["ppo", "decoupled"] = "ppo",
+    tis_cap: float | None = None,
+    dual_clip: float | None = None,
 ) -> LossOutputs:
-    """PPO clipped surrogate per token, plus optional k3 KL to a reference, aggregated.
+    """Per-token objective (see the module doc), plus optional k3 KL to a reference, aggregated.
 
-    per-token loss = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * k3,
-    with r = exp(logp - behaviour_logp). Aggregation:
+    per-token loss = loss_t + kl_coef * k3. Aggregation:
       token_mean: sum of per-token losses / number of response tokens;
       seq_mean:   per response, mean over its tokens; then sum / number of responses.
     Responses with no tokens count for nothing in either mode.
@@ -74,22 +116,44 @@ def policy_loss(
     global batch can each divide by the GLOBAL count: their losses then sum to the global loss.
     """
     inputs.validate()
-    if aggregation not in ("token_mean", "seq_mean"):
-        raise ValueError(f"aggregation must be 'token_mean' or 'seq_mean', got {aggregation!r}")
-    if kl_coef > 0 and inputs.ref_logprobs is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    _check_options(aggregation, objective, tis_cap, dual_clip, kl_coef, inputs)
     mask = inputs.mask.bool()
     maskf = mask.to(inputs.logprobs.dtype)
     # Zero the padding first: garbage there (even NaN) must not reach the sums or gradients.
     logp = torch.where(mask, inputs.logprobs, 0.0)
     old = torch.where(mask, inputs.behaviour_logprobs.to(logp.dtype), 0.0)
-    adv = inputs.advantages.to(logp.dtype)[:, None]  # (B, 1)
+    adv = inputs.advantages.to(logp.dtype)
+    adv = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv  # (B, T)
+    adv = torch.where(mask, adv, 0.0)
+    lim = LOG_RATIO_LIMIT
 
-    log_ratio = (logp - old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # (B, T)
-    ratio = torch.exp(log_ratio)
+    truncated = torch.zeros_like(mask)
+    if objective == "decoupled":
+        prox = torch.where(mask, inputs.proximal_logprobs.to(logp.dtype), 0.0).detach()
+        weight = torch.exp((prox - old).clamp(-lim, lim))  # (B, T) pi_prox / pi_behaviour
+        is_weight = weight
+        if tis_cap is not None:
+            truncated = weight > tis_cap
+            weight = weight.clamp(max=tis_cap)
+        ratio = torch.exp((logp - prox).clamp(-lim, lim))
+    else:
+        weight = None
+        ratio = torch.exp((logp - old).clamp(-lim, lim))
+        is_weight = ratio.detach()
+        if tis_cap is not None:
+            # Value min(r, C) and gradient weight min(r, C): r * C / sg(r) where truncated.
+            truncated = ratio.detach() > tis_cap
+            ratio = torch.where(truncated, ratio * (tis_cap / ratio.detach()), ratio)
     surr = ratio * adv
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(surr, surr_clipped)  # (B, T)
+    dual = torch.zeros_like(mask)
+    if dual_clip is not None:
+        bound = -dual_clip * adv  # c |A| where A < 0
+        dual = (adv < 0) & (per_token > bound)
+        per_token = torch.where(dual, bound, per_token)
+    if weight is not None:
+        per_token = weight * per_token
 
     kl = torch.zeros((), dtype=logp.dtype, device=logp.device)
     n_tok = maskf.sum()
@@ -105,17 +169,50 @@ def policy_loss(
         denom = n_tok.clamp(min=1) if normalizer is None else normalizer
         loss = per_token.sum() / denom
     else:
-        seq_len = maskf.sum(dim=1)  # (B,)
-        per_seq = per_token.sum(dim=1) / seq_len.clamp(min=1)  # (B,)
-        denom = (seq_len > 0).sum().clamp(min=1) if normalizer is None else normalizer
-        loss = per_seq.sum() / denom
+        loss = _seq_mean_sum(per_token, maskf, inputs.segment_ids)
+        if normalizer is None:
+            normalizer = _n_segments(maskf, inputs.segment_ids).clamp(min=1)
+        loss = loss / normalizer
 
     with torch.no_grad():
-        clipped = ((adv > 0) & (ratio > 1.0 + clip_high)) | ((adv < 0) & (ratio < 1.0 - clip_low))
-        clip_fraction = _masked_mean(clipped.to(maskf.dtype), maskf, n_tok)
-        approx_kl = _masked_mean((ratio - 1.0) - log_ratio, maskf, n_tok)
+        r = ratio.detach()
+        clipped = ((adv > 0) & (r > 1.0 + clip_high)) | ((adv < 0) & (r < 1.0 - clip_low))
+        mean = lambda x: _masked_mean(x.to(maskf.dtype), maskf, n_tok)  # noqa: E731
         entropy = torch.zeros_like(kl)
         if inputs.entropy is not None:
-            entropy = _masked_mean(torch.where(mask, inputs.entropy.to(logp.dtype), 0.0), maskf, n_tok)
-    return LossOutputs(loss=loss, clip_fraction=clip_fraction, approx_kl=approx_kl, kl=kl,
-                       entropy=entropy, n_tokens=n_tok.detach())
+            entropy = mean(torch.where(mask, inputs.entropy.to(logp.dtype), 0.0))
+        behaviour_log_ratio = (logp - old).clamp(-lim, lim)  # the ppo log_ratio, untruncated
+        approx_kl = mean(torch.exp(behaviour_log_ratio) - 1.0 - behaviour_log_ratio)
+        return LossOutputs(
+            loss=loss, clip_fraction=mean(clipped), approx_kl=approx_kl, kl=kl,
+            entropy=entropy, n_tokens=n_tok.detach(),
+            is_weight=mean(torch.where(mask, is_weight, 0.0)),
+            truncated_fraction=mean(truncated & mask), dual_clip_fraction=mean(dual & mask))
+
+
+def _segments(maskf: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) long response index of each position (rows are responses without segment_ids)."""
+    if segment_ids is None:
+        B, T = maskf.shape
+        return torch.arange(B, device=maskf.device)[:, None].expand(B, T)
+    return torch.where(maskf > 0, segment_ids.long(), 0)
+
+
+def _seq_lengths(maskf: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+    seg = _segments(maskf, segment_ids).reshape(-1)
+    n = int(seg.max()) + 1 if seg.numel() else 0
+    return torch.zeros(n, dtype=maskf.dtype, device=maskf.device).index_add_(
+        0, seg, maskf.reshape(-1))
+
+
+def _seq_mean_sum(per_token: torch.Tensor, maskf: torch.Tensor,
+                  segment_ids: torch.Tensor | None) -> torch.Tensor:
+    """sum over responses of (mean of the response's per-token losses); per_token is masked."""
+    seg = _segments(maskf, segment_ids).reshape(-1)
+    lengths = _seq_lengths(maskf, segment_ids)
+    sums = torch.zeros_like(lengths).index_add(0, seg, per_token.reshape(-1))
+    return (sums / lengths.clamp(min=1)).sum()
+
+
+def _n_segments(maskf: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+    return (_seq_lengths(maskf, segment_ids) > 0).sum()
