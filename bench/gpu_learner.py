@@ -69,7 +69,7 @@ def _fp32_logprobs(model_path: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.worker import token_logprobs
+    from learner.logprobs import token_logprobs
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(dev).eval()

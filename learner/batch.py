@@ -1,14 +1,25 @@
-"""Turn ``TrainSample``s into padded tensors, and split a global batch across ranks.
+"""Turn ``TrainSample``s into tensors, plan micro-batches, and split a global batch across ranks.
 
 Alignment: a causal LM's logits at position t predict token t + 1. Every per-token tensor
-here therefore has T = L - 1 positions, position t standing for the token at input t + 1:
-``response_mask[b, t]`` says whether input token t + 1 is a response token and
+of ``collate`` therefore has T = L - 1 positions, position t standing for the token at input
+t + 1: ``response_mask[b, t]`` says whether input token t + 1 is a response token and
 ``behaviour_logprobs[b, t]`` is that token's behaviour log-prob. A response of R tokens after
 a prompt of P tokens occupies positions P - 1 .. P + R - 2.
+
+The learner trains on ``pack``ed micro-batches instead: the samples of one micro-batch are
+concatenated into ONE row (no padding), position ids restart at 0 for each sample (the model
+then attends within each sample only), and the per-token tensors list the response tokens
+alone, with the row position that predicts each. ``collate`` (padded, one row per sample)
+stays as the plain reference that tests compare the packed path against.
+
+Who goes where: ``shard_samples`` balances ranks by tokens (longest first onto the lightest
+rank), ``plan_micro_batches`` fills each rank's micro-batches up to a token budget (first fit,
+longest first); ranks then pad to the same micro-batch count (``filler_sample``).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import heapq
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from actors.types import TrainSample
@@ -59,20 +70,103 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict:
     }
 
 
-def padding_sample(like: TrainSample) -> TrainSample:
-    """A filler with ``like``'s prompt and NO response: it runs through forward/backward (so
-    every rank issues the same collectives) but has no response token, so it adds exactly
-    nothing to the loss, its gradient, or any count."""
-    return replace(like, token_ids=[], logprobs=[], advantage=0.0)
+def n_tokens(s: TrainSample) -> int:
+    """Positions the sample occupies in a forward pass (prompt + response)."""
+    return len(s.prompt_token_ids) + len(s.token_ids)
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch packed into one row. N = total prompt + response tokens, K = response
+    tokens (K = 1 with ``mask`` False when there are none: a position that keeps the LM head
+    in the graph, so that every rank's backward touches every parameter)."""
+
+    input_ids: "torch.Tensor"  # (1, N) long: the samples' prompt + response, back to back
+    position_ids: "torch.Tensor"  # (1, N) long: 0 .. len - 1 within each sample
+    positions: "torch.Tensor"  # (K,) long: row position predicting each response token
+    targets: "torch.Tensor"  # (K,) long: the response tokens (input_ids[0, positions + 1])
+    behaviour_logprobs: "torch.Tensor"  # (K,) float32
+    advantages: "torch.Tensor"  # (K,) float32: the token's response's advantage
+    segment_ids: "torch.Tensor"  # (K,) long: which sample of the micro-batch (0 .. S - 1)
+    mask: "torch.Tensor"  # (K,) bool: False only for the placeholder of an empty micro-batch
+
+    def to(self, device) -> "PackedBatch":
+        return PackedBatch(**{k: getattr(self, k).to(device) for k in self.__dataclass_fields__})
+
+
+def pack(samples: Sequence[TrainSample]) -> PackedBatch:
+    """Concatenate ``samples`` into one row (see ``PackedBatch``); nothing is padded."""
+    import torch
+
+    if len(samples) == 0:
+        raise ValueError("pack needs at least one sample")
+    ids, pos, positions, targets, behaviour, adv, seg = [], [], [], [], [], [], []
+    for i, s in enumerate(samples):
+        _check(s, i)
+        P, R = len(s.prompt_token_ids), len(s.token_ids)
+        off = len(ids)
+        ids += list(s.prompt_token_ids) + list(s.token_ids)
+        pos += range(P + R)
+        positions += range(off + P - 1, off + P - 1 + R)
+        targets += s.token_ids
+        behaviour += s.logprobs
+        adv += [float(s.advantage)] * R
+        seg += [i] * R
+    mask = [True] * len(positions)
+    if not positions:  # placeholder: predict the first token from itself, weight 0
+        positions, targets, behaviour, adv, seg, mask = [0], [ids[0]], [0.0], [0.0], [0], [False]
+    long = dict(dtype=torch.long)
+    return PackedBatch(
+        input_ids=torch.tensor([ids], **long), position_ids=torch.tensor([pos], **long),
+        positions=torch.tensor(positions, **long), targets=torch.tensor(targets, **long),
+        behaviour_logprobs=torch.tensor(behaviour, dtype=torch.float32),
+        advantages=torch.tensor(adv, dtype=torch.float32), segment_ids=torch.tensor(seg, **long),
+        mask=torch.tensor(mask, dtype=torch.bool))
+
+
+def plan_micro_batches(samples: Sequence[TrainSample], max_tokens: int | None,
+                       max_seqs: int) -> list[list[TrainSample]]:
+    """Group samples into micro-batches of at most ``max_tokens`` tokens (prompt + response;
+    None: no budget) and ``max_seqs`` samples, deterministically: longest first, each into
+    the first micro-batch it fits (first-fit decreasing), ties by input order. A sample
+    longer than the budget gets a micro-batch of its own."""
+    if max_seqs < 1:
+        raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+    order = sorted(range(len(samples)), key=lambda i: (-n_tokens(samples[i]), i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        n = n_tokens(samples[i])
+        for b, members in enumerate(bins):
+            if len(members) < max_seqs and (max_tokens is None or loads[b] + n <= max_tokens):
+                members.append(i)
+                loads[b] += n
+                break
+        else:
+            bins.append([i])
+            loads.append(n)
+    return [[samples[i] for i in members] for members in bins]
+
+
+def filler_sample(like: TrainSample) -> TrainSample:
+    """The one sample of a filler micro-batch: ``like``'s first prompt token, no response.
+    A rank with fewer micro-batches than the others runs these so that every rank issues the
+    same forward/backward calls (ZeRO gathers and reduces per micro-batch); it adds nothing
+    to the loss, the gradient or any count."""
+    return replace(like, prompt_token_ids=list(like.prompt_token_ids[:1]), token_ids=[],
+                   logprobs=[], advantage=0.0)
 
 
 def shard_samples(samples: Sequence[TrainSample], n_ranks: int) -> list[list[TrainSample]]:
-    """Split a global batch into ``n_ranks`` shards of equal length, deterministically.
+    """Split a global batch across ``n_ranks`` ranks with balanced token counts.
 
-    Contiguous slices in order; the first B % n_ranks ranks get one sample more than the
-    rest, whose shards are then topped up with one ``padding_sample`` each (never a duplicate
-    of a real sample, which would re-weight it). Equal lengths keep every rank's micro-batch
-    count, hence its collective calls (ZeRO-2/3 reduce and gather per micro-batch), in lockstep.
+    Longest sample first, each onto the rank with the fewest tokens so far (ties: lower
+    rank), so the largest shard exceeds the mean by at most one sample's tokens; each shard keeps
+    its samples in input order. Deterministic. Every rank gets at least one sample (a
+    sample has at least one prompt token, so an empty rank is always the lightest). Shards
+    may differ in sample count: ranks equalise their micro-batch counts themselves.
     """
     if n_ranks < 1:
         raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
@@ -80,13 +174,10 @@ def shard_samples(samples: Sequence[TrainSample], n_ranks: int) -> list[list[Tra
     if B < n_ranks:
         raise ValueError(f"{B} samples cannot feed {n_ranks} learner ranks: "
                          "pass at least one sample per rank")
-    q, rem = divmod(B, n_ranks)
-    shards, start = [], 0
-    for r in range(n_ranks):
-        size = q + (1 if r < rem else 0)
-        shard = list(samples[start:start + size])
-        start += size
-        if rem and size == q:
-            shard.append(padding_sample(shard[-1]))
-        shards.append(shard)
-    return shards
+    heap = [(0, r) for r in range(n_ranks)]  # (tokens so far, rank)
+    members: list[list[int]] = [[] for _ in range(n_ranks)]
+    for i in sorted(range(B), key=lambda i: (-n_tokens(samples[i]), i)):
+        load, r = heapq.heappop(heap)
+        members[r].append(i)
+        heapq.heappush(heap, (load + n_tokens(samples[i]), r))
+    return [[samples[i] for i in sorted(m)] for m in members]

@@ -8,6 +8,12 @@ every rank divides its summed per-token (or per-response) losses by the GLOBAL t
 response) count, all-reduced before the first forward, and DeepSpeed averages gradients over
 ranks, so each rank backpropagates ``world_size * local_sum / global_count``; the average of
 those gradients is exactly the gradient of the global-batch loss whatever the shard sizes.
+
+Micro-batches: a rank packs its shard into micro-batches by token budget (``learner/batch``),
+and all ranks run the same number of them (the shortest pad with filler micro-batches that
+weigh nothing), so their collectives stay in lockstep under every ZeRO stage. DeepSpeed wraps
+a ``LogprobModel`` (``learner/logprobs``): its forward returns response-token log-probs
+computed chunk by chunk, never the batch's full-vocabulary logits.
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ _AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
               "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 _CLIENT_KEY = "v05_client_state"
 # Order of the all-reduced metric sums in ``train_step``.
-_SUMS = ("loss", "clip", "approx_kl", "kl", "entropy", "n_tokens")
+_SUMS = ("loss", "clip", "approx_kl", "kl", "entropy", "is_weight", "truncated", "dual_clip",
+         "n_tokens")
 
 
 class LearnerWorker:
@@ -49,9 +56,8 @@ class LearnerWorker:
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype_name]
         self._init_dist(master_addr, master_port)
         self.engine = self._init_engine(self._load_model())
+        self.model = self.engine.module.policy  # the HF model: its state dict is the policy's
         self.ref_model = self._load_ref() if self.cfg.kl_coef > 0 else None
-        pad = self.engine.module.config.pad_token_id
-        self.pad_id = int(pad if pad is not None else 0)
         self.step = 0  # optimiser updates applied
         self.consecutive_nan = 0
         self.sender = None  # rank 0's WeightSender, once connect_weight_sync ran
@@ -80,16 +86,23 @@ class LearnerWorker:
                                    timeout=timedelta(minutes=10), verbose=False)
 
     def _load_model(self, trainable: bool = True):
+        """The HF model inside a ``LogprobModel``. Trainable: in train mode, since
+        from_pretrained returns eval mode, where HF skips gradient checkpointing silently."""
         from transformers import AutoModelForCausalLM
 
+        from learner.logprobs import LogprobModel, check_packing_support
+
+        check_packing_support()
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         if trainable and self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        return model
+        model.train(trainable)
+        return LogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_tokens)
 
     def _load_ref(self):
-        model = self._load_model(trainable=False).to(self.device).eval()
+        model = self._load_model(trainable=False).to(self.device)
         model.requires_grad_(False)
         return model
 
@@ -112,22 +125,41 @@ class LearnerWorker:
         import deepspeed
         import torch
 
-        opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
-                                eps=self.cfg.eps, weight_decay=self.cfg.weight_decay)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=self.ds_config())
+        from learner.schedule import lr_at
+
+        # The schedule sets the lr before every update (``_set_lr``); start at update 0's.
+        self._opt = torch.optim.AdamW(model.parameters(), lr=lr_at(self.cfg, 0),
+                                      betas=self.cfg.betas, eps=self.cfg.eps,
+                                      weight_decay=self.cfg.weight_decay)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=self._opt,
+                                          config=self.ds_config())
         return engine
+
+    def _set_lr(self) -> float:
+        """Put the schedule's lr for the next update (number ``self.step``) into every param
+        group the optimiser steps: torch's AdamW and DeepSpeed's wrapper (its ZeRO/bf16
+        optimisers step the torch one; a checkpoint load may replace the group dicts)."""
+        from learner.schedule import lr_at
+
+        lr = lr_at(self.cfg, self.step)
+        for opt in {id(o): o for o in (self._opt, self.engine.optimizer)}.values():
+            for group in getattr(opt, "param_groups", []):
+                group["lr"] = lr
+        return lr
 
     # ---------------------------------------------------------------- training
     def ready(self) -> int:
         return self.rank
 
     def train_step(self, samples: list[TrainSample]) -> dict:
-        """One optimiser step on this rank's shard (every rank must be called, same length)."""
+        """One optimiser step on this rank's shard (every rank must be called; shards may
+        differ in length, see ``_micro_batches``)."""
         import torch
 
         t0 = time.perf_counter()
         if len(samples) == 0:
-            raise ValueError("train_step got an empty shard; LearnerGroup pads shards instead")
+            raise ValueError("train_step got an empty shard; shard_samples gives every rank "
+                             "at least one sample")
         counts = torch.tensor([sum(len(s.token_ids) for s in samples),
                                sum(1 for s in samples if s.token_ids)], dtype=torch.float64)
         counts = self._all_reduce(counts)  # (global tokens, global non-empty responses)
@@ -136,25 +168,42 @@ class LearnerWorker:
             return self._metrics(None, math.nan, "no response tokens in the global batch", t0,
                                  n_seq)
         normalizer = n_tok if self.cfg.aggregation == "token_mean" else n_seq
-        sums, loss_bad = self._forward_backward(samples, normalizer)
+        micro = self._micro_batches(samples)
+        lr = self._set_lr()
+        sums, loss_bad = self._forward_backward(micro, normalizer)
         sums = self._all_reduce(sums)  # one collective for every metric
         skip_reason, grad_norm = self._apply_update(loss_bad)
-        return self._metrics(sums, grad_norm, skip_reason, t0, n_seq)
+        return self._metrics(sums, grad_norm, skip_reason, t0, n_seq, lr, len(micro))
 
-    def _forward_backward(self, samples: list[TrainSample], normalizer: int):
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        """This rank's micro-batches by token budget, padded with fillers to the largest
+        count of any rank (a collective)."""
+        import torch
+        import torch.distributed as dist
+
+        from learner.batch import filler_sample, plan_micro_batches
+
+        micro = plan_micro_batches(samples, self.cfg.micro_batch_tokens,
+                                   self.cfg.micro_batch_size)
+        n = self._all_reduce(torch.tensor([len(micro)], dtype=torch.float64), dist.ReduceOp.MAX)
+        return micro + [[filler_sample(samples[0])]] * (int(n[0]) - len(micro))
+
+    def _forward_backward(self, micro: list[list[TrainSample]], normalizer: int):
         """Forward/backward every micro-batch. Returns (unreduced metric sums (len(_SUMS),),
         whether any rank saw a non-finite loss)."""
         import torch
 
-        mbs = self.cfg.micro_batch_size
-        micro = [samples[i:i + mbs] for i in range(0, len(samples), mbs)]
+        from learner.batch import pack
+        from learner.packed_loss import packed_loss
+
         sums = torch.zeros(len(_SUMS), dtype=torch.float64)
         bad = False
         for i, mb in enumerate(micro):
             last = i == len(micro) - 1
             # Reduce gradients only after the last micro-batch (they accumulate locally before).
             self.engine.set_gradient_accumulation_boundary(last)
-            out = self._micro_loss(mb, normalizer)
+            out = packed_loss(self.engine, pack(mb).to(self.device), self.cfg, normalizer,
+                              self.ref_model)
             # DeepSpeed averages gradients over ranks; undo that so they sum (see module doc).
             loss = out.loss * self.world_size
             bad = bad or not bool(torch.isfinite(out.loss.detach()))
@@ -167,33 +216,12 @@ class LearnerWorker:
                     # accumulated state (DeepSpeed's overflow check, or ours at stage 0).
                     loss = loss * float("nan")
             self.engine.backward(loss)
-            n = out.n_tokens.double().cpu()
-            sums += torch.stack([out.loss.detach().double().cpu(), out.clip_fraction.double().cpu() * n,
-                                 out.approx_kl.double().cpu() * n, out.kl.double().cpu() * n,
-                                 out.entropy.double().cpu() * n, n])
+            n = out.n_tokens.detach()
+            per_tok = [out.clip_fraction, out.approx_kl, out.kl, out.entropy, out.is_weight,
+                       out.truncated_fraction, out.dual_clip_fraction]
+            sums += torch.stack([out.loss.detach()] + [x * n for x in per_tok] + [n]
+                                ).double().cpu()  # one device-to-host copy
         return sums, bad
-
-    def _micro_loss(self, mb: list[TrainSample], normalizer: int):
-        import torch
-
-        from learner.batch import collate
-        from learner.loss import LossInputs, policy_loss
-
-        batch = {k: v.to(self.device) for k, v in collate(mb, self.pad_id).items()}
-        ids, attn = batch["input_ids"], batch["attention_mask"]  # (B, L)
-        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, L-1, V)
-        logp, entropy = token_logprobs(logits, ids[:, 1:], self.cfg.temperature)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logits = self.ref_model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-                ref, _ = token_logprobs(ref_logits, ids[:, 1:], self.cfg.temperature, False)
-        inputs = LossInputs(logprobs=logp, behaviour_logprobs=batch["behaviour_logprobs"],
-                            advantages=batch["advantages"], mask=batch["response_mask"],
-                            ref_logprobs=ref, entropy=entropy)
-        return policy_loss(inputs, clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
-                           kl_coef=self.cfg.kl_coef, aggregation=self.cfg.aggregation,
-                           normalizer=float(normalizer))
 
     def _apply_update(self, loss_bad: bool) -> tuple[str, float]:
         """Step the optimiser unless the gradient is non-finite (it is whenever the loss was,
@@ -233,7 +261,8 @@ class LearnerWorker:
                 "behaviour log-probs for NaN/inf, or lower the learning rate")
         return reason, norm
 
-    def _metrics(self, sums, grad_norm: float, skip_reason: str, t0: float, n_seq: int) -> dict:
+    def _metrics(self, sums, grad_norm: float, skip_reason: str, t0: float, n_seq: int,
+                 lr: float = math.nan, n_micro: int = 0) -> dict:
         s = dict(zip(_SUMS, [float(x) for x in sums])) if sums is not None else {}
         n = s.get("n_tokens", 0.0)
         per_tok = lambda k: s[k] / n if n else math.nan  # noqa: E731
@@ -243,17 +272,21 @@ class LearnerWorker:
             "clip_fraction": per_tok("clip") if s else math.nan,
             "approx_kl": per_tok("approx_kl") if s else math.nan,
             "kl": per_tok("kl") if s else math.nan,
+            "is_weight": per_tok("is_weight") if s else math.nan,
+            "truncated_fraction": per_tok("truncated") if s else math.nan,
+            "dual_clip_fraction": per_tok("dual_clip") if s else math.nan,
             "n_tokens": int(n), "n_samples": n_seq,
             "skipped": bool(skip_reason), "skip_reason": skip_reason,
             "step": self.step, "consecutive_skips": self.consecutive_nan,
             "step_time_s": time.perf_counter() - t0,
+            "lr": lr, "micro_batches": n_micro,
         }
 
-    def _all_reduce(self, t):
+    def _all_reduce(self, t, op=None):
         import torch.distributed as dist
 
         dev = t.to(self.device) if self.cuda else t  # NCCL reduces only CUDA tensors
-        dist.all_reduce(dev, op=dist.ReduceOp.SUM)
+        dist.all_reduce(dev, op=dist.ReduceOp.SUM if op is None else op)
         return dev.cpu()
 
     # ---------------------------------------------------------------- weights & checkpoints
@@ -276,7 +309,7 @@ class LearnerWorker:
             if self.rank != 0 and not all_ranks:
                 return {}
             return {k: v.detach().float().cpu().numpy().copy()
-                    for k, v in self.engine.module.state_dict().items()}
+                    for k, v in self.model.state_dict().items()}
 
     def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
         """Rank 0 hosts the weight sender, next to the weights: with ``nccl`` it broadcasts
@@ -302,8 +335,7 @@ class LearnerWorker:
                 raise RuntimeError("publish_weights before connect_weight_sync")
             # The live tensors: the object store makes its NumPy copies (bf16 widened), NCCL
             # broadcasts them in the training dtype from this GPU.
-            return send_weights(self.sender, generators, self.engine.module.state_dict(),
-                                version)
+            return send_weights(self.sender, generators, self.model.state_dict(), version)
 
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
         """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
@@ -333,8 +365,8 @@ class LearnerWorker:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             sd = {k: v.detach().to("cpu", torch.float32).contiguous()
-                  for k, v in self.engine.module.state_dict().items()}
-            self.engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
+                  for k, v in self.model.state_dict().items()}
+            self.model.save_pretrained(out, state_dict=sd, safe_serialization=True)
         for name in _AUX_FILES:
             src = Path(self.model_path) / name
             if src.exists():
@@ -350,19 +382,3 @@ class LearnerWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def token_logprobs(logits, targets, temperature: float = 1.0, with_entropy: bool = True):
-    """Log-prob of each target and (no-grad) entropy per position.
-
-    logits (B, T, V), targets (B, T) -> logp (B, T) float32, entropy (B, T) float32 or None.
-    """
-    import torch
-
-    logits = logits.float() / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # (B, T)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy

@@ -1,11 +1,13 @@
-"""collate's alignment on hand-built samples, and the rank sharding policy."""
+"""collate's and pack's alignment on hand-built samples, micro-batch planning by token
+budget, and the token-balanced rank sharding policy."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from actors.types import TrainSample
-from learner.batch import collate, padding_sample, shard_samples
+from learner.batch import (collate, filler_sample, n_tokens, pack, plan_micro_batches,
+                           shard_samples)
 
 PAD = 0
 
@@ -56,22 +58,84 @@ def test_collate_rejects_bad_samples():
         collate([], PAD)
 
 
-def test_shard_even_split_is_contiguous():
-    s = [sample([1], [i + 2]) for i in range(6)]
-    shards = shard_samples(s, 3)
-    assert shards == [s[0:2], s[2:4], s[4:6]]
+def test_pack_hand_built():
+    a = sample([5, 6, 7], [8, 9], lps=[-1.0, -2.0], adv=0.5)  # row 0..4
+    b = sample([5], [10, 11, 12], lps=[-0.5, -0.25, -0.125], adv=-1.0)  # row 5..8
+    c = sample([4, 4], [], adv=3.0)  # no response: positions only
+    p = pack([a, b, c])
+    assert p.input_ids.tolist() == [[5, 6, 7, 8, 9, 5, 10, 11, 12, 4, 4]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1]]
+    # a's 8 (row 3) is predicted from row 2; b's 10 (row 6) from row 5, its first token.
+    assert p.positions.tolist() == [2, 3, 5, 6, 7]
+    assert p.targets.tolist() == [8, 9, 10, 11, 12]
+    assert p.targets.tolist() == p.input_ids[0, p.positions + 1].tolist()
+    assert p.behaviour_logprobs.tolist() == [-1.0, -2.0, -0.5, -0.25, -0.125]
+    assert p.advantages.tolist() == [0.5, 0.5, -1.0, -1.0, -1.0]
+    assert p.segment_ids.tolist() == [0, 0, 1, 1, 1] and p.mask.all()
 
 
-def test_shard_uneven_pads_with_empty_responses():
-    s = [sample([1], [i + 2]) for i in range(5)]
-    shards = shard_samples(s, 3)  # sizes 2, 2, 1 + one filler
-    assert [len(x) for x in shards] == [2, 2, 2]
-    assert shards[0] == s[0:2] and shards[1] == s[2:4] and shards[2][0] == s[4]
-    filler = shards[2][1]
-    assert filler.token_ids == [] and filler.logprobs == [] and filler.advantage == 0.0
-    # Every real sample appears exactly once.
-    real = [x for shard in shards for x in shard if x.token_ids]
-    assert real == s
+def test_pack_matches_collate():
+    """Packed response tokens are collate's masked tokens, in order, with the same values."""
+    samples = [sample([1, 2], [3, 4, 5], adv=0.1), sample([1, 2, 3, 4], [9], adv=0.2),
+               sample([7], [8, 8], adv=0.3)]
+    c, p = collate(samples, PAD), pack(samples)
+    m = c["response_mask"]
+    assert p.targets.tolist() == c["input_ids"][:, 1:][m].tolist()
+    assert p.behaviour_logprobs.tolist() == c["behaviour_logprobs"][m].tolist()
+    assert p.advantages.tolist() == c["advantages"][:, None].expand_as(m)[m].tolist()
+
+
+def test_pack_without_responses_keeps_a_zero_weight_position():
+    p = pack([filler_sample(sample([4, 5, 6], [7, 8]))])
+    assert p.input_ids.tolist() == [[4]] and p.position_ids.tolist() == [[0]]
+    assert p.positions.tolist() == [0] and p.mask.tolist() == [False]
+    assert p.advantages.tolist() == [0.0]
+
+
+def test_plan_micro_batches_respects_budget_and_count():
+    lengths = [(3, 9), (2, 2), (5, 20), (1, 1), (4, 6), (2, 7), (1, 3)]  # tokens 12 4 25 2 10 9 4
+    s = [sample([1] * p, [2] * r) for p, r in lengths]
+    micro = plan_micro_batches(s, max_tokens=16, max_seqs=3)
+    # every sample exactly once
+    assert sorted(id(x) for mb in micro for x in mb) == sorted(id(x) for x in s)
+    for mb in micro:
+        assert len(mb) <= 3
+        assert sum(n_tokens(x) for x in mb) <= 16 or len(mb) == 1  # 25 tokens: alone
+    assert [[n_tokens(x) for x in mb] for mb in micro] == [[25], [12, 4], [10, 4, 2], [9]]
+    assert plan_micro_batches(s, max_tokens=16, max_seqs=3) == micro  # deterministic
+    # no token budget: count only
+    assert [len(mb) for mb in plan_micro_batches(s, None, 3)] == [3, 3, 1]
+    with pytest.raises(ValueError, match="max_seqs"):
+        plan_micro_batches(s, 16, 0)
+
+
+def test_shard_balances_tokens():
+    """Longest first onto the lightest rank: one long response and many short ones."""
+    s = [sample([1], [2] * 40)] + [sample([1], [2] * 9) for _ in range(8)]  # 41 + 8 x 10
+    shards = shard_samples(s, 2)
+    loads = [sum(n_tokens(x) for x in sh) for sh in shards]
+    assert sorted(loads) == [60, 61]  # equal response counts would give 41+30 vs 50
+    assert sorted(id(x) for sh in shards for x in sh) == sorted(id(x) for x in s)
+    assert shards == shard_samples(s, 2)  # deterministic
+
+
+def test_shard_balance_bound_property():
+    """LPT bound: the heaviest rank carries at most the mean plus one sample's tokens."""
+    import random
+
+    for seed in range(20):
+        r = random.Random(seed)
+        n_ranks = r.randint(1, 5)
+        s = [sample([1] * r.randint(1, 8), [2] * r.randint(0, 60))
+             for _ in range(r.randint(n_ranks, 30))]
+        shards = shard_samples(s, n_ranks)
+        loads = [sum(n_tokens(x) for x in sh) for sh in shards]
+        assert len(shards) == n_ranks and all(shards)
+        assert max(loads) <= sum(loads) / n_ranks + max(n_tokens(x) for x in s)
+        # each shard keeps the input order
+        for sh in shards:
+            idx = [next(i for i, y in enumerate(s) if y is x) for x in sh]
+            assert idx == sorted(idx)
 
 
 def test_shard_rejects_too_few_samples():
@@ -81,7 +145,8 @@ def test_shard_rejects_too_few_samples():
         shard_samples([sample([1], [2])], 0)
 
 
-def test_padding_sample_keeps_prompt():
+def test_filler_sample_is_one_prompt_token():
     s = sample([4, 5], [6], adv=2.0)
-    p = padding_sample(s)
-    assert p.prompt_token_ids == [4, 5] and p.token_ids == [] and s.token_ids == [6]
+    f = filler_sample(s)
+    assert f.prompt_token_ids == [4] and f.token_ids == [] and f.advantage == 0.0
+    assert s.token_ids == [6] and s.prompt_token_ids == [4, 5]
