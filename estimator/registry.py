@@ -1,7 +1,8 @@
 """Baseline estimators behind one interface, keyed by name (estimator.md, "reference estimators").
 
-Every estimator answers two questions for a group of rewards of one prompt:
+Every estimator answers these questions for a group of rewards of one prompt:
 - ``wants_more(vbar, k, prior)``: is one more rollout worth it? (fixed-k ones: k < k_init)
+- ``plan_more(vbar, k, prior)``: how many more rollouts does the batched plan want (m*)?
 - ``group(rewards, mask, prior)``: baseline, per-response advantages, keep-or-drop.
 Arrays are padded: ``rewards`` (N, K) with ``mask`` (N, K) marking the observed rewards.
 """
@@ -13,34 +14,64 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from estimator.core import (DEFAULT_COST, DEFAULT_REWARDS, LOOKAHEADS, NOISE_MODELS, _fuse,
-                            check_rewards, noise_sigma2, should_continue)
+                            _plan, check_budget, check_rewards, noise_bound, noise_sigma2,
+                            should_continue)
+
+PLANS = ("sequential", "batched")
 
 
 @dataclass(frozen=True)
 class EstimatorConfig:
-    """Settings shared by every estimator. ``k_init`` is the group size of fixed-k ones."""
+    """Settings shared by every estimator (validated here, and only here)."""
 
     k_init: int = 4
+    """Rollouts dispatched first; the group size of the fixed-k estimators."""
     k_max: int = 16
+    """Most rollouts per prompt (the adaptive budget's cap)."""
     cost: float = DEFAULT_COST
+    """Price of one rollout on the {-1,+1} reward scale (the paper's c = 0.0039); the estimator
+    rescales it to its own reward range itself (see ``scaled_cost``)."""
     lookahead: str = "predictive"
+    """Expectation of the look-ahead: ``predictive`` or ``plugin`` (estimator.md)."""
     noise: str = "bound"
+    """Noise model of the fusion: ``bound`` or ``bernoulli``."""
     rewards: tuple[float, float] = DEFAULT_REWARDS
-    scale_by_std: bool | None = None  # None: the estimator's own convention (table in the spec)
+    """(r_lo, r_hi): the reward range."""
+    scale_by_std: bool | None = None
+    """Divide advantages by the group std; None: the estimator's own convention."""
     std_eps: float = 1e-6
+    """Added to the std before dividing."""
+    plan: str = "batched"
+    """Adaptive budget: ``sequential`` (one-step OSLA, one rollout per round) or ``batched``
+    (the batched look-ahead m*, re-planned at every arriving reward; estimator.md). Default
+    batched: the same MSE as sequential at 3-7% more rollouts in 1.1-2.2 rounds instead of
+    1.3-7.9 (docs/estimator.md)."""
+    max_rounds: int | None = 3
+    """Most generation rounds per prompt (the initial k_init dispatch is round 1); the last
+    allowed request asks for the whole remaining budget (estimator/state.py). None: no cap.
+    ``plan="sequential", max_rounds=None`` is the paper's one-at-a-time OSLA."""
 
     def __post_init__(self):
         check_rewards(self.rewards)
-        if self.k_init < 1:
-            raise ValueError(f"k_init must be >= 1, got {self.k_init}")
-        if self.k_init > self.k_max:
-            raise ValueError(f"k_init ({self.k_init}) must be <= k_max ({self.k_max})")
-        if not np.isfinite(self.cost) or self.cost < 0:
+        check_budget(self.k_init, self.k_max)
+        if not isinstance(self.cost, (int, float)) or not np.isfinite(self.cost) or self.cost < 0:
             raise ValueError(f"cost must be a finite number >= 0, got {self.cost}")
         if self.lookahead not in LOOKAHEADS:
             raise ValueError(f"lookahead must be one of {LOOKAHEADS}, got {self.lookahead!r}")
         if self.noise not in NOISE_MODELS:
             raise ValueError(f"noise must be one of {NOISE_MODELS}, got {self.noise!r}")
+        if self.plan not in PLANS:
+            raise ValueError(f"plan must be one of {PLANS}, got {self.plan!r}")
+        if self.max_rounds is not None and (
+                isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int)
+                or self.max_rounds < 1):
+            raise ValueError(f"max_rounds must be None or an integer >= 1, got {self.max_rounds!r}")
+
+    @property
+    def scaled_cost(self) -> float:
+        """``cost`` on this reward range: c * ((r_hi - r_lo) / 2)^2, so that every reward
+        convention takes the same decisions on the same outcomes (c/4 on {0, 1})."""
+        return self.cost * noise_bound(self.rewards)
 
 
 class GroupResult(NamedTuple):
@@ -84,8 +115,8 @@ class Estimator:
     """Base: fixed group size ``k_init``, group-mean baseline, optional std scaling."""
 
     name = "base"
-    needs_prior = False
-    adaptive = False
+    needs_prior = False  # the one statement of whether the estimator reads a prior
+    adaptive = False     # False: exactly k_init rollouts; True: the budget rule decides
     default_scale = False
 
     def __init__(self, cfg: EstimatorConfig | None = None):
@@ -97,6 +128,10 @@ class Estimator:
 
     def wants_more(self, vbar, k, prior):
         return np.asarray(k) < self.cfg.k_init
+
+    def plan_more(self, vbar, k, prior):
+        """Rollouts wanted beyond the k observed (fixed-k: up to k_init). (N,) -> (N,) int"""
+        return np.maximum(self.cfg.k_init - np.asarray(k, np.int64), 0)
 
     def baseline(self, rewards, mask, prior, k, mean):
         return mean
@@ -166,9 +201,18 @@ class V05(Estimator):
     def wants_more(self, vbar, k, prior):
         c = self.cfg
         k = np.asarray(k)
-        more = should_continue(vbar, np.maximum(k, 1), prior, cost=c.cost, k_max=c.k_max,
+        more = should_continue(vbar, np.maximum(k, 1), prior, cost=c.scaled_cost, k_max=c.k_max,
                                lookahead=c.lookahead, rewards=c.rewards, noise=c.noise)
         return (k < c.k_init) | more
+
+    def plan_more(self, vbar, k, prior):
+        """The batched plan m* (estimator.md) at k >= 1 observed rewards, at least the rollouts
+        missing to k_init. Inputs (N,) on the reward scale, already validated. -> (N,) int"""
+        c = self.cfg
+        vbar, k, prior = (np.asarray(a, np.float64) for a in (vbar, k, prior))
+        sigma2 = np.broadcast_to(self._sigma2(vbar, k, prior), vbar.shape)
+        m = _plan(vbar, k, prior, sigma2, c.scaled_cost, c.k_max, c.rewards, c.lookahead)
+        return np.maximum(m, c.k_init - k.astype(np.int64))
 
     def baseline(self, rewards, mask, prior, k, mean):
         return _fuse(mean, k, prior, self._sigma2(mean, k, prior))[0]
