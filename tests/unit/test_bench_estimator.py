@@ -1,20 +1,26 @@
-"""The estimator benchmark (bench/estimator_mse.py) at tiny sizes: output structure, and the
+"""The estimator benchmark (bench/estimator_mse/) at tiny sizes: output structure, and the
 behaviours its conclusions rest on (exact prior beats GRPO, MC agrees with exact sums, the
-simulation agrees with the per-prompt state machine the coordinator uses)."""
+vectorised drivers agree with the per-prompt state machine the coordinator uses)."""
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from bench import _estimator_sim as sim
-from bench import _estimator_variants as var
 from bench.estimator_mse import QUICK, V05_VARIANTS, est_config, main, run_benchmark
-from estimator import PromptState, make_estimator
+from bench.estimator_mse import arrivals
+from bench.estimator_mse import montecarlo as mc
+from bench.estimator_mse import variants as var
+from estimator import PromptState, make_estimator, plan_batched
 
 TINY = replace(QUICK, n_prompts=2000, n_exact=300, bias_ks=(1, 4, 16), grid_points=11,
                mc_bias_prompts=20, mc_bias_reps=400, timing_n=2000, n_variant=1024,
-               variant_batches=(512,))
+               variant_batches=(512,), n_arrivals=1000)
+VERSUS_KEYS = {"prior", "k_mean_sequential", "mse_sequential", "k_mean_batched", "mse_batched",
+               "rounds_mean_sequential", "rounds_mean_batched", "rounds_p99_batched",
+               "cancelled_fraction"}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +41,8 @@ def test_outputs_are_written_with_the_documented_structure(result):
     on_disk = json.loads(out.with_suffix(".json").read_text())
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert {"config", "machine", "date", "grpo", "v05", "bias_vs_k", "convention_check",
-            "experimental", "timing", "v05_loses"} <= set(on_disk)
+            "experimental", "timing", "v05_loses", "batched_vs_sequential",
+            "plan_variants"} <= set(on_disk)
     assert on_disk["machine"]["cpu_count"] >= 1 and on_disk["config"]["n_prompts"] == 2000
     assert [r["group"] for r in on_disk["grpo"]] == [2, 4, 8, 16]
     assert len(on_disk["v05"]) == len(TINY.priors) * len(V05_VARIANTS)
@@ -46,6 +53,15 @@ def test_outputs_are_written_with_the_documented_structure(result):
         assert sum(r["k_hist"]) == pytest.approx(1.0)
         assert sum(r["k_hist"][: TINY.k_init]) == 0.0
     assert on_disk["timing"]["decisions_per_s"]["predictive/bound"] > 0
+    assert on_disk["timing"]["decisions_per_s"]["plan_batched"]["predictive/bound"] > 0
+    versus = on_disk["batched_vs_sequential"]
+    assert [r["prior"] for r in versus] == list(TINY.priors)
+    for r in versus:
+        assert VERSUS_KEYS <= set(r)
+        assert r["plan_batched"] == {"plan": "batched", "max_rounds": 3}
+        assert 1 <= r["rounds_mean_batched"] <= r["rounds_p99_batched"] <= 3
+        assert 0 <= r["cancelled_fraction"] < 1
+        assert r["k_mean_batched"] >= r["observed_k_mean_batched"] >= TINY.k_init
 
 
 def test_exact_prior_osla_beats_grpo4_and_k_stays_in_range(result):
@@ -82,11 +98,12 @@ def test_bias_bound_and_reward_convention(result):
 @pytest.mark.parametrize("lookahead, noise", [("predictive", "bound"), ("plugin", "bernoulli")])
 def test_vectorised_osla_matches_the_per_prompt_state(lookahead, noise):
     rng = np.random.default_rng(3)
-    pop = sim.draw_population(60, 16, rng)
-    prior_p = sim.prior_probs("sd0.2", pop.p, rng)
+    pop = mc.draw_population(60, 16, rng)
+    prior_p = mc.prior_probs("sd0.2", pop.p, rng)
     cfg = est_config(TINY, lookahead, noise)
-    k_stop, base = sim.simulate_osla(pop, sim.to_reward_scale(prior_p, cfg.rewards), cfg)
-    est = make_estimator("v05", lookahead=lookahead, noise=noise)
+    k_stop, base = mc.run_osla(pop, mc.to_reward_scale(prior_p, cfg.rewards), cfg)
+    est = make_estimator("v05", lookahead=lookahead, noise=noise, plan="sequential",
+                         max_rounds=None)
     for i in range(60):
         st = PromptState(est, prior_p=float(prior_p[i]))
         while (n := st.to_request()):
@@ -101,22 +118,22 @@ def test_exact_dynamic_programme_matches_binomial_sum():
     p, prior = rng.random(300), rng.uniform(-1, 1, 300)
     for noise in ("bound", "bernoulli"):
         cfg = est_config(TINY, noise=noise)
-        ex = sim.exact_rule(p, prior, cfg, adaptive=False, k_fixed=8)
-        assert np.allclose(ex["mean_baseline"] - ex["mu"], sim.conditional_bias(p, prior, cfg, 8))
-        osla = sim.exact_rule(p, prior, cfg, adaptive=True)
+        ex = mc.exact_rule(p, prior, cfg, adaptive=False, k_fixed=8)
+        assert np.allclose(ex["mean_baseline"] - ex["mu"], mc.conditional_bias(p, prior, cfg, 8))
+        osla = mc.exact_rule(p, prior, cfg, adaptive=True)
         assert np.allclose(osla["k_pmf"].sum(axis=1), 1.0)
 
 
 def test_experimental_median_floor_reduces_to_v05_and_fixes_the_constant_prior():
     rng = np.random.default_rng(5)
-    pop = sim.draw_population(3000, 16, rng)
+    pop = mc.draw_population(3000, 16, rng)
     cfg = est_config(TINY)
-    prior = sim.to_reward_scale(sim.prior_probs("sd0.1", pop.p, rng), cfg.rewards)
-    k0, b0 = sim.simulate_osla(pop, prior, cfg)
+    prior = mc.to_reward_scale(mc.prior_probs("sd0.1", pop.p, rng), cfg.rewards)
+    k0, b0 = mc.run_osla(pop, prior, cfg)
     k1, b1 = var._osla_floor(pop.csum, prior, cfg, tau2=0.0)
     assert (k0 == k1).all() and np.allclose(b0, b1)
     const = np.zeros_like(prior)
-    _, bv = sim.simulate_osla(pop, const, cfg)
+    _, bv = mc.run_osla(pop, const, cfg)
     _, bf, taus = var.experimental_v05_median_floor(pop, const, cfg, batch=1000)
     assert min(taus) > 0.3
     assert np.mean((bf - pop.mu) ** 2) < 0.5 * np.mean((bv - pop.mu) ** 2)
@@ -131,4 +148,79 @@ def test_cli_rejects_bad_rewards(argv, message, tmp_path):
 
 def test_unknown_prior_quality_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown prior quality"):
-        sim.prior_probs("oracle", np.array([0.5]), np.random.default_rng(0))
+        mc.prior_probs("oracle", np.array([0.5]), np.random.default_rng(0))
+
+
+# -- the arrival model: the vectorised driver against the real PromptState --------------------
+def _arrival_case(seed, n=80, quality="sd0.2"):
+    rng = np.random.default_rng(seed)
+    pop = mc.draw_population(n, 16, rng)
+    prior_p = mc.prior_probs(quality, pop.p, rng)
+    return pop, prior_p, arrivals.draw_durations(n, 64, rng)
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("v05", {}),                                        # the default: batched, max_rounds 3
+    ("v05", {"max_rounds": None}),                      # re-plans, tops up and cancels freely
+    ("v05", {"max_rounds": 2}),
+    ("v05", {"plan": "sequential", "max_rounds": None}),
+    ("v05", {"plan": "sequential", "max_rounds": 3}),
+    ("v05", {"rewards": (0.0, 1.0)}),
+    ("grpo", {}),
+])
+def test_vectorised_arrivals_match_the_prompt_state(name, overrides):
+    pop, prior_p, dur = _arrival_case(7)
+    est = make_estimator(name, **overrides)
+    pop = mc.with_rewards(pop, est.cfg.rewards)
+    prior = mc.to_reward_scale(prior_p, est.cfg.rewards)
+    run = arrivals.run_arrivals(pop, prior, est, dur)
+    for i in range(pop.p.size):
+        ref = arrivals.drive_prompt_state(est, float(prior_p[i]) if est.needs_prior else None,
+                                          pop.rewards[i], dur[i])
+        got = {key: getattr(run, key)[i] for key in ref}
+        assert got == pytest.approx(ref, abs=1e-12), i
+
+
+def test_arrivals_exercise_cancellation_and_top_ups():
+    """The uncapped batched plan both cancels and tops up on these prompts, so the equivalence
+    test above covers those paths."""
+    pop, prior_p, dur = _arrival_case(7)
+    est = make_estimator("v05", max_rounds=None)
+    run = arrivals.run_arrivals(pop, mc.to_reward_scale(prior_p, est.cfg.rewards), est, dur)
+    assert run.cancelled.sum() > 0 and (run.rounds >= 3).any()
+    assert (run.spent > run.k).any() and (run.spent >= run.k).all()
+
+
+@pytest.mark.parametrize("lookahead", ["predictive", "plugin"])
+def test_sequential_arrivals_are_monte_carlo_osla(lookahead):
+    pop, prior_p, dur = _arrival_case(8, n=400, quality="const0.5")
+    cfg = est_config(TINY, lookahead)
+    prior = mc.to_reward_scale(prior_p, cfg.rewards)
+    k_stop, base = mc.run_osla(pop, prior, cfg)
+    est = make_estimator("v05", lookahead=lookahead, plan="sequential", max_rounds=None)
+    run = arrivals.run_arrivals(pop, prior, est, dur)
+    assert (run.k == k_stop).all() and np.allclose(run.baseline, base, rtol=0, atol=1e-12)
+    assert (run.rounds == k_stop - TINY.k_init + 1).all() and run.cancelled.sum() == 0
+
+
+@pytest.mark.parametrize("overrides, rule", [({}, {}), ({"max_rounds": None}, {}),
+                                             ({"max_rounds": 2}, {}), ({}, {"replan_at": 1}),
+                                             ({}, {"last_waits": False})])
+def test_batched_prompts_stop_at_the_first_k_where_the_plan_is_zero(overrides, rule):
+    """Whatever the timing and the cap, a batched prompt ends at the first k >= k_init with
+    m* = 0 (or k_max): the documented property that makes its MSE timing-free."""
+    pop, prior_p, dur = _arrival_case(9, n=600, quality="sd0.2")
+    est = make_estimator("v05", **overrides)
+    prior = mc.to_reward_scale(prior_p, est.cfg.rewards)
+    expect = np.full(pop.p.size, 16)
+    for k in range(15, 3, -1):  # the first k wins: scan downwards
+        m = plan_batched(pop.csum[:, k - 1] / k, k, prior)
+        expect[m == 0] = k
+    run = arrivals.run_arrivals(pop, prior, est, dur, **rule)
+    assert (run.k == expect).all()
+
+
+def test_python_dash_m_runs_the_package():
+    out = subprocess.run([sys.executable, "-m", "bench.estimator_mse", "--help"],
+                         capture_output=True, text=True, check=True)
+    assert "--quick" in out.stdout and "--rewards" in out.stdout

@@ -1,7 +1,7 @@
 """EXPERIMENTAL estimators, benchmark-only: candidates that learn the prior's reliability across
 the prompts of a batch. Not part of ``estimator/``; the lead decides whether any graduates.
 
-Both are simulated batch by batch (``batch`` prompts share what is learned), on the same
+Both run batch by batch (``batch`` prompts share what is learned), on the same
 pre-drawn reward streams as V0.5, with {-1,+1} or any binary rewards.
 
 1. ``experimental_v05_median_floor``: V0.5 unchanged except that the per-prompt bias estimate
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench._estimator_sim import Population
+from bench.estimator_mse.montecarlo import Population
 from estimator.registry import EstimatorConfig
 
 
@@ -53,7 +53,7 @@ def _osla_floor(csum, prior, cfg: EstimatorConfig, tau2: float):
         q = np.clip((base - r_lo) / (r_hi - r_lo), 0.0, 1.0)
         nxt = [_fuse_floor((k * vbar + r) / (k + 1.0), k + 1.0, v, sigma2, tau2)[1]
                for r in (r_hi, r_lo)]
-        active = active[mse - (q * nxt[0] + (1.0 - q) * nxt[1]) > cfg.cost]
+        active = active[mse - (q * nxt[0] + (1.0 - q) * nxt[1]) > cfg.scaled_cost]
         if active.size == 0:
             break
         k_stop[active] = k + 1
@@ -126,7 +126,7 @@ def _eb_batch(hits_all, prior_p, cfg: EstimatorConfig):
             wn /= wn.sum(axis=1, keepdims=True)
             after.append((wn * p * p).sum(axis=1) - (wn * p).sum(axis=1) ** 2)
         gain = scale2 * (var - (m * after[0] + (1.0 - m) * after[1]))
-        active = active[gain > cfg.cost]
+        active = active[gain > cfg.scaled_cost]
         if active.size == 0:
             break
         k_stop[active] = k + 1

@@ -1,31 +1,33 @@
-"""Estimator benchmark: baseline MSE against rollouts, GRPO-G versus V0.5, per prior quality.
+"""The scenarios of the estimator benchmark and the result they write (``run_benchmark``).
 
-    python -m bench.estimator_mse            # full run (~1 min on 2 cores)
-    python -m bench.estimator_mse --quick    # small sizes, seconds
-    python -m bench.estimator_mse --rewards 0,1 --out bench/results/estimator_mse_r01
-
-Writes ``<out>.json`` and ``<out>.png``. Population, prior qualities and the exact/Monte Carlo
-machinery are in ``bench/_estimator_sim.py``; the plot in ``bench/_estimator_plot.py``.
+GRPO-G against V0.5 (fixed k and OSLA variants) per prior quality, the bias against k, the
+reward-convention check, the EXPERIMENTAL variants, decision timings, and the batched against
+sequential budget plans under the arrival model (``plans.py``). Population, priors and the
+exact/Monte Carlo machinery are in ``montecarlo.py``; the figure in ``plot.py``.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bench import _estimator_sim as sim
-from bench import _estimator_variants as var
-from estimator import noise_bound, should_continue
+from bench.estimator_mse import montecarlo as mc
+from bench.estimator_mse import plans
+from bench.estimator_mse import variants as var
+from bench.estimator_mse.arrivals import DURATION_SIGMA
+from estimator import DEFAULT_COST, noise_bound, plan_batched, should_continue
 from estimator.registry import EstimatorConfig
 
-C_PM1 = 0.0039  # the paper's per-rollout cost on the {-1, +1} scale
+ARRIVAL_MODEL = (f"rollout durations i.i.d. log-normal (median 1, sigma {DURATION_SIGMA}), "
+                 "independent of rewards; rewards arrive in finish order; requests dispatched "
+                 "at once, no queueing; cancelled = the latest dispatched (fewest tokens), their "
+                 "run fraction elapsed/duration counted as spent rollouts")
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class BenchConfig:
     k_init: int = 4
     k_max: int = 16
     grpo_groups: tuple = (2, 4, 8, 16)
-    priors: tuple = tuple(sim.PRIOR_QUALITIES)
+    priors: tuple = tuple(mc.PRIOR_QUALITIES)
     bias_ks: tuple = (1, 2, 4, 8, 16, 32, 64)
     grid_points: int = 101          # worst-case bias over a (p, prior) grid of this side
     mc_bias_prompts: int = 200      # Monte Carlo check of the exact conditional bias
@@ -46,17 +48,21 @@ class BenchConfig:
     convention_check: bool = True   # rerun OSLA on {0,1} with cost c/4, same outcomes
     n_variant: int = 30_000         # prompts for the EXPERIMENTAL variants (and V0.5 on the same)
     variant_batches: tuple = (256, 1024)  # prompts per batch that the variants learn from
+    n_arrivals: int = 100_000       # prompts for batched vs sequential under the arrival model
+    arrival_slots: int = 64         # most rollout indices one prompt may request
+    plan_variants: bool = True      # also run the alternatives docs/estimator.md cites
     seed: int = 0
 
     @property
     def cost(self) -> float:
-        """c = 0.0039 on {-1,+1}; scales with the square of the reward range (c/4 on {0,1})."""
-        return C_PM1 * noise_bound(self.rewards)
+        """The paper's c = 0.0039 on this reward range: the estimator rescales its configured
+        {-1,+1} cost by ((r_hi - r_lo) / 2)^2 (c/4 on {0,1})."""
+        return est_config(self).scaled_cost
 
 
 QUICK = BenchConfig(n_prompts=20_000, n_exact=2_000, bias_ks=(1, 4, 16, 64), grid_points=41,
                     mc_bias_prompts=50, mc_bias_reps=1000, timing_n=100_000,
-                    n_variant=4096, variant_batches=(1024,))
+                    n_variant=4096, variant_batches=(1024,), n_arrivals=5_000)
 
 # V0.5 variants: (label, adaptive, lookahead, noise)
 V05_VARIANTS = [("v05_k4", False, "predictive", "bound"),
@@ -68,8 +74,10 @@ V05_VARIANTS = [("v05_k4", False, "predictive", "bound"),
 
 
 def est_config(cfg: BenchConfig, lookahead="predictive", noise="bound", rewards=None):
+    """The estimator's config for a scenario; the cost is the paper's c on {-1,+1}, which the
+    estimator rescales to ``rewards`` itself."""
     rewards = tuple(rewards or cfg.rewards)
-    return EstimatorConfig(k_init=cfg.k_init, k_max=cfg.k_max, cost=C_PM1 * noise_bound(rewards),
+    return EstimatorConfig(k_init=cfg.k_init, k_max=cfg.k_max, cost=DEFAULT_COST,
                            lookahead=lookahead, noise=noise, rewards=rewards)
 
 
@@ -83,10 +91,10 @@ def summarise(baseline, mu, k_stop, k_max) -> dict:
             "mean_k": float(np.mean(k_stop)), "k_hist": [float(h) for h in hist]}
 
 
-def grpo_rows(cfg: BenchConfig, pop: sim.Population) -> list[dict]:
+def grpo_rows(cfg: BenchConfig, pop: mc.Population) -> list[dict]:
     rows = []
     for g in cfg.grpo_groups:
-        row = summarise(sim.grpo_baseline(pop, g), pop.mu, np.full(pop.p.size, g), cfg.k_max)
+        row = summarise(mc.grpo_baseline(pop, g), pop.mu, np.full(pop.p.size, g), cfg.k_max)
         rows.append({"estimator": f"grpo_G{g}", "group": g, **row})
     return rows
 
@@ -97,14 +105,14 @@ def v05_row(cfg, pop, prior, quality, variant) -> dict:
     label, adaptive, lookahead, noise = variant
     ecfg = est_config(cfg, lookahead, noise)
     if adaptive:
-        k_stop, base = sim.simulate_osla(pop, prior, ecfg)
+        k_stop, base = mc.run_osla(pop, prior, ecfg)
     else:
         k_stop = np.full(pop.p.size, cfg.k_init)
-        base = sim.fixed_k_baseline(pop, prior, cfg.k_init, ecfg)
+        base = mc.fixed_k_baseline(pop, prior, cfg.k_init, ecfg)
     row = {"estimator": label, "prior": quality, "lookahead": lookahead if adaptive else None,
            "noise": noise, **summarise(base, pop.mu, k_stop, cfg.k_max)}
     m = min(cfg.n_exact, pop.p.size)
-    ex = sim.exact_rule(pop.p[:m], prior[:m], ecfg, adaptive, None if adaptive else cfg.k_init)
+    ex = mc.exact_rule(pop.p[:m], prior[:m], ecfg, adaptive, None if adaptive else cfg.k_init)
     cond_bias = ex["mean_baseline"] - ex["mu"]
     mc_sub = (base[:m] - pop.mu[:m]) ** 2
     k_grid = np.arange(ex["k_pmf"].shape[1])
@@ -118,7 +126,7 @@ def v05_row(cfg, pop, prior, quality, variant) -> dict:
     return row
 
 
-def add_grpo_reference(rows: list[dict], pop: sim.Population, rewards) -> float:
+def add_grpo_reference(rows: list[dict], pop: mc.Population, rewards) -> float:
     """GRPO's MSE at the same mean rollouts: E[Var r] / k (exact for the population; at a
     fractional k this is a lower bound on any mix of group sizes, so it favours GRPO)."""
     r_lo, r_hi = rewards
@@ -129,7 +137,7 @@ def add_grpo_reference(rows: list[dict], pop: sim.Population, rewards) -> float:
     return var_r
 
 
-def bias_vs_k(cfg: BenchConfig, pop: sim.Population, priors: dict, rng) -> dict:
+def bias_vs_k(cfg: BenchConfig, pop: mc.Population, priors: dict, rng) -> dict:
     """Exact conditional bias E[baseline | p, prior] - mu of the fused baseline at fixed k."""
     out = {"k": list(cfg.bias_ks), "per_prior": {}, "worst_case_grid": {}}
     m = min(cfg.n_exact, pop.p.size)
@@ -139,10 +147,10 @@ def bias_vs_k(cfg: BenchConfig, pop: sim.Population, priors: dict, rng) -> dict:
         ecfg = est_config(cfg, noise=noise)
         sigma = np.sqrt(noise_bound(cfg.rewards))
         for q, prior in priors.items():
-            b = [np.abs(sim.conditional_bias(pop.p[:m], prior[:m], ecfg, k)) for k in cfg.bias_ks]
+            b = [np.abs(mc.conditional_bias(pop.p[:m], prior[:m], ecfg, k)) for k in cfg.bias_ks]
             out["per_prior"][f"{q}/{noise}"] = {
                 "mean_abs": [float(x.mean()) for x in b], "max_abs": [float(x.max()) for x in b]}
-        wc = [np.abs(sim.conditional_bias(gp, sim.to_reward_scale(gv, cfg.rewards), ecfg, k)).max()
+        wc = [np.abs(mc.conditional_bias(gp, mc.to_reward_scale(gv, cfg.rewards), ecfg, k)).max()
               for k in cfg.bias_ks]
         out["worst_case_grid"][noise] = {
             "max_abs": [float(x) for x in wc],
@@ -160,8 +168,8 @@ def mc_bias_check(cfg, pop, priors, rng) -> dict:
     z, flat = [], 0.0
     for k in (cfg.k_init, cfg.k_max):
         args = (pop.p[:m], priors[quality][:m], est_config(cfg), k)
-        exact, sd = sim.conditional_moments(*args)
-        diff = np.abs(sim.mc_conditional_bias(*args, cfg.mc_bias_reps, rng) - exact)
+        exact, sd = mc.conditional_moments(*args)
+        diff = np.abs(mc.mc_conditional_bias(*args, cfg.mc_bias_reps, rng) - exact)
         noisy = sd > 1e-12
         z.append(diff[noisy] / (sd[noisy] / np.sqrt(cfg.mc_bias_reps)))
         flat = max(flat, float(np.max(diff[~noisy], initial=0.0)))
@@ -173,13 +181,13 @@ def mc_bias_check(cfg, pop, priors, rng) -> dict:
 
 def convention_check(cfg, pop, prior_p) -> dict:
     """{0,1} with cost c/4 must reproduce {-1,+1}: same stopping k, MSE exactly 1/4."""
-    pm1, pop01 = sim.with_rewards(pop, (-1.0, 1.0)), sim.with_rewards(pop, (0.0, 1.0))
+    pm1, pop01 = mc.with_rewards(pop, (-1.0, 1.0)), mc.with_rewards(pop, (0.0, 1.0))
     worst_k, worst_mse = 0.0, 0.0
     for _, _, lookahead, noise in (v for v in V05_VARIANTS if v[1]):
         for p_hat in prior_p.values():
-            k_a, b_a = sim.simulate_osla(pm1, 2.0 * p_hat - 1.0,
+            k_a, b_a = mc.run_osla(pm1, 2.0 * p_hat - 1.0,
                                          est_config(cfg, lookahead, noise, (-1.0, 1.0)))
-            k_b, b_b = sim.simulate_osla(pop01, p_hat,
+            k_b, b_b = mc.run_osla(pop01, p_hat,
                                          est_config(cfg, lookahead, noise, (0.0, 1.0)))
             mse_a, mse_b = np.mean((b_a - pm1.mu) ** 2), np.mean((b_b - pop01.mu) ** 2)
             worst_k = max(worst_k, float(np.mean(k_a != k_b)))
@@ -189,12 +197,12 @@ def convention_check(cfg, pop, prior_p) -> dict:
 
 
 def experimental_rows(cfg: BenchConfig, pop, prior_p: dict, priors: dict, log=print):
-    """EXPERIMENTAL variants (bench/_estimator_variants.py) against V0.5 on the same prompts."""
-    sub = sim.head(pop, min(cfg.n_variant, pop.p.size))
+    """EXPERIMENTAL variants (``variants.py``) against V0.5 on the same prompts."""
+    sub = mc.head(pop, min(cfg.n_variant, pop.p.size))
     m, ecfg = sub.p.size, est_config(cfg)
     rows = []
     for q in cfg.priors:
-        k0, b0 = sim.simulate_osla(sub, priors[q][:m], ecfg)
+        k0, b0 = mc.run_osla(sub, priors[q][:m], ecfg)
         rows.append({"estimator": "v05_osla", "prior": q, "lookahead": "predictive",
                      "noise": "bound", "batch": None, **summarise(b0, sub.mu, k0, cfg.k_max)})
         for batch in cfg.variant_batches:
@@ -212,13 +220,14 @@ def experimental_rows(cfg: BenchConfig, pop, prior_p: dict, priors: dict, log=pr
 
 
 def time_decisions(cfg: BenchConfig, rng) -> dict:
-    """Prompt-decisions per second of the vectorised ``should_continue`` (best of 5), by wall
-    clock and by this process's CPU time (the latter is robust to other jobs on the machine)."""
+    """Prompt-decisions per second of the vectorised ``should_continue`` and ``plan_batched``
+    (best of 5), by wall clock and by this process's CPU time (the latter is robust to other
+    jobs on the machine). The plan is timed on the same states, 1/10 as many of them."""
     n = cfg.timing_n
     r_lo, r_hi = cfg.rewards
     k = rng.integers(cfg.k_init, cfg.k_max + 1, n).astype(float)
     vbar = r_lo + (r_hi - r_lo) * rng.binomial(k.astype(int), 0.5) / k
-    prior = sim.to_reward_scale(rng.random(n), cfg.rewards)
+    prior = mc.to_reward_scale(rng.random(n), cfg.rewards)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # other jobs slow the wall
     out = {"n_prompts": n, "load_avg_1min": load}
     for lookahead in ("predictive", "plugin"):
@@ -232,6 +241,18 @@ def time_decisions(cfg: BenchConfig, rng) -> dict:
                 cpu = min(cpu, time.process_time() - c0)
             out[f"{lookahead}/{noise}"] = n / wall
             out[f"{lookahead}/{noise}/per_cpu_s"] = n / max(cpu, 1e-9)
+    m = max(n // 10, 1)
+    plan = out["plan_batched"] = {"n_prompts": m}
+    for lookahead in ("predictive", "plugin"):
+        wall, cpu = np.inf, np.inf
+        for _ in range(5):
+            t0, c0 = time.perf_counter(), time.process_time()
+            plan_batched(vbar[:m], k[:m], prior[:m], cost=cfg.cost, k_max=cfg.k_max,
+                         lookahead=lookahead, rewards=cfg.rewards)
+            wall = min(wall, time.perf_counter() - t0)
+            cpu = min(cpu, time.process_time() - c0)
+        plan[f"{lookahead}/bound"] = m / wall
+        plan[f"{lookahead}/bound/per_cpu_s"] = m / max(cpu, 1e-9)
     return out
 
 
@@ -278,9 +299,9 @@ def run_benchmark(cfg: BenchConfig, out: str | Path | None = None, plot: bool = 
     """Run every scenario; write ``<out>.json`` (and ``<out>.png``) when ``out`` is given."""
     t_start, timing = time.perf_counter(), {}
     rng = np.random.default_rng(cfg.seed)
-    pop = sim.draw_population(cfg.n_prompts, cfg.k_max, rng, cfg.beta_ab, cfg.rewards)
-    prior_p = {q: sim.prior_probs(q, pop.p, rng) for q in cfg.priors}  # (N,) probabilities
-    priors = {q: sim.to_reward_scale(x, cfg.rewards) for q, x in prior_p.items()}
+    pop = mc.draw_population(cfg.n_prompts, cfg.k_max, rng, cfg.beta_ab, cfg.rewards)
+    prior_p = {q: mc.prior_probs(q, pop.p, rng) for q in cfg.priors}  # (N,) probabilities
+    priors = {q: mc.to_reward_scale(x, cfg.rewards) for q, x in prior_p.items()}
     grpo, rows, var_r = _timed(timing, "scenarios_s", run_scenarios, cfg, pop, priors, log)
     bias = _timed(timing, "bias_vs_k_s", bias_vs_k, cfg, pop, priors, rng)
     wc = bias["worst_case_grid"]["bound"]["max_abs_times_sqrt_k_over_sigma"]
@@ -291,20 +312,29 @@ def run_benchmark(cfg: BenchConfig, out: str | Path | None = None, plot: bool = 
                           cfg, pop, prior_p, priors, log)
     conv = (_timed(timing, "convention_check_s", convention_check, cfg, pop, prior_p)
             if cfg.convention_check else None)
+    arrivals = min(cfg.n_arrivals, pop.p.size)
+    log(f"batched vs sequential plans under the arrival model, {arrivals:,} prompts:")
+    versus, plan_variants = _timed(
+        timing, "plans_s", plans.compare_plans, mc.head(pop, arrivals),
+        {q: x[:arrivals] for q, x in priors.items()}, est_config(cfg), cfg.arrival_slots,
+        np.random.default_rng([cfg.seed, 1]), cfg.plan_variants, log)  # own stream: CRN above
     timing["decisions_per_s"] = time_decisions(cfg, rng)
-    log("decisions/s (wall, per CPU-second): " + ", ".join(
-        f"{k} {v / 1e6:.2f}M {timing['decisions_per_s'][k + '/per_cpu_s'] / 1e6:.2f}M"
-        for k, v in timing["decisions_per_s"].items() if k.count("/") == 1))
+    for name, d in (("should_continue", timing["decisions_per_s"]),
+                    ("plan_batched", timing["decisions_per_s"]["plan_batched"])):
+        log(f"{name} decisions/s (wall, per CPU-second): " + ", ".join(
+            f"{k} {v / 1e6:.2f}M {d[k + '/per_cpu_s'] / 1e6:.2f}M"
+            for k, v in d.items() if k.count("/") == 1))
     timing["total_s"] = time.perf_counter() - t_start
     loses = [{key: r[key] for key in ("estimator", "lookahead", "noise", "prior", "mean_k", "mse",
                                       "mse_ratio_vs_grpo_same_k")}
              for r in rows if r["mse_ratio_vs_grpo_same_k"] > 1.0]
     result = {"config": {**asdict(cfg), "cost": cfg.cost,
-                         "prior_qualities": {q: sim.PRIOR_QUALITIES[q] for q in cfg.priors}},
+                         "prior_qualities": {q: mc.PRIOR_QUALITIES[q] for q in cfg.priors}},
               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(),
               "population_var_reward": var_r, "grpo": grpo, "v05": rows, "bias_vs_k": bias,
               "convention_check": conv, "experimental": experimental, "timing": timing,
-              "v05_loses": loses}
+              "v05_loses": loses, "batched_vs_sequential": versus,
+              "plan_variants": plan_variants, "arrival_model": ARRIVAL_MODEL}
     if out is not None:
         write_outputs(result, Path(out), plot)
     return result
@@ -314,31 +344,5 @@ def write_outputs(result: dict, out: Path, plot: bool) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(result, indent=1))
     if plot:
-        from bench._estimator_plot import plot_results  # matplotlib only when plotting
+        from bench.estimator_mse.plot import plot_results  # matplotlib only when plotting
         plot_results(result, Path(f"{out}.png"))
-
-
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    ap.add_argument("--rewards", default="-1,1", help="binary reward values r_lo,r_hi")
-    ap.add_argument("--prompts", type=int, help="Monte Carlo population size")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results/estimator_mse",
-                    help="output path without suffix (.json and .png are written)")
-    ap.add_argument("--no-plot", action="store_true")
-    args = ap.parse_args(argv)
-    rewards = tuple(float(x) for x in args.rewards.split(","))
-    if len(rewards) != 2:
-        raise ValueError(f"--rewards needs two values r_lo,r_hi, got {args.rewards!r}")
-    cfg = replace(QUICK if args.quick else BenchConfig(), rewards=rewards, seed=args.seed)
-    if args.prompts:
-        cfg = replace(cfg, n_prompts=args.prompts)
-    EstimatorConfig(rewards=rewards)  # validates the range with a clear error
-    result = run_benchmark(cfg, args.out, plot=not args.no_plot)
-    print(f"wrote {args.out}.json ({result['timing']['total_s']:.1f}s)")
-    return result
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Simulation core of the estimator benchmark: populations, priors, Monte Carlo and exact runs.
+"""Monte Carlo core of the estimator benchmark: populations, priors, Monte Carlo and exact runs.
 
 Everything here drives the real estimator code (``estimator.fuse``, ``estimator.should_continue``,
 ``estimator.core.noise_sigma2``); nothing re-implements the fusion or the OSLA test.
@@ -99,7 +99,7 @@ def fixed_k_baseline(pop: Population, prior: np.ndarray, k: int, cfg: EstimatorC
     return fused_baseline(pop.csum[:, k - 1] / k, float(k), prior, cfg)
 
 
-def simulate_osla(pop: Population, prior: np.ndarray, cfg: EstimatorConfig):
+def run_osla(pop: Population, prior: np.ndarray, cfg: EstimatorConfig):
     """Monte Carlo OSLA: start every prompt at k_init, ask ``should_continue`` on the still-active
     prompts, give those one more reward, repeat up to k_max. -> (k_stop (N,), baseline (N,))"""
     n = pop.p.shape[0]
@@ -107,8 +107,9 @@ def simulate_osla(pop: Population, prior: np.ndarray, cfg: EstimatorConfig):
     active = np.arange(n)
     for k in range(cfg.k_init, cfg.k_max):
         vbar = pop.csum[active, k - 1] / k
-        more = should_continue(vbar, float(k), prior[active], cost=cfg.cost, k_max=cfg.k_max,
-                               lookahead=cfg.lookahead, rewards=cfg.rewards, noise=cfg.noise)
+        more = should_continue(vbar, float(k), prior[active], cost=cfg.scaled_cost,
+                               k_max=cfg.k_max, lookahead=cfg.lookahead, rewards=cfg.rewards,
+                               noise=cfg.noise)
         active = active[np.asarray(more, bool)]
         if active.size == 0:
             break
@@ -127,7 +128,7 @@ def _step(mass: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 def _vbar_grid(k: int, reward_range) -> np.ndarray:
-    """Empirical mean for h = 0..k hits of k, computed as the simulation does (sum / k)."""
+    """Empirical mean for h = 0..k hits of k, computed as the Monte Carlo run does (sum / k)."""
     r_lo, r_hi = reward_range
     h = np.arange(k + 1)
     return (h * r_hi + (k - h) * r_lo) / k
@@ -154,7 +155,7 @@ def exact_rule(p, prior, cfg: EstimatorConfig, adaptive: bool, k_fixed: int | No
     for k in range(k_start, k_end + 1):
         vbar = np.broadcast_to(_vbar_grid(k, cfg.rewards), mass.shape)
         if adaptive and k < k_end:
-            cont = np.asarray(should_continue(vbar, float(k), prior[:, None], cost=cfg.cost,
+            cont = np.asarray(should_continue(vbar, float(k), prior[:, None], cost=cfg.scaled_cost,
                                               k_max=cfg.k_max, lookahead=cfg.lookahead,
                                               rewards=cfg.rewards, noise=cfg.noise), bool)
         else:

@@ -1,4 +1,4 @@
-"""Figure of the estimator benchmark (reads the result dict of ``bench.estimator_mse``)."""
+"""Figure of the estimator benchmark (reads the result dict of ``scenarios.run_benchmark``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -143,16 +143,67 @@ def panel_experimental(ax, res):
     ax.grid(True, which="both", alpha=0.3)
 
 
+PLAN_COLORS = {"sequential": "#7f7f7f", "batched": "#1f78b4"}
+
+
+def panel_plan_rounds(ax, res):
+    """Generation rounds per prompt by prior: mean (bars) and 99th percentile (markers)."""
+    rows = res.get("batched_vs_sequential") or []
+    x = np.arange(len(rows))
+    for j, plan in enumerate(("sequential", "batched")):
+        pos = x + (j - 0.5) * 0.38
+        ax.bar(pos, [r[f"rounds_mean_{plan}"] for r in rows], 0.38, color=PLAN_COLORS[plan],
+               label=f"{plan}: mean")
+        ax.plot(pos, [r[f"rounds_p99_{plan}"] for r in rows], "v", color="k", ms=7,
+                mfc=PLAN_COLORS[plan], label=f"{plan}: 99th percentile")
+    ax.axhline(2.0, color="C3", ls="--", lw=1, label="aim: mean <= 2")
+    ax.axhline(3.0, color="C3", ls=":", lw=1, label="aim: p99 <= 3")
+    ax.set_xticks(x, [r["prior"] for r in rows])
+    ax.set_yscale("log", base=2)
+    ax.set_yticks([1, 2, 3, 4, 8, 16], ["1", "2", "3", "4", "8", "16"])
+    ax.set_ylim(0.9, 48)  # room for the legend above the sequential p99 markers
+    ax.set_ylabel("generation rounds per prompt")
+    cap = rows[0]["plan_batched"]["max_rounds"] if rows else None
+    ax.set_title(f"(e) rounds: sequential OSLA vs batched plan (max_rounds={cap})")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", ncol=3)
+
+
+def panel_plan_k(ax, res):
+    """Rollouts per prompt by prior, both plans; batched split into observed and cancelled
+    (run fraction of cancelled rollouts); MSE ratio batched / sequential written above."""
+    rows = res.get("batched_vs_sequential") or []
+    x = np.arange(len(rows))
+    ax.bar(x - 0.19, [r["k_mean_sequential"] for r in rows], 0.38,
+           color=PLAN_COLORS["sequential"], label="sequential")
+    obs = [r["observed_k_mean_batched"] for r in rows]
+    ax.bar(x + 0.19, obs, 0.38, color=PLAN_COLORS["batched"], label="batched: observed")
+    ax.bar(x + 0.19, [r["cancelled_spent_mean"] for r in rows], 0.38, bottom=obs,
+           color="#a6cee3", label="batched: cancelled (run fraction)")
+    for xi, r in zip(x, rows):
+        ax.annotate(f"k {r['k_ratio']:.2f}x\nMSE {r['mse_ratio']:.2f}x",
+                    (xi, max(r["k_mean_sequential"], r["k_mean_batched"])),
+                    textcoords="offset points", xytext=(0, 4), ha="center", fontsize=8)
+    ax.set_xticks(x, [r["prior"] for r in rows])
+    ax.set_ylabel("rollouts per prompt (rollout equivalents)")
+    ax.set_title("(f) rollouts: batched / sequential ratios of k and MSE above the bars")
+    ax.set_ylim(0, 1.2 * max([r["k_mean_batched"] for r in rows], default=1))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
 def plot_results(res: dict, path: str | Path) -> None:
-    fig, axes = plt.subplots(2, 2, figsize=(17, 14))
+    fig, axes = plt.subplots(3, 2, figsize=(17, 20))
     panel_mse(axes[0, 0], res)
     panel_hist(axes[0, 1], res)
     panel_bias(axes[1, 0], res)
     panel_experimental(axes[1, 1], res)
+    panel_plan_rounds(axes[2, 0], res)
+    panel_plan_k(axes[2, 1], res)
     cfg = res["config"]
     fig.suptitle(f"Baseline estimators on p ~ Beta{tuple(cfg['beta_ab'])}, rewards "
                  f"{tuple(cfg['rewards'])}, {cfg['n_prompts']:,} prompts, OSLA k {cfg['k_init']}"
                  f"..{cfg['k_max']}, c = {cfg['cost']:.5g}", fontsize=14)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))  # leave the top strip to the title
     fig.savefig(path, dpi=100)
     plt.close(fig)
