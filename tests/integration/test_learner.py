@@ -1,7 +1,9 @@
 """The learner on real local Ray + real DeepSpeed (CPU, gloo) with a tiny random policy.
 
-One Ray cluster and two learner groups (2 ranks and 1 rank, same config) are shared by the
-module; tests that need a fresh state restore the step-0 checkpoint first.
+One Ray cluster and three learner groups (2 ranks, 1 rank, and 2 ranks under ZeRO-3; same
+config otherwise) are shared by the module; tests that need a fresh state restore the step-0
+checkpoint first. The config packs micro-batches by a token budget and follows an lr schedule
+(warm-up, then cosine), so both are checked across ranks, steps and checkpoints.
 """
 from __future__ import annotations
 
@@ -61,18 +63,24 @@ def cfg():
     from learner.config import LearnerConfig
 
     # kl_coef > 0 loads a frozen reference on every rank: the KL path is covered as well.
-    return LearnerConfig(lr=1e-3, micro_batch_size=2, max_consecutive_nan=1, kl_coef=0.05)
+    # Token budget 12: the 3-15-token samples pack 1-2 to a micro-batch, ranks differ in count.
+    return LearnerConfig(lr=1e-3, micro_batch_size=3, micro_batch_tokens=12,
+                         max_consecutive_nan=1, kl_coef=0.05, lr_warmup_steps=2,
+                         lr_schedule="cosine", lr_decay_steps=3, lr_min=1e-4)
 
 
 @pytest.fixture(scope="module")
 def groups(ray_cluster, policy_dir, cfg, tmp_path_factory):
-    """{'two': 2-rank group, 'one': 1-rank group, 'init': step-0 checkpoint dir}."""
+    """{'two': 2-rank group, 'one': 1-rank group, 'z3': 2 ranks at ZeRO-3,
+    'init': step-0 checkpoint dir}."""
     from learner.group import LearnerGroup
 
     made = {}
     try:
         made["two"] = LearnerGroup(policy_dir, 2, cfg, num_cpus_per_rank=CPUS_PER_RANK)
         made["one"] = LearnerGroup(policy_dir, 1, cfg, num_cpus_per_rank=CPUS_PER_RANK)
+        made["z3"] = LearnerGroup(policy_dir, 2, cfg.model_copy(update={"zero_stage": 3}),
+                                  num_cpus_per_rank=CPUS_PER_RANK)
         init = tmp_path_factory.mktemp("init_ckpt")
         for name in ("two", "one"):
             made[name].save_checkpoint(init / name, {"step": 0})
@@ -87,19 +95,35 @@ def reset(groups):
         groups[name].load_checkpoint(groups["init"] / name)
 
 
-def test_two_ranks_equal_one_rank(groups):
+def micro_counts(batch, n_ranks, cfg) -> list[int]:
+    """Each rank's own micro-batch count (before the ranks pad to the largest)."""
+    from learner.batch import plan_micro_batches, shard_samples
+
+    return [len(plan_micro_batches(s, cfg.micro_batch_tokens, cfg.micro_batch_size))
+            for s in shard_samples(batch, n_ranks)]
+
+
+def test_two_ranks_equal_one_rank(groups, cfg):
+    from learner.schedule import lr_at
+
     reset(groups)
     two, one = groups["two"], groups["one"]
     w0 = one.get_weights()
-    # 5 samples on 2 ranks: shards of 3 and 2 + a padding sample, unequal token counts.
+    # 5 samples on 2 ranks: token-balanced shards of different sizes and micro-batch counts
+    # (the rank with fewer runs a filler micro-batch).
     batches = [make_samples(5, 1), make_samples(5, 2)]
+    assert any(len(set(micro_counts(b, 2, cfg))) > 1 for b in batches)
     m2 = [two.train_step(b) for b in batches]
-    m1 = [one.train_step(b) for b in batches]
+    m1 = [one.train_step(batches[0])]
+    # Adam's first update moves every weight with a gradient by exactly its lr (sign of the
+    # gradient): the optimiser used the schedule's warm-up lr, half the peak.
+    assert max_diff(one.get_weights(), w0) == pytest.approx(lr_at(cfg, 0), rel=1e-3)
+    m1.append(one.train_step(batches[1]))
     per_rank = two.get_weights_per_rank()
     w1 = one.get_weights()
     assert max_diff(per_rank[0], per_rank[1]) == 0.0  # DeepSpeed keeps replicas bit-identical
     moved = max_diff(w1, w0)
-    assert moved > 5e-4  # Adam moves every touched weight by about lr = 1e-3 per step
+    assert moved > 5e-4  # Adam moves every touched weight by about lr per step
     # Same global batch and global normalisation: same loss, gradient and update.
     assert max_diff(per_rank[0], w1) < 2e-3 * moved
     for a, b in zip(m2, m1):
@@ -108,6 +132,7 @@ def test_two_ranks_equal_one_rank(groups):
         for k in ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl", "kl"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
     assert m2[-1]["step"] == 2
+    assert [m["lr"] for m in m2] == [m["lr"] for m in m1] == [lr_at(cfg, 0), lr_at(cfg, 1)]
     # The policy starts AT the reference, then moves away from it.
     assert m2[0]["kl"] == pytest.approx(0.0, abs=1e-6) and m2[1]["kl"] > 1e-6
 
@@ -118,11 +143,14 @@ def test_non_finite_step_is_skipped_then_raises(groups, poison):
     reset(groups)
 
     def poisoned(seed):
+        from learner.batch import shard_samples
+
         b = make_samples(5, seed)
+        victim = shard_samples(b, 2)[1][-1]  # a sample of rank 1 only (rank 0 reports)
         if poison == "nan_logprob":
-            b[-1].logprobs[0] = float("nan")  # the last sample lands on rank 1 only
+            victim.logprobs[0] = float("nan")
         else:
-            b[-1].advantage = 1e38  # a sum of several such tokens overflows float32 to inf
+            victim.advantage = 1e38  # a sum of several such tokens overflows float32 to inf
         return b
 
     before = two.get_weights_per_rank()
@@ -136,29 +164,58 @@ def test_non_finite_step_is_skipped_then_raises(groups, poison):
     assert max_diff(before[0], after[0]) == 0.0 and max_diff(before[1], after[1]) == 0.0
     good = two.train_step(make_samples(5, 4))  # resets the consecutive counter
     assert not good["skipped"] and good["step"] == 1 and math.isfinite(good["loss"])
+    assert good["lr"] == m["lr"]  # a skipped step does not advance the lr schedule
     assert max_diff(before[0], two.get_weights()) > 0.0
     assert two.train_step(poisoned(5))["skipped"]
     with pytest.raises(RuntimeError, match="consecutive steps skipped"):
         two.train_step(poisoned(6))  # the 2nd in a row > max_consecutive_nan = 1
 
 
-def test_checkpoint_restores_weights_and_client_state(groups, tmp_path):
+def test_checkpoint_restores_weights_and_client_state(groups, cfg, tmp_path):
+    from learner.schedule import lr_at
+
     two = groups["two"]
     reset(groups)
-    two.train_step(make_samples(4, 7))
+    two.train_step(make_samples(4, 6))
+    two.train_step(make_samples(4, 7))  # the end of warm-up: the cosine decay comes next
     saved = two.get_weights()
-    client = {"step": 1, "data_position": 42, "note": "after one step"}
+    client = {"step": 2, "data_position": 42, "note": "after two steps"}
     two.save_checkpoint(tmp_path / "ckpt", client)
-    two.train_step(make_samples(4, 8))
+    lrs = [two.train_step(make_samples(4, 8))["lr"]]
     w_next = two.get_weights()
     assert max_diff(saved, w_next) > 0.0
+    lrs.append(two.train_step(make_samples(4, 9))["lr"])  # moves on along the schedule
     assert two.load_checkpoint(tmp_path / "ckpt") == client
     restored = two.get_weights_per_rank()
     assert max_diff(saved, restored[0]) == 0.0 and max_diff(saved, restored[1]) == 0.0
-    # Adam's moments came back too: replaying the same step lands on the same weights (a
-    # fresh optimiser would take a different, sign-like first step).
-    assert two.train_step(make_samples(4, 8))["step"] == 2
+    # Adam's moments and the schedule's position came back too: replaying the same step
+    # lands on the same weights (a fresh optimiser would take a different, sign-like first
+    # step; another lr a different step).
+    m = two.train_step(make_samples(4, 8))
+    assert m["step"] == 3 and m["lr"] == lrs[0]
     assert max_diff(w_next, two.get_weights()) < 1e-7
+    lrs.append(two.train_step(make_samples(4, 9))["lr"])
+    assert lrs == [lr_at(cfg, 2), lr_at(cfg, 3), lr_at(cfg, 3)] and lrs[0] > lrs[1]
+
+
+def test_zero3_two_ranks_equal_one_rank(groups, cfg):
+    """ZeRO-3 (weights sharded, gathered per micro-batch) with ranks running different numbers
+    of real micro-batches: the fillers keep the gathers in lockstep (a mismatch would hang)
+    and the update equals the 1-rank one."""
+    reset(groups)
+    z3, one = groups["z3"], groups["one"]
+    batch = make_samples(7, 11)
+    assert len(set(micro_counts(batch, 2, cfg))) > 1
+    w0 = one.get_weights()
+    assert max_diff(w0, z3.get_weights()) == 0.0  # same initial weights, gathered
+    m3, m1 = z3.train_step(batch), one.train_step(batch)
+    assert not m3["skipped"] and m3["n_tokens"] == m1["n_tokens"]
+    for k in ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl"):
+        assert m3[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+    w3, w1 = z3.get_weights(), one.get_weights()
+    # Adam's first step is lr * g / (|g| + eps): sign-like, so it amplifies the float32
+    # rounding of gradients that nearly cancel; a wrong gradient would differ by ~lr.
+    assert max_diff(w3, w1) < 2e-2 * max_diff(w1, w0)
 
 
 def test_save_hf_loads_with_transformers(groups, tmp_path):
