@@ -3,13 +3,13 @@
 Life of a prompt::
 
     st = PromptState(make_estimator("v05"), prior_p=0.3)
-    n = st.to_request()   # -> 4 (k_init): dispatch range(st.requested - n, st.requested)
-    st.add(reward, index=i)    # as each rollout's reward arrives, in any order; then ask again:
-    st.to_request()            # new rollouts wanted now (indices are never reused)
-    st.to_cancel()             # outstanding rollouts the plan no longer needs: the caller picks
-    st.cancel(j)               #   which (least advanced first) and cancels each
-    st.done                    # nothing outstanding and nothing more wanted
-    st.baseline, st.advantages()   # in the order of st.indices()
+    n = st.to_request()          # -> 4 (k_init): dispatch range(st.requested - n, st.requested)
+    st.add(reward, index=i)      # as each rollout's reward arrives, in any order; then ask again:
+    st.to_request()              # new rollouts wanted now (indices are never reused)
+    st.to_cancel()               # outstanding rollouts the plan no longer needs: the caller
+    st.cancel(j)                 #   picks which (least advanced first) and cancels each
+    st.done                      # nothing outstanding and nothing more wanted
+    st.baseline, st.advantages() # advantages in the order of st.indices()
 
 Rewards are keyed by the rollout's index (its position in dispatch order), so arrival order
 never changes the result. A prompt whose prior is missing (prior server down) falls back to
@@ -24,17 +24,18 @@ the benchmark that drives many prompts at once (bench/estimator_mse/arrivals.py)
 - ``plan="batched"``: once k_init rewards are in, the batched look-ahead m* (outstanding
   rollouts count towards it) at every arriving reward: ask for m* - outstanding when positive,
   cancel outstanding - m* when positive. Before k_init rewards are in, the initial dispatch is
-  neither extended nor cancelled (**choice**: planning from the first reward cost 8-13% more
+  neither extended nor cancelled (**choice**: planning from the first reward cost 4-9% more
   rollouts in cancelled work for no fewer rounds; docs/estimator.md).
 
 Rounds: the initial dispatch is round 1; a request sent after rewards arrived has round 1 + the
 highest round among the rewards observed so far. With ``max_rounds``:
 
-- the request of round max_rounds is the last one: it waits until nothing is outstanding (the
-  final decision sees every reward) and, while the plan still wants rollouts (m* > 0, or OSLA
-  says continue), it asks for the whole remaining budget, up to k_max; from then on the plan
-  only keeps its rollouts (m* > 0) or cancels all of them (m* = 0). **(choice)** Asking for m*
-  alone left the exact-prior MSE 12-26% above sequential OSLA's (docs/estimator.md);
+- the request of round max_rounds is the last one: it waits until nothing is outstanding
+  (the final decision sees every reward) and, while the plan still wants rollouts (m* > 0, or
+  OSLA says continue), it asks for the whole remaining budget, up to k_max; from then on a
+  batched prompt only keeps its rollouts (m* > 0) or cancels all of them (m* = 0).
+  **(choice)** Asking for m* alone left the exact-prior MSE 19% above sequential OSLA's
+  (docs/estimator.md);
 - no request gets a round above max_rounds, except one that only refills the prompt to k_init
   rewards after an ``expire`` (a prompt never ends with fewer than k_init rewards).
 

@@ -446,9 +446,9 @@ def test_batched_state_tops_up_while_rollouts_are_outstanding():
     assert s.round_of(14) == 3 and s.rounds == 3 and s.requested == 15
 
 
-@pytest.mark.parametrize("make", [lambda: make_estimator("v05", plan="sequential"),
-                                  lambda: make_estimator("grpo"),
-                                  lambda: make_estimator("v05", plan="sequential", max_rounds=None)])
+@pytest.mark.parametrize("make", [
+    lambda: make_estimator("v05", plan="sequential"), lambda: make_estimator("grpo"),
+    lambda: make_estimator("v05", plan="sequential", max_rounds=None)])
 def test_sequential_and_fixed_k_never_cancel(make):
     s = PromptState(make(), prior_p=0.1)
     rng = np.random.default_rng(0)
