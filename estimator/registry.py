@@ -9,6 +9,7 @@ Arrays are padded: ``rewards`` (N, K) with ``mask`` (N, K) marking the observed 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -54,7 +55,8 @@ class EstimatorConfig:
     def __post_init__(self):
         check_rewards(self.rewards)
         check_budget(self.k_init, self.k_max)
-        if not isinstance(self.cost, (int, float)) or not np.isfinite(self.cost) or self.cost < 0:
+        if (isinstance(self.cost, bool) or not isinstance(self.cost, Real)
+                or not np.isfinite(self.cost) or self.cost < 0):
             raise ValueError(f"cost must be a finite number >= 0, got {self.cost}")
         if self.lookahead not in LOOKAHEADS:
             raise ValueError(f"lookahead must be one of {LOOKAHEADS}, got {self.lookahead!r}")

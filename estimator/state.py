@@ -46,6 +46,7 @@ changes how many rounds it takes and how much cancelled work it costs.
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import NamedTuple
 
 import numpy as np
@@ -123,8 +124,8 @@ class PromptState:
         self.est = estimator
         cfg = estimator.cfg
         self.fallback = estimator.needs_prior and prior_p is None
-        if prior_p is not None and (isinstance(prior_p, bool) or not isinstance(
-                prior_p, (int, float)) or not 0 <= prior_p <= 1):
+        if prior_p is not None and (isinstance(prior_p, bool) or not isinstance(prior_p, Real)
+                                    or not 0 <= prior_p <= 1):
             raise ValueError(f"prior probability must be a number in [0, 1], got {prior_p!r}")
         self.prior_p = None if prior_p is None else float(prior_p)
         self.prior = None if prior_p is None else float(prob_to_reward(prior_p, cfg.rewards))
@@ -142,7 +143,7 @@ class PromptState:
     def add(self, reward: float, index: int | None = None) -> None:
         """Record the reward of outstanding rollout ``index`` (default: the lowest outstanding)."""
         r_lo, r_hi = self.est.cfg.rewards
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or math.isnan(reward):
+        if isinstance(reward, bool) or not isinstance(reward, Real) or math.isnan(reward):
             raise ValueError(f"reward must be a finite number, got {reward!r}")
         if not r_lo <= reward <= r_hi:
             raise ValueError(f"reward {reward} outside the reward range [{r_lo}, {r_hi}]")

@@ -600,3 +600,13 @@ def test_add_needs_an_outstanding_rollout():
         s.add(1.0)
     with pytest.raises(ValueError, match="never requested"):
         s.add(1.0, index=0)
+
+
+def test_numpy_scalars_are_accepted_and_snapshots_stay_json_safe():
+    s = PromptState(make_estimator("v05", cost=np.float32(0.0039)), prior_p=np.float32(0.5))
+    s.to_request()
+    s.add(np.float32(1.0), index=np.int64(0))
+    s.cancel(np.int64(3))
+    assert json.loads(json.dumps(s.to_dict()))["cancelled"] == [3]
+    with pytest.raises(ValueError, match="reward must be a finite number"):
+        s.add(True, index=1)
