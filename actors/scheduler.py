@@ -1,0 +1,498 @@
+"""The scheduling policy: admission, dispatch, cancellation, staleness and hand-over.
+
+One pure object (no Ray, no asyncio, no clock of its own) that three drivers call: the
+``Coordinator`` actor with real vLLM generators, the unit tests with fake generators and a
+fake clock, and the cluster simulator (``bench.sim``) with simulated engines. The simulator
+therefore predicts the scheduler we ship.
+
+The driver feeds events and carries out the actions the scheduler returns::
+
+    sched = Scheduler(SchedulerConfig(...), estimator, n_generators=2)
+    n = sched.room()                          # how many new prompts fit now
+    acts = sched.admit(problems, priors)      # -> [Dispatch, ...]
+    acts = sched.on_rollouts(request_id, [Finished(...), ...])   # rewards arrive
+    acts = sched.on_request_failed(request_id, generator_lost=True)
+    acts = sched.set_version(v)               # a learner step published version v
+    batch = sched.take_batch(B)               # PromptGroups to train on now, or None: wait
+
+Rules (docs/pipeline.md, "The scheduler"):
+- **Capacity in sequence slots.** Each generator holds at most ``slots_per_generator``
+  running sequences (vLLM's ``max_num_seqs``); new prompts are admitted only into free slots,
+  all k_init rollouts of a prompt on one generator (they share the prompt's prefix).
+- **Extra rollouts first.** A prompt's further rollouts (planned in batches by its
+  ``PromptState``) go to the generator that holds its prefix when it has a free slot, else
+  to the least loaded one; they are never held back for capacity, so a prompt in flight
+  always makes progress. Engine priority is earliest deadline first, and extra rollouts go
+  before new prompts due at the same version.
+- **Cancellation.** When a prompt's plan shrinks, its least advanced outstanding rollouts
+  (the most recently dispatched) are cancelled in the engine; their tokens are counted.
+- **Staleness by deadline.** Every admitted prompt takes a *deadline*: the policy version at
+  which it must be trained, at most ``max_staleness`` versions after its admission, with at
+  most ``batch_prompts`` prompts per deadline (a calendar). Every sample of the prompt
+  starts at a version >= its admission version, so a sample trained by its deadline is at
+  most ``max_staleness`` versions old. The hand-over at version V waits for every prompt
+  whose deadline is V, and fills the batch with the earliest-deadline finished prompts.
+  A sample older than the bound anyway (a resumed run, a lost generator) is re-generated,
+  and after ``max_regenerations`` the prompt is dropped (both counted).
+- **Synchronous mode is the same policy with a barrier**: ``max_staleness = 0`` leaves one
+  deadline (the current version), so B prompts are admitted at a version boundary, the
+  learner trains when all of them are finished, and nothing is admitted until the next
+  version is published. DAPO's filtered prompts free their calendar slot and are refilled.
+- **Accounting.** Every admitted prompt ends exactly once: handed to the learner, dropped
+  with a counted reason, or still in flight (or finished, waiting) at the end.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from estimator.state import PromptState
+
+def priority(deadline: int, first: bool) -> int:
+    """Engine priority of a request (vLLM runs lower values first): earliest deadline first,
+    and among prompts due at the same version, extra rollouts before new prompts."""
+    return 2 * deadline + int(first)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The knobs of the policy (built from the run config by the coordinator)."""
+
+    batch_prompts: int                # B: prompts per learner step (= prompts per deadline)
+    max_staleness: int = 1            # versions a sample may age before it is trained
+    slots_per_generator: int = 64     # engine sequence slots (vLLM max_num_seqs)
+    max_inflight_prompts: int | None = None  # cap on admitted, not yet handed prompts
+    max_regenerations: int = 2        # stale re-generations of one prompt before it is dropped
+    max_refill_factor: int = 4        # barrier: accept a short batch after this many x B drops
+
+    def __post_init__(self):
+        if self.batch_prompts < 1:
+            raise ValueError(f"batch_prompts must be >= 1, got {self.batch_prompts}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.slots_per_generator < 1:
+            raise ValueError(f"slots_per_generator must be >= 1, got {self.slots_per_generator}")
+        if self.max_inflight_prompts is not None and self.max_inflight_prompts < self.batch_prompts:
+            raise ValueError(f"max_inflight_prompts ({self.max_inflight_prompts}) must be >= "
+                             f"batch_prompts ({self.batch_prompts}): else no batch can form")
+
+
+# -- what the driver does ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Generate rollouts ``indices`` of prompt ``uid`` on ``generator`` (one engine request
+    of n = len(indices) completions; completion j is rollout ``indices[j]``)."""
+
+    request_id: str
+    uid: str
+    indices: tuple[int, ...]
+    generator: int
+    priority: int
+    round: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Abort completions ``positions`` of request ``request_id`` in its engine."""
+
+    request_id: str
+    uid: str
+    positions: tuple[int, ...]
+    generator: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One completion of a request as the driver scored it. ``cancelled``: it was aborted
+    before finishing (its ``tokens`` are spent compute, its reward is meaningless)."""
+
+    position: int
+    reward: float
+    tokens: int
+    start_version: int
+    payload: Any = None
+    cancelled: bool = False
+
+
+# -- what the scheduler keeps ------------------------------------------------------------------
+
+@dataclass
+class PromptGroup:
+    """A prompt in flight: its estimator state, its rollouts by index, when and where."""
+
+    uid: str
+    problem: Any
+    state: PromptState
+    admitted_version: int
+    deadline: int
+    home: int                                   # generator holding its prefix
+    t_admit: float
+    payloads: dict[int, Any] = field(default_factory=dict)       # index -> rollout
+    start_version: dict[int, int] = field(default_factory=dict)  # index -> version at start
+    t_done: float = 0.0
+    regenerations: int = 0
+    cancelled_rollouts: int = 0
+    cancelled_tokens: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+    def oldest_version(self) -> int:
+        return min(self.start_version.values(), default=self.admitted_version)
+
+
+@dataclass
+class _Request:
+    dispatch: Dispatch
+    live: set[int]                                     # positions whose result is awaited
+    cancelled: set[int] = field(default_factory=set)   # cancelled, their report awaited
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, estimator, n_generators: int, version: int = 0,
+                 clock: Callable[[], float] = lambda: 0.0):
+        if n_generators < 1:
+            raise ValueError(f"n_generators must be >= 1, got {n_generators}")
+        self.cfg, self.est, self.clock = cfg, estimator, clock
+        self.version = version
+        self.k_init = estimator.cfg.k_init
+        self.alive = [True] * n_generators
+        self.load = [0] * n_generators           # outstanding sequences per generator
+        self.groups: dict[str, PromptGroup] = {}  # admitted, not yet handed or dropped
+        self.ready: dict[str, PromptGroup] = {}   # the finished subset of ``groups``
+        self.calendar: Counter = Counter()        # deadline -> prompts holding it
+        self.requests: dict[str, _Request] = {}
+        self.parked: list[Dispatch] = []          # waiting for a live generator
+        self.counts: Counter = Counter()
+        self.drops: Counter = Counter()
+        self.refills: Counter = Counter()         # deadline -> prompts dropped at it
+        self._ids = itertools.count()
+        self._finished: list[PromptGroup] = []    # finished since the last drain_finished()
+        self._taken: int | None = None            # version whose batch the learner took
+        self.paused = False
+
+    # -- admission ---------------------------------------------------------------------------
+    def _free_deadline(self) -> int | None:
+        """The earliest version in [V, V + max_staleness] with a free calendar slot."""
+        for d in self._open_deadlines():
+            if self.calendar[d] < self.cfg.batch_prompts:
+                return d
+        return None
+
+    def _open_deadlines(self) -> list[int]:
+        """Deadlines that take new prompts: the bound's window, less any deadline whose
+        filtered-and-refilled prompts ran past ``max_refill_factor`` x B (a policy that solves
+        or fails everything would refill forever; the batch then trains short)."""
+        cap = self.cfg.max_refill_factor * self.cfg.batch_prompts
+        # Once the learner took its batch at version V, deadline V is spent until it reports
+        # back (set_version): a prompt admitted now would be trained at V + 1 at the earliest.
+        first = self.version + (self._taken == self.version)
+        return [d for d in range(first, self.version + self.cfg.max_staleness + 1)
+                if self.refills[d] < cap]
+
+    def _calendar_room(self) -> int:
+        B = self.cfg.batch_prompts
+        return sum(max(0, B - self.calendar[d]) for d in self._open_deadlines())
+
+    def _slot_room(self) -> int:
+        """Prompts whose k_init rollouts fit in free slots (all on one generator each)."""
+        s = self.cfg.slots_per_generator
+        return sum(max(0, s - load) // self.k_init for load, a in zip(self.load, self.alive) if a)
+
+    def room(self) -> int:
+        """How many new prompts may be admitted now."""
+        if self.paused or self.parked or not any(self.alive):
+            return 0
+        n = min(self._slot_room(), self._calendar_room())
+        if self.cfg.max_inflight_prompts is not None:
+            n = min(n, self.cfg.max_inflight_prompts - len(self.groups))
+        return max(0, n)
+
+    def admit(self, problems: Sequence[Any], priors: Sequence[float | None],
+              uids: Sequence[str] | None = None) -> list:
+        """Admit prompts (with their prior probabilities; None: no prior) and dispatch their
+        first rollouts. Admitting more than ``room()`` is a driver bug."""
+        if len(problems) != len(priors):
+            raise ValueError(f"{len(problems)} problems but {len(priors)} priors")
+        if len(problems) > self.room():
+            raise ValueError(f"admitting {len(problems)} prompts with room for {self.room()}")
+        actions = []
+        for i, (problem, prior) in enumerate(zip(problems, priors)):
+            d = self._free_deadline()
+            uid = uids[i] if uids is not None else f"p{next(self._ids)}"
+            if uid in self.groups:
+                raise ValueError(f"prompt uid {uid!r} is already in flight")
+            grp = PromptGroup(uid, problem, PromptState(self.est, prior), self.version, d, -1,
+                              self.clock())
+            self.groups[uid] = grp
+            self.calendar[d] += 1
+            self.counts["admitted"] += 1
+            actions += self._plan(grp)
+        return actions
+
+    # -- planning ----------------------------------------------------------------------------
+    def _plan(self, grp: PromptGroup) -> list:
+        """Ask the prompt's state what to do now: dispatch, cancel, or finish."""
+        st, actions = grp.state, []
+        n = st.to_request()
+        if n:
+            idx = tuple(range(st.requested - n, st.requested))
+            first = st.round_of(idx[0]) == 1 and grp.regenerations == 0
+            if not first:
+                self.counts["extra_rollouts"] += n
+            actions.append(self._dispatch(grp, idx, priority(grp.deadline, first),
+                                          st.round_of(idx[0]), prefer_home=not first))
+        cancel = st.to_cancel()
+        if cancel:
+            actions += self._cancel_latest(grp, cancel)
+        if st.done and st.outstanding == 0 and grp.uid not in self.ready:
+            self._finish(grp)
+        return [a for a in actions if a is not None]
+
+    def _pick(self, grp: PromptGroup, n: int, prefer_home: bool) -> int | None:
+        live = [g for g, a in enumerate(self.alive) if a]
+        if not live:
+            return None
+        s = self.cfg.slots_per_generator
+        if prefer_home and grp.home >= 0 and self.alive[grp.home] and self.load[grp.home] + n <= s:
+            return grp.home
+        return min(live, key=lambda g: (self.load[g], g))
+
+    def _dispatch(self, grp: PromptGroup, indices: tuple[int, ...], priority: int, rnd: int,
+                  prefer_home: bool = True) -> Dispatch | None:
+        g = self._pick(grp, len(indices), prefer_home)
+        d = Dispatch(f"{grp.uid}/r{next(self._ids)}", grp.uid, indices,
+                     -1 if g is None else g, priority, rnd)
+        if g is None:  # no live generator: park it until one comes back
+            self.parked.append(d)
+            return None
+        if grp.home < 0:
+            grp.home = g  # its first rollouts' engine holds its prefix from now on
+        return self._send(d)
+
+    def _send(self, d: Dispatch) -> Dispatch:
+        self.requests[d.request_id] = _Request(d, set(range(len(d.indices))))
+        self.load[d.generator] += len(d.indices)
+        self.counts["rollouts_dispatched"] += len(d.indices)
+        return d
+
+    def _cancel_latest(self, grp: PromptGroup, n: int) -> list[Cancel]:
+        """Cancel the ``n`` least advanced outstanding rollouts: the latest dispatched."""
+        out = []
+        live = sorted(((d.dispatch.indices[p], rid, p) for rid, d in self.requests.items()
+                       if d.dispatch.uid == grp.uid for p in d.live), reverse=True)
+        by_req: dict[str, list[int]] = {}
+        for index, rid, pos in live[:n]:
+            req = self.requests[rid]
+            grp.state.cancel(index)
+            req.live.discard(pos)
+            req.cancelled.add(pos)
+            self.load[req.dispatch.generator] -= 1  # the engine frees the slot on abort
+            grp.cancelled_rollouts += 1
+            by_req.setdefault(rid, []).append(pos)
+            self.counts["rollouts_cancelled"] += 1
+        for rid, pos in by_req.items():
+            out.append(Cancel(rid, grp.uid, tuple(sorted(pos)), self.requests[rid].dispatch.generator))
+        return out
+
+    def _retire(self, rid: str) -> None:
+        req = self.requests[rid]
+        if not req.live and not req.cancelled:
+            del self.requests[rid]
+
+    # -- results -----------------------------------------------------------------------------
+    def on_rollouts(self, request_id: str, finished: Sequence[Finished]) -> list:
+        """Completions of a request came back (all of them, or those that finished)."""
+        req = self.requests.get(request_id)
+        if req is None:  # its prompt was dropped (or the request failed) meanwhile
+            self.counts["cancelled_tokens"] += sum(f.tokens for f in finished)
+            return []
+        actions: list = []
+        grp = self.groups.get(req.dispatch.uid)
+        for f in finished:
+            if f.position in req.cancelled or f.position not in req.live:
+                # Cancelled by the plan (even if it finished before the abort landed):
+                # its tokens are spent compute, its reward is not used.
+                req.cancelled.discard(f.position)
+                self.counts["cancelled_tokens"] += f.tokens
+                if grp is not None:
+                    grp.cancelled_tokens += f.tokens
+                continue
+            if f.cancelled:
+                raise ValueError(f"request {request_id}: completion {f.position} came back "
+                                 "cancelled but was never cancelled by the scheduler")
+            req.live.discard(f.position)
+            self.load[req.dispatch.generator] -= 1
+            if grp is None:  # dropped meanwhile
+                continue
+            index = req.dispatch.indices[f.position]
+            grp.state.add(float(f.reward), index=index)
+            grp.payloads[index] = f.payload
+            grp.start_version[index] = int(f.start_version)
+            self.counts["rollouts_finished"] += 1
+            self.counts["tokens_finished"] += f.tokens
+        self._retire(request_id)
+        if grp is not None and grp.uid not in self.ready:
+            actions += self._plan(grp)
+        return actions
+
+    def on_request_failed(self, request_id: str, generator_lost: bool = False,
+                          drop_reason: str | None = None) -> list:
+        """A request raised. ``generator_lost``: its generator died (its other requests will
+        fail too); the live completions are re-issued elsewhere. ``drop_reason``: give up on
+        the prompt instead (e.g. repeated engine errors)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return []
+        d = req.dispatch
+        self.load[d.generator] -= len(req.live)
+        if generator_lost:
+            self.mark_lost(d.generator)
+        grp = self.groups.get(d.uid)
+        if grp is None or not req.live:
+            return []
+        if drop_reason is not None:
+            return self.drop(grp.uid, drop_reason)
+        self.counts["reissued_requests"] += 1
+        indices = tuple(d.indices[p] for p in sorted(req.live))
+        out = self._dispatch(grp, indices, d.priority, d.round, prefer_home=False)
+        return [out] if out is not None else []
+
+    def mark_lost(self, g: int) -> None:
+        if self.alive[g]:
+            self.alive[g] = False
+            self.counts["generator_losses"] += 1
+
+    def mark_back(self, g: int) -> list:
+        """Generator g serves again (restarted, newest weights loaded): parked work first."""
+        self.alive[g] = True
+        parked, self.parked = self.parked, []
+        out = []
+        for d in parked:
+            grp = self.groups.get(d.uid)
+            if grp is None:
+                continue
+            x = self._dispatch(grp, d.indices, d.priority, d.round, prefer_home=False)
+            if x is not None:
+                out.append(x)
+        return out
+
+    # -- finishing and dropping --------------------------------------------------------------
+    def _finish(self, grp: PromptGroup) -> None:
+        grp.t_done = self.clock()
+        self._finished.append(grp)
+        if not grp.state.keep:
+            self.drop(grp.uid, "filtered_all_equal", refill=True)
+            return
+        self.ready[grp.uid] = grp
+
+    def drop(self, uid: str, reason: str, refill: bool = False) -> list:
+        """Drop a prompt (counted under ``reason``); its calendar slot frees. Returns the
+        cancels of its outstanding rollouts."""
+        grp = self.groups.pop(uid, None)
+        if grp is None:
+            return []
+        self.ready.pop(uid, None)
+        self.calendar[grp.deadline] -= 1
+        if refill:
+            self.refills[grp.deadline] += 1
+        self.drops[reason] += 1
+        out = []
+        for rid in [r for r, q in self.requests.items() if q.dispatch.uid == uid]:
+            q = self.requests.pop(rid)
+            self.load[q.dispatch.generator] -= len(q.live)
+            if q.live:  # their reports will find no request: counted as cancelled tokens
+                out.append(Cancel(rid, uid, tuple(sorted(q.live)), q.dispatch.generator))
+                self.counts["rollouts_cancelled"] += len(q.live)
+        self.parked = [d for d in self.parked if d.uid != uid]
+        return out
+
+    # -- versions and the hand-over ------------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        """The learner finished a step and now trains ``version``: the calendar window moves
+        on (or, after a skipped step, stays and the current deadline reopens)."""
+        if version < self.version:
+            raise ValueError(f"version went back from {self.version} to {version}")
+        self.version = version
+        self._taken = None
+
+    def take_batch(self, n: int) -> tuple[list[PromptGroup], list] | None:
+        """Prompts to train on at the current version, or None when the learner must wait:
+        while a prompt due now is unfinished, or fewer than ``n`` are finished. Returns
+        (groups, actions): actions re-generate stale samples found on the way."""
+        V = self.version
+        actions = self._regenerate_stale(V)
+        due = [g for g in self.groups.values() if g.deadline <= V]
+        if any(g.uid not in self.ready for g in due):
+            return None if not actions else ([], actions)
+        ready = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))
+        if len(ready) < n:
+            # A closed deadline (see _open_deadlines) with nothing left running trains short.
+            closed = V not in self._open_deadlines()
+            short_ok = closed and ready and all(g.uid in self.ready for g in due)
+            if not short_ok:
+                return None if not actions else ([], actions)
+        batch = ready[:n]
+        self._taken = V
+        for g in batch:
+            del self.groups[g.uid], self.ready[g.uid]
+            self.calendar[g.deadline] -= 1
+            self.counts["handed"] += 1
+        # Deadlines in the past can hold nothing any more: forget them.
+        for d in [d for d in self.calendar if d < V and self.calendar[d] == 0]:
+            del self.calendar[d]
+        return batch, actions
+
+    def _regenerate_stale(self, V: int) -> list:
+        out = []
+        for grp in list(self.ready.values()):
+            stale = [i for i, v in grp.start_version.items() if V - v > self.cfg.max_staleness]
+            if not stale:
+                continue
+            if grp.regenerations >= self.cfg.max_regenerations:
+                out += self.drop(grp.uid, "stale")
+                continue
+            grp.regenerations += 1
+            self.counts["stale_regenerated"] += len(stale)
+            del self.ready[grp.uid]
+            for i in stale:
+                grp.state.expire(i)
+                grp.payloads.pop(i, None)
+                grp.start_version.pop(i, None)
+            # Its samples now start at V or later: a fresh deadline (possibly beyond the bound
+            # on this one prompt, which can only happen after a resume or a lost generator).
+            self.calendar[grp.deadline] -= 1
+            d = self._free_deadline()
+            grp.deadline = V + self.cfg.max_staleness if d is None else d
+            self.calendar[grp.deadline] += 1
+            out += self._plan(grp)
+        return out
+
+    # -- reading -----------------------------------------------------------------------------
+    def drain_finished(self) -> list[PromptGroup]:
+        """Prompts whose rollouts finished since the last call, kept or filtered (the prior
+        learns from both)."""
+        out, self._finished = self._finished, []
+        return out
+
+    def in_flight(self) -> int:
+        """Admitted prompts not yet handed or dropped (finished-and-waiting included)."""
+        return len(self.groups)
+
+    def accounting(self) -> dict:
+        c = self.counts
+        return {"prompts_admitted": c["admitted"], "prompts_handed": c["handed"],
+                "prompts_dropped": sum(self.drops.values()), "drop_reasons": dict(self.drops),
+                "prompts_in_flight": len(self.groups),
+                "rollouts_dispatched": c["rollouts_dispatched"],
+                "rollouts_finished": c["rollouts_finished"],
+                "rollouts_cancelled": c["rollouts_cancelled"],
+                "cancelled_tokens": c["cancelled_tokens"],
+                "extra_rollouts_requested": c["extra_rollouts"],
+                "reissued_requests": c["reissued_requests"],
+                "stale_regenerated": c["stale_regenerated"],
+                "generator_losses": c["generator_losses"]}

@@ -1,0 +1,365 @@
+"""The scheduling policy (actors/scheduler.py) driven by fake generators and a fake clock:
+admission under each bound, extra rollouts first and at home, the sample-age bound, the
+synchronous barrier, DAPO refills, cancellation, lost generators, stale re-generation and the
+accounting identity. No Ray, no asyncio: the scheduler is a pure object."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from actors import scheduler as sched_mod
+from actors.scheduler import (Cancel, Dispatch, Finished, Scheduler, SchedulerConfig,
+                              priority)
+from estimator import make_estimator
+
+
+def cfg(**kw) -> SchedulerConfig:
+    base = dict(batch_prompts=4, max_staleness=1, slots_per_generator=64)
+    base.update(kw)
+    return SchedulerConfig(**base)
+
+
+@dataclass
+class Fake:
+    """Fake generators: they hold each dispatched request until the test completes it, and
+    report the version the scheduler was at when the request was sent as its start version
+    (a real generator's is never older). Rewards come from ``reward(uid, index)``."""
+
+    sched: Scheduler
+    reward: callable = lambda uid, i: 1.0
+    inflight: dict = field(default_factory=dict)     # request_id -> (Dispatch, start version)
+    cancelled: dict = field(default_factory=dict)    # request_id -> set of positions
+    log: list = field(default_factory=list)          # every action, in order
+
+    def apply(self, actions) -> None:
+        for a in actions:
+            self.log.append(a)
+            if isinstance(a, Dispatch):
+                assert a.request_id not in self.inflight
+                self.inflight[a.request_id] = (a, self.sched.version)
+            elif isinstance(a, Cancel):
+                self.cancelled.setdefault(a.request_id, set()).update(a.positions)
+            else:
+                raise AssertionError(f"unknown action {a!r}")
+
+    def admit(self, n: int | None = None, prior: float | None = None) -> list:
+        n = self.sched.room() if n is None else n
+        acts = self.sched.admit([f"q{len(self.log)}-{i}" for i in range(n)], [prior] * n)
+        self.apply(acts)
+        return acts
+
+    def complete(self, rid: str) -> list:
+        d, v = self.inflight.pop(rid)
+        gone = self.cancelled.pop(rid, set())
+        fin = [Finished(p, self.reward(d.uid, i), tokens=10, start_version=v,
+                        payload=(d.uid, i), cancelled=p in gone)
+               for p, i in enumerate(d.indices)]
+        acts = self.sched.on_rollouts(rid, fin)
+        self.apply(acts)
+        return acts
+
+    def complete_all(self) -> None:
+        while self.inflight:
+            self.complete(next(iter(self.inflight)))
+
+
+def grpo(k=4):
+    return make_estimator("grpo", k_init=k, k_max=k)
+
+
+# -- admission --------------------------------------------------------------------------------
+
+def test_admission_is_bounded_by_free_sequence_slots():
+    s = Scheduler(cfg(batch_prompts=8, max_staleness=4, slots_per_generator=8), grpo(4), 2)
+    f = Fake(s)
+    assert s.room() == 4  # 2 generators x 8 slots / 4 rollouts per prompt
+    acts = f.admit()
+    assert [len(a.indices) for a in acts] == [4] * 4
+    assert sorted(a.generator for a in acts) == [0, 0, 1, 1]  # k_init of a prompt on one engine
+    assert s.load == [8, 8] and s.room() == 0
+    f.complete(acts[0].request_id)
+    assert s.room() == 1
+
+
+def test_admission_is_bounded_by_the_staleness_calendar():
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=1, slots_per_generator=1000), grpo(), 2)
+    f = Fake(s)
+    assert s.room() == 4  # deadlines v and v+1, B each
+    f.admit()
+    assert s.room() == 0
+    assert sorted(g.deadline for g in s.groups.values()) == [0, 0, 1, 1]
+    f.complete_all()
+    batch, _ = s.take_batch(2)
+    assert sorted(g.deadline for g in batch) == [0, 0]
+    s.set_version(1)
+    assert s.room() == 2  # deadline 2 opened; deadline 1 is still full
+
+
+def test_admission_is_bounded_by_the_inflight_cap():
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=8, max_inflight_prompts=3), grpo(), 2)
+    assert s.room() == 3
+
+
+def test_config_rejects_a_cap_below_one_batch():
+    with pytest.raises(ValueError, match="max_inflight_prompts"):
+        cfg(batch_prompts=4, max_inflight_prompts=3)
+
+
+def test_admitting_past_the_room_is_an_error():
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=0), grpo(), 1)
+    with pytest.raises(ValueError, match="room"):
+        s.admit(["a", "b"], [None, None])
+
+
+# -- extras, homes, priorities --------------------------------------------------------------
+
+def test_extra_rollouts_go_to_the_prompts_generator_ahead_of_new_prompts():
+    # The prior says "always solved", every reward says "never": the test rejects the prior
+    # and the plan asks for more rollouts of this prompt.
+    est = make_estimator("v05", k_init=4, k_max=16)
+    s = Scheduler(cfg(batch_prompts=4, max_staleness=2), est, 3)
+    f = Fake(s, reward=lambda uid, i: -1.0)
+    [first] = f.admit(1, prior=1.0)
+    assert first.priority == priority(0, first=True) and first.round == 1
+    extra = f.complete(first.request_id)
+    assert extra and all(isinstance(a, Dispatch) for a in extra)
+    assert all(a.priority == priority(0, first=False) < first.priority for a in extra)
+    assert all(a.generator == first.generator for a in extra)
+    # A prompt admitted now is due later than this one: its rollouts queue behind the extras.
+    [later] = f.admit(1, prior=0.5)
+    assert s.groups[later.uid].deadline == 0 and later.priority > extra[0].priority
+    assert min(a.indices[0] for a in extra) == 4 and all(a.round == 2 for a in extra)
+
+
+def test_an_accepted_prior_finishes_the_prompt_at_k_init():
+    est = make_estimator("v05", k_init=4, k_max=16)
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=0), est, 1)
+    f = Fake(s, reward=lambda uid, i: 1.0)
+    [d] = f.admit(1, prior=1.0)
+    assert f.complete(d.request_id) == []
+    batch, _ = s.take_batch(1)
+    assert batch[0].state.k == 4
+
+
+# -- the hand-over and the age bound ------------------------------------------------------------
+
+@pytest.mark.parametrize("staleness", [0, 1, 3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_trained_sample_is_older_than_max_staleness(staleness, seed):
+    """A random completion order, V0.5 with a noisy prior: every sample the learner takes is
+    at most max_staleness versions old, and every admitted prompt is accounted for."""
+    rng = random.Random(seed)
+    est = make_estimator("v05", k_init=4, k_max=16)
+    s = Scheduler(cfg(batch_prompts=3, max_staleness=staleness, slots_per_generator=24), est, 2)
+    truth = {}
+
+    def reward(uid, i):
+        p = truth.setdefault(uid, rng.random())
+        return 1.0 if rng.random() < p else -1.0
+
+    f = Fake(s, reward=reward)
+    trained = 0
+    while trained < 30:
+        if s.room():
+            acts = s.admit([f"x{trained}-{j}" for j in range(s.room())],
+                           [rng.random() for _ in range(s.room())])
+            f.apply(acts)
+        got = s.take_batch(3)
+        if got is not None:
+            batch, acts = got
+            f.apply(acts)
+            for g in batch:
+                ages = [s.version - v for v in g.start_version.values()]
+                assert max(ages) <= staleness, (g.uid, ages)
+                assert g.deadline >= s.version
+            if batch:
+                trained += len(batch)
+                s.set_version(s.version + 1)
+            continue
+        assert f.inflight, "no batch, nothing in flight and no room: the scheduler is stuck"
+        f.complete(rng.choice(list(f.inflight)))
+        a = s.accounting()
+        assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + \
+            a["prompts_in_flight"]
+
+
+def test_synchronous_barrier_admits_one_batch_per_version_and_waits_for_all_of_it():
+    s = Scheduler(cfg(batch_prompts=3, max_staleness=0), grpo(), 2)
+    f = Fake(s)
+    acts = f.admit()
+    assert len(acts) == 3 and s.room() == 0
+    f.complete(acts[0].request_id)
+    f.complete(acts[1].request_id)
+    assert s.take_batch(3) is None  # the slowest prompt holds the batch
+    f.complete(acts[2].request_id)
+    batch, _ = s.take_batch(3)
+    assert {g.uid for g in batch} == {a.uid for a in acts}
+    assert s.room() == 0  # nothing new until the learner publishes the next version
+    s.set_version(1)
+    assert s.room() == 3
+
+
+def test_the_learner_waits_for_a_prompt_due_now_even_with_others_ready():
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 2)
+    f = Fake(s)
+    acts = f.admit()                     # deadlines 0, 0, 1, 1
+    due = [a for a in acts if s.groups[a.uid].deadline == 0]
+    later = [a for a in acts if s.groups[a.uid].deadline == 1]
+    f.complete(due[0].request_id)
+    for a in later:
+        f.complete(a.request_id)
+    assert s.take_batch(2) is None       # a deadline-0 prompt is unfinished
+    f.complete(due[1].request_id)
+    batch, _ = s.take_batch(2)
+    assert {g.uid for g in batch} == {a.uid for a in due}
+
+
+def test_filtered_prompts_free_their_slot_and_are_refilled_then_the_batch_trains_short():
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=0, max_refill_factor=2),
+                  make_estimator("dapo", k_init=4, k_max=4), 1)
+    # "keep" has mixed rewards; every other prompt all-equal ones (DAPO drops those).
+    f = Fake(s, reward=lambda uid, i: float(i % 2 * 2 - 1) if uid == "keep" else -1.0)
+    f.apply(s.admit(["keep", "x"], [None, None], uids=["keep", "x"]))
+    while True:
+        f.complete_all()
+        if s.room() == 0:
+            break
+        f.apply(s.admit([f"y{len(f.log)}"], [None]))
+    assert s.drops["filtered_all_equal"] == 4  # refilled until the cap (2 x B)
+    batch, _ = s.take_batch(2)
+    assert [g.uid for g in batch] == ["keep"]  # a closed deadline trains short
+    a = s.accounting()
+    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + a["prompts_in_flight"]
+
+
+def test_a_stale_finished_sample_is_regenerated_then_the_prompt_dropped():
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=1, max_regenerations=1), grpo(2), 1)
+    f = Fake(s)
+    [d] = f.admit(1)
+    f.inflight[d.request_id] = (d, -5)   # as if started long ago (e.g. before a resume)
+    f.complete(d.request_id)
+    got = s.take_batch(1)
+    assert got is not None and got[0] == []
+    regen = got[1]
+    assert [a.indices for a in regen] == [(2, 3)] and s.counts["stale_regenerated"] == 2
+    f.apply(regen)
+    f.inflight[regen[0].request_id] = (regen[0], -5)
+    f.complete(regen[0].request_id)
+    assert s.take_batch(1) is None       # too stale again: dropped, nothing to train
+
+    assert s.drops["stale"] == 1 and s.in_flight() == 0
+
+
+# -- cancellation -------------------------------------------------------------------------------
+
+class ScriptedState:
+    """A PromptState stand-in whose plan follows a script, one (request, cancel) pair per
+    planning call (the real plan's arithmetic is tested in test_estimator; here only the
+    scheduler's reaction matters)."""
+
+    keep = True
+
+    def __init__(self, est, prior):
+        self.script = [(4, 0), (6, 0), (0, 3)]
+        self.now = (0, 0)
+        self.requested = 0
+        self.obs, self.gone = {}, set()
+        self.prior_p = prior
+
+    @property
+    def k(self):
+        return len(self.obs)
+
+    @property
+    def outstanding(self):
+        return self.requested - self.k - len(self.gone)
+
+    @property
+    def done(self):
+        return not self.script and self.outstanding == 0
+
+    def round_of(self, i):
+        return 1 if i < 4 else 2
+
+    def to_request(self):
+        self.now = self.script.pop(0) if self.script else (0, 0)
+        self.requested += self.now[0]
+        return self.now[0]
+
+    def to_cancel(self):
+        return self.now[1]
+
+    def cancel(self, i):
+        self.gone.add(i)
+
+    def add(self, r, index):
+        assert index not in self.gone
+        self.obs[index] = r
+
+
+def test_a_shrinking_plan_cancels_the_latest_dispatched_rollouts(monkeypatch):
+    monkeypatch.setattr(sched_mod, "PromptState", ScriptedState)
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=0), grpo(), 1)
+    f = Fake(s)
+    [first] = f.admit(1)
+    [extra] = f.complete(first.request_id)         # plan: 6 more
+    assert extra.indices == (4, 5, 6, 7, 8, 9)
+    [cancel] = s._plan(s.groups[first.uid])         # plan shrinks by 3
+    f.apply([cancel])
+    assert cancel.request_id == extra.request_id and cancel.positions == (3, 4, 5)
+    assert s.load == [3]                             # aborted slots free at once
+    f.complete(extra.request_id)                     # 3 results + 3 cancelled reports
+    assert s.counts["cancelled_tokens"] == 30 and s.counts["rollouts_cancelled"] == 3
+    grp = s.ready[first.uid]
+    assert sorted(grp.state.obs) == [0, 1, 2, 3, 4, 5, 6] and grp.cancelled_rollouts == 3
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+def test_a_lost_generators_work_is_reissued_to_the_others():
+    s = Scheduler(cfg(batch_prompts=64, max_staleness=1), grpo(), 2)
+    f = Fake(s)
+    acts = f.admit(2)
+    on1 = next(a for a in acts if a.generator == 1)
+    f.inflight.pop(on1.request_id)
+    [again] = s.on_request_failed(on1.request_id, generator_lost=True)
+    assert again.generator == 0 and again.indices == on1.indices and again.uid == on1.uid
+    assert s.alive == [True, False] and s.load[1] == 0
+    assert s.room() == (64 - s.load[0]) // 4   # only the live generator's slots count
+    f.apply([again])
+    assert s.mark_back(1) == [] and s.alive == [True, True]
+
+
+def test_with_every_generator_lost_work_is_parked_until_one_returns():
+    s = Scheduler(cfg(batch_prompts=4, max_staleness=1), grpo(), 1)
+    f = Fake(s)
+    [d] = f.admit(1)
+    f.inflight.pop(d.request_id)
+    assert s.on_request_failed(d.request_id, generator_lost=True) == []
+    assert s.room() == 0 and len(s.parked) == 1
+    [again] = s.mark_back(0)
+    assert again.indices == d.indices and not s.parked
+
+
+def test_repeated_engine_errors_drop_the_prompt_with_its_reason():
+    s = Scheduler(cfg(batch_prompts=4, max_staleness=1), grpo(), 1)
+    f = Fake(s)
+    [d] = f.admit(1)
+    f.inflight.pop(d.request_id)
+    assert s.on_request_failed(d.request_id, drop_reason="generator_error: X") == []
+    assert s.drops == {"generator_error: X": 1} and s.in_flight() == 0
+    a = s.accounting()
+    assert a["prompts_admitted"] == 1 == a["prompts_dropped"]
+
+
+def test_a_result_for_a_dropped_prompt_counts_as_spent_compute():
+    s = Scheduler(cfg(batch_prompts=4, max_staleness=1), grpo(), 1)
+    f = Fake(s)
+    [d] = f.admit(1)
+    [c] = s.drop(d.uid, "test")
+    assert c.positions == (0, 1, 2, 3)
+    f.cancelled[d.request_id] = set(c.positions)
+    assert f.complete(d.request_id) == []
+    assert s.counts["cancelled_tokens"] == 40 and s.load == [0]
