@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from actors.generator import GeneratorConfig
+from estimator.core import DEFAULT_REWARDS
 from estimator.registry import ESTIMATORS, EstimatorConfig
 from learner.config import LearnerConfig
 from tasks import TaskConfig
@@ -31,7 +33,16 @@ class RunConfig(Section):
     max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
     seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
     eval_every: int = Field(5, ge=0, description="Held-out evaluation every N steps (0: never).")
-    eval_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation (greedy).")
+    eval_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation.")
+    eval_samples: int = Field(4, ge=0, description=(
+        "Sampled answers per held-out prompt (at rollout.temperature) besides the greedy one; "
+        "0: greedy only."))
+    eval_metric: Literal["sampled", "greedy"] = Field("sampled", description=(
+        "The headline held-out accuracy (eval_accuracy, summary.json's eval_accuracy_*): the "
+        "mean over sampled answers or the greedy answer's accuracy."))
+    call_timeout_s: float = Field(600.0, gt=0, description=(
+        "Longest wait for one remote call on the critical path (a generation request, a "
+        "weight update) before its actor is taken for lost."))
     checkpoint_every: int = Field(0, ge=0, description="Learner checkpoint every N steps (0: only at the end).")
     resume: bool = Field(False, description="Continue from the run folder's last checkpoint.")
     record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
@@ -65,21 +76,32 @@ class AlgoConfig(Section):
     k_max: int = Field(16, ge=1, description="Most rollouts per prompt (v05's OSLA cap).")
     cost: float = Field(0.0039, ge=0, description="OSLA cost per rollout (on the {-1,+1} reward scale's units).")
     lookahead: Literal["predictive", "plugin"] = Field("predictive", description="OSLA look-ahead.")
+    plan: Literal["sequential", "batched"] = Field("batched", description=(
+        "v05: 'batched' plans how many more rollouts to ask for at once and re-plans as rewards "
+        "arrive (docs/estimator.md); 'sequential' asks for one at a time (the paper's OSLA)."))
+    max_rounds: int | None = Field(3, ge=1, description=(
+        "v05 batched plan: most generation rounds per prompt (the last allowed round asks for "
+        "the rest of the plan at once); None: no cap."))
     noise: Literal["bound", "bernoulli"] = Field("bound", description="Noise model of the fusion.")
     scale_by_std: bool | None = Field(None, description="Divide advantages by the group std (None: the algo's own convention).")
 
     @model_validator(mode="after")
-    def _budget(self) -> "AlgoConfig":
-        if self.k_init > self.k_max:
-            raise ValueError(f"algo.k_init ({self.k_init}) must be <= algo.k_max ({self.k_max})")
+    def _valid_for_the_estimator(self) -> "AlgoConfig":
+        # The estimator owns its rules (budget, plan, cost); a bad combination fails here, at
+        # parse time, with its message.
+        try:
+            self.estimator_config(DEFAULT_REWARDS)
+        except ValueError as err:
+            raise ValueError(f"algo: {err}") from None
         return self
 
     def estimator_config(self, rewards: tuple[float, float]) -> EstimatorConfig:
-        # The cost is stated for {-1,+1}; rescale so decisions do not depend on the convention.
-        scale = ((rewards[1] - rewards[0]) / 2.0) ** 2
-        return EstimatorConfig(k_init=self.k_init, k_max=self.k_max, cost=self.cost * scale,
+        """The estimator's settings for a task's reward range (the estimator rescales the
+        cost, stated on the {-1, +1} scale, itself)."""
+        return EstimatorConfig(k_init=self.k_init, k_max=self.k_max, cost=self.cost,
                                lookahead=self.lookahead, noise=self.noise, rewards=rewards,
-                               scale_by_std=self.scale_by_std)
+                               scale_by_std=self.scale_by_std, plan=self.plan,
+                               max_rounds=self.max_rounds)
 
 
 class RolloutConfig(Section):
@@ -90,9 +112,12 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     max_tokens: int = Field(16, ge=1, description="Most tokens per response.")
     max_staleness: int = Field(2, ge=0, description=(
-        "Async: hold admission of new prompts while the newest policy is more than this many "
-        "versions ahead of the oldest prompt still in flight."))
-    max_inflight_prompts: int = Field(16, ge=1, description="Async: most prompts in flight at once.")
+        "Async: no trained sample is older than this many policy versions (version trained "
+        "minus the version that started it); each prompt is admitted with a deadline version "
+        "at most this far ahead. Sync mode is 0."))
+    max_inflight_prompts: int | None = Field(None, ge=1, description=(
+        "Most prompts admitted and not yet trained (None: bounded by engine slots and the "
+        "staleness calendar only)."))
 
 
 class GeneratorsConfig(Section):
@@ -102,8 +127,9 @@ class GeneratorsConfig(Section):
     gpus: float = Field(0, ge=0, description="GPUs per generator (0 on CPU machines).")
     cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per generator.")
     threads: int = Field(1, ge=1, description="CPU threads each engine uses.")
-    engine: dict[str, Any] = Field(default_factory=dict, description=(
-        "Engine knobs passed to actors.generator.GeneratorConfig (max_num_seqs, max_model_len, ...)."))
+    engine: GeneratorConfig = Field(default_factory=GeneratorConfig, description=(
+        "Engine settings of every generator (actors.generator.GeneratorConfig: max_num_seqs, "
+        "max_model_len, ...)."))
 
 
 class LearnerPlacement(Section):

@@ -75,8 +75,10 @@ def test_nccl_needs_gpus():
 
 def test_cost_scales_with_reward_convention():
     cfg = build_config({"algo": {"name": "v05"}})
-    assert cfg.algo.estimator_config((-1.0, 1.0)).cost == pytest.approx(0.0039)
-    assert cfg.algo.estimator_config((0.0, 1.0)).cost == pytest.approx(0.0039 / 4)
+    # Stated once on the {-1, +1} scale; the estimator rescales it for its reward range.
+    assert cfg.algo.estimator_config((-1.0, 1.0)).scaled_cost == pytest.approx(0.0039)
+    assert cfg.algo.estimator_config((0.0, 1.0)).cost == pytest.approx(0.0039)
+    assert cfg.algo.estimator_config((0.0, 1.0)).scaled_cost == pytest.approx(0.0039 / 4)
 
 
 def test_launcher_rejects_bad_key_fast_without_ml_imports():
