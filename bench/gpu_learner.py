@@ -86,7 +86,7 @@ def _save_random(shape: str, path: Path) -> tuple[Path, int]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=8192, rope_theta=1e6,
+    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=40960, rope_theta=1e6,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

@@ -29,3 +29,41 @@ def test_gpu_learner_rejects_unknown_shape(tmp_path):
 
     with pytest.raises(SystemExit, match="unknown.*qwen9"):
         main(["--out", str(tmp_path), "--shapes", "qwen9"])
+
+
+def test_gpu_check_tiny_runs_every_check(tmp_path):
+    """bench.gpu_check's three device checks on tiny shapes (what an H200 runs at Qwen3-4B)."""
+    from bench.gpu_check.__main__ import main
+
+    out = main(["--tiny", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "gpu_check_tiny.json").read_text())
+    assert saved["errors"] == {} and saved["mode"] == "tiny"
+    runs = saved["learner"]["runs"]
+    assert [r["resp_len"] for r in runs] == saved["sizes"]["resp_lens"]
+    for r in runs:  # one response per micro-batch: the token budget is one response
+        assert r["micro_batches"] == r["responses"] and r["tokens_per_s"] > 0
+        assert r["peak_gib"] >= r["rest_gib"] > 0
+    lp = saved["logprob"]
+    assert lp["chunked"]["seconds"] > 0 and lp["full_logits"]["seconds"] > 0
+    d = saved["decoupled"]
+    assert d["applied"] == 4 and d["losses"] == sorted(d["losses"], reverse=True)
+    assert out["decoupled"] == d
+
+
+def test_gpu_check_memory_cpu_tiny(tmp_path):
+    """The CPU memory measurements and the plan they feed, at tiny sizes."""
+    from bench.gpu_check.__main__ import main
+
+    out = main(["--memory-cpu", "--tiny", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "gpu_check_memory_cpu_tiny.json").read_text())
+    assert saved == json.loads(json.dumps(out))
+    peaks = {r["kind"]: r["peak_mib"] for r in saved["logprob_step"]}
+    assert 0 < peaks["chunked"] < peaks["reference"]
+    d = saved["layer_derived_fp32"]
+    # (what one more layer keeps, H * 4 bytes a token, is below page granularity here)
+    assert d["working_bytes_per_token"] > 1000
+    plan = {(r["tokens"], r["zero_stage"], r["packed"]): r for r in saved["plan"]}
+    # more tokens need more memory; sharding the states needs less
+    assert plan[21504, 3, False]["total"] > plan[17408, 3, False]["total"]
+    assert plan[17408, 0, False]["model_states"] > plan[17408, 2, False]["model_states"] > \
+        plan[17408, 3, False]["model_states"]
