@@ -49,7 +49,7 @@ def _log(msg: str) -> None:
     print(f"[gpu_learner {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _samples(n: int, prompt_len: int, resp_len: int, vocab: int, seed: int,
+def synthetic_samples(n: int, prompt_len: int, resp_len: int, vocab: int, seed: int,
              behaviour=None) -> list[TrainSample]:
     """n synthetic responses; behaviour log-probs from ``behaviour(prompt, resp)`` or -1.0."""
     import numpy as np
@@ -64,7 +64,7 @@ def _samples(n: int, prompt_len: int, resp_len: int, vocab: int, seed: int,
     return out
 
 
-def _fp32_logprobs(model_path: str):
+def fp32_logprobs(model_path: str):
     """behaviour(prompt, resp) -> fp32 transformers log-probs of resp's tokens on the GPU."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -82,7 +82,7 @@ def _fp32_logprobs(model_path: str):
     return behaviour
 
 
-def _save_random(shape: str, path: Path) -> tuple[Path, int]:
+def save_random_shape(shape: str, path: Path) -> tuple[Path, int]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -108,9 +108,9 @@ def check(tmp: Path) -> dict:
 
     from learner.worker import LearnerWorker
 
-    path, _ = _save_random("tiny", tmp / "tiny")
-    behaviour = _fp32_logprobs(str(path))
-    samples = _samples(16, 12, 20, SHAPES["tiny"]["vocab_size"], 0, behaviour)
+    path, _ = save_random_shape("tiny", tmp / "tiny")
+    behaviour = fp32_logprobs(str(path))
+    samples = synthetic_samples(16, 12, 20, SHAPES["tiny"]["vocab_size"], 0, behaviour)
     w = LearnerWorker(str(path), LearnerConfig(lr=1e-3, micro_batch_size=4), 0, 1, free_port())
     cuda = torch.cuda.is_available()
     res = {"device": str(w.device), "dtype": w.dtype_name, "backend": dist.get_backend()}
@@ -151,13 +151,13 @@ def measure(shape: str, tmp: Path, batch: int, prompt_len: int, resp_len: int,
     from learner.worker import LearnerWorker
 
     t0 = time.perf_counter()
-    path, n_params = _save_random(shape, tmp / shape)
+    path, n_params = save_random_shape(shape, tmp / shape)
     t_build = time.perf_counter() - t0
     cfg = LearnerConfig(lr=1e-6, micro_batch_size=micro, gradient_checkpointing=True)
     t0 = time.perf_counter()
     w = LearnerWorker(str(path), cfg, 0, 1, free_port())
     t_init = time.perf_counter() - t0
-    samples = _samples(batch, prompt_len, resp_len, SHAPES[shape]["vocab_size"], 1)
+    samples = synthetic_samples(batch, prompt_len, resp_len, SHAPES[shape]["vocab_size"], 1)
     w.train_step(samples)  # warm-up: allocator, kernels
     if torch.cuda.is_available():
         torch.cuda.synchronize()

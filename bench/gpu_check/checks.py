@@ -58,13 +58,13 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
     responses of ``prompt_len + resp_len`` tokens, one response per micro-batch."""
     import torch
 
-    from bench.gpu_learner import SHAPES, _samples, _save_random
+    from bench.gpu_learner import SHAPES, save_random_shape, synthetic_samples
     from learner.config import LearnerConfig
     from learner.group import free_port
     from learner.worker import LearnerWorker
 
     t0 = time.perf_counter()
-    path, n_params = _save_random(shape, Path(tmp) / shape)
+    path, n_params = save_random_shape(shape, Path(tmp) / shape)
     build_s = time.perf_counter() - t0
     budget = prompt_len + max(resp_lens)
     cfg = LearnerConfig(lr=1e-6, micro_batch_size=1, micro_batch_tokens=budget,
@@ -75,7 +75,8 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
            "runs": []}
     try:
         for resp_len in resp_lens:
-            samples = _samples(responses, prompt_len, resp_len, SHAPES[shape]["vocab_size"], 1)
+            samples = synthetic_samples(responses, prompt_len, resp_len,
+                                        SHAPES[shape]["vocab_size"], 1)
             run = {"prompt_len": prompt_len, "resp_len": resp_len, "responses": responses}
             try:
                 w.train_step(samples)  # warm-up: allocator, kernels, Adam's moments
@@ -91,7 +92,8 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
                 peak = _peak()
                 tokens = responses * (prompt_len + resp_len)
                 run.update(rest_gib=rest / GIB, peak_gib=peak / GIB,
-                           step_working_gib=(peak - rest) / GIB, step_s=[round(x, 3) for x in times],
+                           step_working_gib=(peak - rest) / GIB,
+                           step_s=[round(x, 3) for x in times],
                            trained_tokens_per_step=tokens,
                            tokens_per_s=tokens / (sum(times) / len(times)),
                            micro_batches=m["micro_batches"])
@@ -150,13 +152,14 @@ def decoupled_steps(tmp: str, steps: int = 4) -> dict:
 
     import torch
 
-    from bench.gpu_learner import SHAPES, _fp32_logprobs, _samples, _save_random
+    from bench.gpu_learner import SHAPES, fp32_logprobs, save_random_shape, synthetic_samples
     from learner.config import LearnerConfig
     from learner.group import free_port
     from learner.worker import LearnerWorker
 
-    path, _ = _save_random("tiny", Path(tmp) / "tiny_decoupled")
-    samples = _samples(16, 12, 20, SHAPES["tiny"]["vocab_size"], 0, _fp32_logprobs(str(path)))
+    path, _ = save_random_shape("tiny", Path(tmp) / "tiny_decoupled")
+    samples = synthetic_samples(16, 12, 20, SHAPES["tiny"]["vocab_size"], 0,
+                                fp32_logprobs(str(path)))
     cfg = LearnerConfig(lr=1e-3, micro_batch_size=4, micro_batch_tokens=96,
                         objective="decoupled", tis_cap=5.0, dual_clip=3.0)
     w = LearnerWorker(str(path), cfg, 0, 1, free_port())

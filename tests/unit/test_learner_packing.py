@@ -3,7 +3,8 @@
 The learner's path (token-balanced shards, micro-batches by token budget, several responses
 packed into one row with position ids restarting, ``packed_loss`` per micro-batch with the
 global normaliser) against ``collate`` + a plain HF forward + ``policy_loss`` on the whole
-batch at once: same loss, same gradient for every parameter (a tiny float64 Llama; log-probs in float32).
+batch at once: same loss, same gradient for every parameter (a tiny float64 Llama;
+log-probs in float32).
 """
 from __future__ import annotations
 
