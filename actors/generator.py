@@ -69,6 +69,10 @@ class GeneratorConfig(BaseModel):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
         "raw_logprobs", description="'raw': log-softmax of the model's logits (what the "
         "learner recomputes); 'processed': after temperature/top-p.")
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority", description="'priority': requests with a lower priority value run first "
+        "(the coordinator sends extra rollouts of prompts in flight ahead of new prompts); "
+        "'fcfs': arrival order, priorities ignored.")
 
 
 def resolve_dtype(dtype: str, on_cpu: bool) -> str:
@@ -84,7 +88,7 @@ def build_sampling_params(req: RolloutRequest, i: int):
     s = req.sampling
     return SamplingParams(
         n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-        stop=list(s.stop) or None,
+        stop=list(s.stop) or None, ignore_eos=s.ignore_eos,
         # Distinct per completion so n seeded completions are not n copies.
         seed=None if s.seed is None else s.seed + i,
         logprobs=0)  # 0: just the sampled token's log-prob
@@ -124,8 +128,19 @@ class Generator:
         self._in_flight = 0
         self._busy_since = 0.0
         self._busy_s = 0.0
-        self._counts = dict(requests=0, rollouts=0, tokens=0, updates=0, update_s=0.0)
+        # Sequence-seconds of engine requests in flight (capped at max_num_seqs: more wait in
+        # vLLM's queue), integrated at every change: slot occupancy = seq_s / (t * max_num_seqs).
+        self._seqs, self._seq_s, self._seq_t = 0, 0.0, time.time()
+        self._counts = dict(requests=0, rollouts=0, tokens=0, updates=0, update_s=0.0,
+                            cancelled=0, cancelled_tokens=0)
+        self._live: dict[tuple[str, int], str] = {}  # (request_id, position) -> engine id
+        # Cancels that arrived before their completion started (calls race on the event
+        # loop): applied when it starts. Bounded, oldest forgotten first.
+        self._early_cancels: dict[tuple[str, int], None] = {}
         self._update_lock = asyncio.Lock()  # one reload at a time; versions stay monotone
+        # A token that changes when Ray restarts this actor: the coordinator compares it to
+        # catch a restart that happened while none of its calls was in flight.
+        self._incarnation = f"g{index}-{os.getpid()}-{time.time_ns() % 10**9}"
 
     # ------------------------------------------------------------------ API
     async def ready(self) -> bool:
@@ -146,6 +161,9 @@ class Generator:
     def version(self) -> int:
         return self._version
 
+    def incarnation(self) -> str:
+        return self._incarnation
+
     async def generate(self, req: RolloutRequest) -> list[Rollout]:
         """``req.n`` completions of ``req.prompt``, one engine request each (they share the
         running batch and, with prefix caching, the prompt's KV)."""
@@ -158,6 +176,22 @@ class Generator:
         finally:
             self._leave()
             self._counts["requests"] += 1
+
+    async def cancel(self, request_id: str, positions: list[int]) -> int:
+        """Abort completions ``positions`` of request ``request_id`` in the engine; they come
+        back from ``generate`` with ``cancelled=True`` and the tokens sampled so far. Returns
+        how many were still running (a completion that already finished is left alone)."""
+        rids = []
+        for p in positions:
+            if (request_id, p) in self._live:
+                rids.append(self._live[(request_id, p)])
+            else:  # not started yet (or already finished: then this entry is never used)
+                self._early_cancels[(request_id, p)] = None
+                while len(self._early_cancels) > 100_000:
+                    self._early_cancels.pop(next(iter(self._early_cancels)))
+        if rids:
+            await self._engine.abort(rids)
+        return len(rids)
 
     async def update_weights(self, payload: Any, version: int) -> float:
         """Load new weights in place (see the module docstring); returns seconds taken."""
@@ -202,11 +236,31 @@ class Generator:
     def stats(self) -> dict:
         now = time.time()
         busy = self._busy_s + (now - self._busy_since if self._in_flight else 0.0)
+        self._integrate_seqs(now)
         uptime = now - self._t0
         return dict(index=self.index, version=self._version, in_flight=self._in_flight,
+                    sequences=self._seqs, seq_s=self._seq_s, max_num_seqs=self.cfg.max_num_seqs,
                     **self._counts, busy_s=busy, uptime_s=uptime,
                     busy_fraction=busy / uptime if uptime > 0 else 0.0,
                     engine_start_s=self.start_s, env=dict(self._env))
+
+    async def measure_peak(self, prompt: str = "0", max_tokens: int = 32) -> float:
+        """Decode tokens/s with every sequence slot busy (``max_num_seqs`` completions of
+        ``max_tokens`` tokens, EOS ignored): the peak that occupancy reports compare with."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=1.0, seed=0)
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> int:
+            final = None
+            async for out in self._engine.generate(prompt, params,
+                                                   request_id=f"peak-g{self.index}-{i}"):
+                final = out
+            return len(final.outputs[0].token_ids)
+
+        tokens = sum(await asyncio.gather(*(one(i) for i in range(self.cfg.max_num_seqs))))
+        return tokens / (time.perf_counter() - t0)
 
     def shutdown(self) -> None:
         """Stop the engine's processes (also happens when the actor process exits)."""
@@ -216,26 +270,56 @@ class Generator:
     async def _one(self, req: RolloutRequest, i: int, v0: int) -> Rollout:
         rid = f"{req.request_id}/{i}/g{self.index}-{next(self._ids)}"
         t_start = time.time()
+        if (req.request_id, i) in self._early_cancels:
+            del self._early_cancels[(req.request_id, i)]
+            self._counts["cancelled"] += 1  # cancelled before it started: no engine work
+            return Rollout(request_id=req.request_id, prompt_id=req.prompt_id,
+                           prompt_token_ids=[], token_ids=[], logprobs=[], text="",
+                           finish_reason="abort", version=v0, version_end=self._version,
+                           generator=self.index, t_start=t_start, t_end=t_start,
+                           cancelled=True, incarnation=self._incarnation)
         final = None
+        self._live[(req.request_id, i)] = rid
+        self._seq_change(+1)
+        priority = req.priority if self.cfg.scheduling_policy == "priority" else 0
+        last = None  # an aborted request's final output carries no tokens: keep the last one's
         try:
             async for out in self._engine.generate(req.prompt, build_sampling_params(req, i),
-                                                   request_id=rid):
-                final = out
+                                                   request_id=rid, priority=priority):
+                last, final = final, out
         except Exception as e:
             raise RuntimeError(f"generator {self.index}: vLLM failed on request {rid}: "
                                f"{type(e).__name__}: {e}") from e
+        finally:
+            self._live.pop((req.request_id, i), None)
+            self._seq_change(-1)
         if final is None or not final.finished:
             raise RuntimeError(f"generator {self.index}: request {rid} ended without output")
         c = final.outputs[0]
-        token_ids = list(c.token_ids)
-        logprobs = [c.logprobs[t][tok].logprob for t, tok in enumerate(token_ids)]
-        self._counts["rollouts"] += 1
-        self._counts["tokens"] += len(token_ids)
+        cancelled = str(c.finish_reason) == "abort"
+        if cancelled:  # spent compute: its tokens are counted, never trained on
+            token_ids = list(last.outputs[0].token_ids) if last is not None else []
+            logprobs = []
+        else:
+            token_ids = list(c.token_ids)
+            logprobs = [c.logprobs[t][tok].logprob for t, tok in enumerate(token_ids)]
+        key = "cancelled" if cancelled else "rollouts"
+        self._counts[key] += 1
+        self._counts["cancelled_tokens" if cancelled else "tokens"] += len(token_ids)
         return Rollout(request_id=req.request_id, prompt_id=req.prompt_id,
                        prompt_token_ids=list(final.prompt_token_ids), token_ids=token_ids,
                        logprobs=logprobs, text=c.text, finish_reason=str(c.finish_reason),
                        version=v0, version_end=self._version, generator=self.index,
-                       t_start=t_start, t_end=time.time())
+                       t_start=t_start, t_end=time.time(), cancelled=cancelled,
+                       incarnation=self._incarnation)
+
+    def _integrate_seqs(self, now: float) -> None:
+        self._seq_s += min(self._seqs, self.cfg.max_num_seqs) * (now - self._seq_t)
+        self._seq_t = now
+
+    def _seq_change(self, delta: int) -> None:
+        self._integrate_seqs(time.time())
+        self._seqs += delta
 
     def _enter(self) -> None:
         if self._in_flight == 0:
@@ -282,6 +366,7 @@ def _build_engine(model_path: str, cfg: GeneratorConfig):
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
         tensor_parallel_size=cfg.tensor_parallel_size, logprobs_mode=cfg.logprobs_mode,
+        scheduling_policy=cfg.scheduling_policy,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
         **({"kv_cache_memory_bytes": int(cfg.cpu_kvcache_gib * 2**30)} if on_cpu
            else {"gpu_memory_utilization": cfg.gpu_memory_utilization}))

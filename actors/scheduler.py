@@ -136,6 +136,7 @@ class PromptGroup:
     regenerations: int = 0
     cancelled_rollouts: int = 0
     cancelled_tokens: int = 0
+    requests: set[str] = field(default_factory=set)             # its requests in flight
 
     @property
     def done(self) -> bool:
@@ -165,6 +166,8 @@ class Scheduler:
         self.groups: dict[str, PromptGroup] = {}  # admitted, not yet handed or dropped
         self.ready: dict[str, PromptGroup] = {}   # the finished subset of ``groups``
         self.calendar: Counter = Counter()        # deadline -> prompts holding it
+        self.unfinished: Counter = Counter()      # deadline -> of those, not finished yet
+        self._recheck: set[str] = set()           # finished prompts whose age to check
         self.requests: dict[str, _Request] = {}
         self.parked: list[Dispatch] = []          # waiting for a live generator
         self.counts: Counter = Counter()
@@ -201,7 +204,8 @@ class Scheduler:
     def _slot_room(self) -> int:
         """Prompts whose k_init rollouts fit in free slots (all on one generator each)."""
         s = self.cfg.slots_per_generator
-        return sum(max(0, s - load) // self.k_init for load, a in zip(self.load, self.alive) if a)
+        need = min(self.k_init, s)  # a group larger than an engine's slots: one per empty engine
+        return sum(max(0, s - load) // need for load, a in zip(self.load, self.alive) if a)
 
     def room(self) -> int:
         """How many new prompts may be admitted now."""
@@ -230,6 +234,7 @@ class Scheduler:
                               self.clock())
             self.groups[uid] = grp
             self.calendar[d] += 1
+            self.unfinished[d] += 1
             self.counts["admitted"] += 1
             actions += self._plan(grp)
         return actions
@@ -276,6 +281,7 @@ class Scheduler:
 
     def _send(self, d: Dispatch) -> Dispatch:
         self.requests[d.request_id] = _Request(d, set(range(len(d.indices))))
+        self.groups[d.uid].requests.add(d.request_id)
         self.load[d.generator] += len(d.indices)
         self.counts["rollouts_dispatched"] += len(d.indices)
         return d
@@ -283,8 +289,8 @@ class Scheduler:
     def _cancel_latest(self, grp: PromptGroup, n: int) -> list[Cancel]:
         """Cancel the ``n`` least advanced outstanding rollouts: the latest dispatched."""
         out = []
-        live = sorted(((d.dispatch.indices[p], rid, p) for rid, d in self.requests.items()
-                       if d.dispatch.uid == grp.uid for p in d.live), reverse=True)
+        live = sorted(((self.requests[rid].dispatch.indices[p], rid, p) for rid in grp.requests
+                       for p in self.requests[rid].live), reverse=True)
         by_req: dict[str, list[int]] = {}
         for index, rid, pos in live[:n]:
             req = self.requests[rid]
@@ -303,6 +309,9 @@ class Scheduler:
         req = self.requests[rid]
         if not req.live and not req.cancelled:
             del self.requests[rid]
+            grp = self.groups.get(req.dispatch.uid)
+            if grp is not None:
+                grp.requests.discard(rid)
 
     # -- results -----------------------------------------------------------------------------
     def on_rollouts(self, request_id: str, finished: Sequence[Finished]) -> list:
@@ -350,6 +359,8 @@ class Scheduler:
             return []
         d = req.dispatch
         self.load[d.generator] -= len(req.live)
+        if d.uid in self.groups:
+            self.groups[d.uid].requests.discard(request_id)
         if generator_lost:
             self.mark_lost(d.generator)
         grp = self.groups.get(d.uid)
@@ -389,6 +400,8 @@ class Scheduler:
             self.drop(grp.uid, "filtered_all_equal", refill=True)
             return
         self.ready[grp.uid] = grp
+        self.unfinished[grp.deadline] -= 1
+        self._recheck.add(grp.uid)
 
     def drop(self, uid: str, reason: str, refill: bool = False) -> list:
         """Drop a prompt (counted under ``reason``); its calendar slot frees. Returns the
@@ -396,13 +409,14 @@ class Scheduler:
         grp = self.groups.pop(uid, None)
         if grp is None:
             return []
-        self.ready.pop(uid, None)
+        if self.ready.pop(uid, None) is None:
+            self.unfinished[grp.deadline] -= 1
         self.calendar[grp.deadline] -= 1
         if refill:
             self.refills[grp.deadline] += 1
         self.drops[reason] += 1
         out = []
-        for rid in [r for r, q in self.requests.items() if q.dispatch.uid == uid]:
+        for rid in grp.requests:
             q = self.requests.pop(rid)
             self.load[q.dispatch.generator] -= len(q.live)
             if q.live:  # their reports will find no request: counted as cancelled tokens
@@ -419,24 +433,22 @@ class Scheduler:
             raise ValueError(f"version went back from {self.version} to {version}")
         self.version = version
         self._taken = None
+        self._recheck.update(self.ready)  # finished samples grew a version older
 
     def take_batch(self, n: int) -> tuple[list[PromptGroup], list] | None:
         """Prompts to train on at the current version, or None when the learner must wait:
         while a prompt due now is unfinished, or fewer than ``n`` are finished. Returns
         (groups, actions): actions re-generate stale samples found on the way."""
         V = self.version
-        actions = self._regenerate_stale(V)
-        due = [g for g in self.groups.values() if g.deadline <= V]
-        if any(g.uid not in self.ready for g in due):
-            return None if not actions else ([], actions)
-        ready = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))
-        if len(ready) < n:
+        actions = self._regenerate_stale(V) if self._recheck else []
+        wait = None if not actions else ([], actions)
+        if any(c for d, c in self.unfinished.items() if d <= V):
+            return wait  # a prompt due now is still generating
+        if len(self.ready) < n:
             # A closed deadline (see _open_deadlines) with nothing left running trains short.
-            closed = V not in self._open_deadlines()
-            short_ok = closed and ready and all(g.uid in self.ready for g in due)
-            if not short_ok:
-                return None if not actions else ([], actions)
-        batch = ready[:n]
+            if not (self.ready and V not in self._open_deadlines()):
+                return wait
+        batch = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))[:n]
         self._taken = V
         for g in batch:
             del self.groups[g.uid], self.ready[g.uid]
@@ -444,12 +456,13 @@ class Scheduler:
             self.counts["handed"] += 1
         # Deadlines in the past can hold nothing any more: forget them.
         for d in [d for d in self.calendar if d < V and self.calendar[d] == 0]:
-            del self.calendar[d]
+            del self.calendar[d], self.unfinished[d]
         return batch, actions
 
     def _regenerate_stale(self, V: int) -> list:
         out = []
-        for grp in list(self.ready.values()):
+        check, self._recheck = self._recheck, set()
+        for grp in [self.ready[u] for u in check if u in self.ready]:
             stale = [i for i, v in grp.start_version.items() if V - v > self.cfg.max_staleness]
             if not stale:
                 continue
@@ -469,6 +482,7 @@ class Scheduler:
             d = self._free_deadline()
             grp.deadline = V + self.cfg.max_staleness if d is None else d
             self.calendar[grp.deadline] += 1
+            self.unfinished[grp.deadline] += 1
             out += self._plan(grp)
         return out
 

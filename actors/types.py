@@ -17,17 +17,21 @@ class SamplingConfig:
     max_tokens: int = 32
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks, engine probes)
 
 
 @dataclass(frozen=True)
 class RolloutRequest:
-    """Ask a generator for ``n`` completions of one prompt."""
+    """Ask a generator for ``n`` completions of one prompt. ``priority``: lower is scheduled
+    first by engines that support priority scheduling (extra rollouts of a prompt in flight
+    go before new prompts)."""
 
     request_id: str
     prompt_id: str
     prompt: str
     n: int
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    priority: int = 0
 
 
 @dataclass
@@ -52,6 +56,8 @@ class Rollout:
     t_end: float = 0.0
     reward: float | None = None
     parsed: bool = True
+    cancelled: bool = False   # aborted in the engine before it finished (tokens so far kept)
+    incarnation: str = ""     # which life of the generator actor served it (restart detection)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,3 +79,47 @@ class TrainSample:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainSample":
         return cls(**d)
+
+
+@dataclass
+class PromptRecord:
+    """What the run keeps of one finished prompt (a line of ``prompts.jsonl``)."""
+
+    prompt_id: str
+    uid: str
+    prompt: str
+    k: int                     # rewards the baseline used
+    rewards: list[float]
+    baseline: float
+    prior_p: float | None      # the prior's success probability (None: no prior)
+    prior_accepted: bool | None  # the real-time test kept the prior (None: no prior)
+    fallback: bool             # the prior was missing: empirical-mean fallback
+    unparsed: int              # completions with no answer the verifier could read
+    admitted_version: int
+    deadline: int              # version by which the scheduler had to train it
+    versions: list[int]        # policy versions that started its samples
+    generators: list[int]
+    rounds: int                # generation rounds (waits) it took
+    cancelled_rollouts: int
+    cancelled_tokens: int
+    regenerations: int         # times stale samples were re-generated
+    tokens: int                # response tokens of its samples
+    lengths: list[int]
+    prompt_tokens: int
+    t_admit: float
+    t_done: float
+    spans: list[tuple[int, float, float]]  # (generator, start, end) per sample
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainBatch:
+    """What the coordinator hands the learner for one step."""
+
+    records: list[PromptRecord]
+    samples: list[TrainSample]
+    version: int               # policy version the learner is at when it takes the batch
+    inflight_prompts: int      # admitted, not yet handed, after this hand-over
+    counters: dict[str, int]   # the coordinator's running totals (accounting, faults)

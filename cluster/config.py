@@ -127,6 +127,9 @@ class GeneratorsConfig(Section):
     gpus: float = Field(0, ge=0, description="GPUs per generator (0 on CPU machines).")
     cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per generator.")
     threads: int = Field(1, ge=1, description="CPU threads each engine uses.")
+    measure_peak: bool = Field(True, description=(
+        "Measure each engine's peak decode rate (every sequence slot busy) when a run starts, "
+        "so the summary reports decode throughput as a fraction of it (seconds on a CPU)."))
     engine: GeneratorConfig = Field(default_factory=GeneratorConfig, description=(
         "Engine settings of every generator (actors.generator.GeneratorConfig: max_num_seqs, "
         "max_model_len, ...)."))
@@ -182,6 +185,30 @@ class Config(Section):
     prior: PriorPlacement = Field(default_factory=PriorPlacement)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _sampling_matches_the_learner(self) -> "Config":
+        """The learner's importance ratios divide its log-probs by the behaviour log-probs the
+        engine reports; both must be of the same distribution."""
+        r, mode = self.rollout, self.generators.engine.logprobs_mode
+        if r.top_p != 1.0:
+            raise ValueError(f"rollout.top_p={r.top_p}: the learner does not apply top-p, so "
+                             "its log-probs would not match the sampling distribution; use 1.0")
+        if mode == "raw_logprobs" and (r.temperature != 1.0 or self.optim.temperature != 1.0):
+            raise ValueError(
+                f"rollout.temperature={r.temperature}, optim.temperature="
+                f"{self.optim.temperature}: with generators.engine.logprobs_mode raw_logprobs "
+                "the engine reports log-probs at temperature 1, so both must be 1.0 (or set "
+                "logprobs_mode processed_logprobs and optim.temperature = rollout.temperature)")
+        if mode == "processed_logprobs" and r.temperature != self.optim.temperature:
+            raise ValueError(f"optim.temperature ({self.optim.temperature}) must equal "
+                             f"rollout.temperature ({r.temperature}): the engine reports log-probs "
+                             "of the tempered distribution it sampled from")
+        if r.max_tokens >= self.generators.engine.max_model_len:
+            raise ValueError(f"rollout.max_tokens ({r.max_tokens}) leaves no room for the prompt "
+                             f"in generators.engine.max_model_len "
+                             f"({self.generators.engine.max_model_len})")
+        return self
 
     @property
     def run_dir(self) -> Path:

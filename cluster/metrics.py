@@ -1,11 +1,119 @@
-"""Run outputs (architecture.md): config.yaml, metrics.jsonl, summary.json, progress lines."""
+"""Run outputs (architecture.md): config.yaml, metrics.jsonl, summary.json, progress lines,
+and the per-step metrics, computed by pure functions from what a step saw."""
 from __future__ import annotations
 
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+
+from actors.types import PromptRecord, TrainBatch
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Wall-clock marks of one learner step (seconds since the epoch)."""
+
+    start: float        # the trainer asked for a batch
+    got_batch: float    # the coordinator handed it over
+    trained: float      # train_step returned
+    published: float    # every generator loaded the new weights
+    end: float          # after the evaluation, if any
+
+    @property
+    def eval_s(self) -> float:
+        return self.end - self.published
+
+
+def per_generator(before: list[dict | None], after: list[dict | None],
+                  peaks: list[float] | None = None) -> list[dict]:
+    """Each generator's busy fraction, slot occupancy and decode tokens/s between two
+    ``Generator.stats()`` samples, and that rate over the generator's measured peak."""
+    out = []
+    for i, (a, b) in enumerate(zip(before, after)):
+        if b is None:
+            out.append({"index": i, "alive": False})
+            continue
+        d = generator_delta([a], [b])
+        row = {"index": i, "alive": True, "busy_fraction": d["generator_busy_fraction"],
+               "slot_occupancy": d["generator_slot_occupancy"],
+               "decode_tokens_per_s": d["decode_tokens_per_s"]}
+        if peaks:
+            row["peak_decode_tokens_per_s"] = peaks[i]
+            row["fraction_of_peak"] = d["decode_tokens_per_s"] / peaks[i] if peaks[i] else None
+        out.append(row)
+    return out
+
+
+def generator_delta(before: list[dict | None], after: list[dict | None]) -> dict:
+    """Busy fraction, slot occupancy and decode tokens/s of the generators between two
+    ``Generator.stats()`` samples (a generator that restarted in between counts from 0)."""
+    busy = seq = tokens = span = slots = 0.0
+    for a, b in zip(before, after):
+        if b is None:
+            continue
+        a = a if a is not None and a["uptime_s"] <= b["uptime_s"] else None
+        dt = b["uptime_s"] - (a["uptime_s"] if a else 0.0)
+        busy += b["busy_s"] - (a["busy_s"] if a else 0.0)
+        seq += b["seq_s"] - (a["seq_s"] if a else 0.0)
+        tokens += (b["tokens"] + b["cancelled_tokens"]) - \
+            ((a["tokens"] + a["cancelled_tokens"]) if a else 0)
+        span += dt
+        slots += dt * b["max_num_seqs"]
+    return {"generator_busy_fraction": min(1.0, busy / span) if span > 0 else 0.0,
+            "generator_slot_occupancy": min(1.0, seq / slots) if slots > 0 else 0.0,
+            "decode_tokens_per_s": tokens / (span / max(1, sum(b is not None for b in after)))
+            if span > 0 else 0.0}
+
+
+def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
+    """What the trained prompts looked like: rewards, k, rounds, the prior's calibration."""
+    if not records:
+        return {"prompts": 0, "reward_mean": math.nan, "rollouts": 0, "tokens_generated": 0, "k_mean": math.nan,
+                "k_hist": [], "prior_accept_rate": None, "unparsed_fraction": 0.0}
+    ks = np.array([r.k for r in records])
+    accepted = [r.prior_accepted for r in records if r.prior_accepted is not None]
+    with_prior = [r for r in records if r.prior_p is not None]
+    rollouts = int(ks.sum())
+    r_lo = min(min(r.rewards) for r in records)
+    r_hi = max(max(r.rewards) for r in records)
+    out = {"prompts": len(records),
+           "reward_mean": float(np.mean([x for r in records for x in r.rewards])),
+           "rollouts": rollouts, "tokens_generated": int(sum(r.tokens for r in records)),
+           "k_mean": float(ks.mean()), "k_hist": np.bincount(ks).tolist(),
+           "extra_rollouts": int(np.maximum(ks - estimator_k_init, 0).sum()),
+           "rounds_mean": float(np.mean([r.rounds for r in records])),
+           "cancelled_rollouts": int(sum(r.cancelled_rollouts for r in records)),
+           "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
+           "unparsed_fraction": sum(r.unparsed for r in records) / max(1, rollouts),
+           "response_len_mean": float(np.mean([n for r in records for n in r.lengths]))}
+    if with_prior and r_hi > r_lo:
+        # The prior's running error: |p - observed success rate| over this step's prompts.
+        obs = [(np.mean(r.rewards) - r_lo) / (r_hi - r_lo) for r in with_prior]
+        out["prior_abs_error"] = float(np.mean([abs(r.prior_p - o) for r, o in zip(with_prior, obs)]))
+    return out
+
+
+def step_metrics(step: int, version: int, batch: TrainBatch, learner: dict, t: StepTimes,
+                 generators: dict, k_init: int) -> dict:
+    """One line of metrics.jsonl."""
+    staleness = np.array([batch.version - s.version for s in batch.samples] or [0])
+    step_s = t.published - t.start
+    return {"step": step, "policy_version": version, **batch_metrics(batch.records, k_init),
+            "trained_tokens": sum(len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples),
+            **{k: learner.get(k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
+                                             "approx_kl", "lr", "skipped", "skip_reason")},
+            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+            "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,
+            "train_time_s": t.trained - t.got_batch, "sync_time_s": t.published - t.trained,
+            "learner_idle_fraction": (t.got_batch - t.start) / step_s if step_s > 0 else 0.0,
+            "inflight_prompts": batch.inflight_prompts, **generators,
+            "t_start": t.start, "t_train_start": t.got_batch, "t_train_end": t.trained,
+            "t_step_end": t.published, "eval_time_s": t.eval_s}
 
 
 def _clean(v):
@@ -46,13 +154,18 @@ class RunWriter:
             self._tb.flush()
         if self.progress:
             acc = m.get("eval_accuracy")
-            parts = [f"step {m['step']:>4}", f"reward {m.get('reward_mean', float('nan')):+.3f}",
+            parts = [f"step {m['step']:>4}", f"reward {m.get('reward_mean') or float('nan'):+.3f}",
                      f"acc {acc:.3f}" if acc is not None else "acc   -  ",
                      f"k {m.get('k_mean', float('nan')):4.1f}",
                      f"busy {100 * m.get('generator_busy_fraction', 0):3.0f}%",
                      f"{m.get('step_time_s', 0):5.1f}s/step",
                      f"[{time.time() - self.t0:6.0f}s]"]
             print(" | ".join(parts), file=sys.stderr, flush=True)
+
+    def note(self, msg: str) -> None:
+        """A line for the person watching (stderr), when progress lines are on."""
+        if self.progress:
+            print(msg, file=sys.stderr, flush=True)
 
     def summary(self, s: dict) -> None:
         (self.dir / "summary.json").write_text(json.dumps(_clean(s), indent=2) + "\n")
@@ -63,3 +176,25 @@ class RunWriter:
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: float,
+                initial: dict, final: dict, generators: dict) -> dict:
+    """summary.json: the coordinator's accounting, the trainer's totals, rates over training
+    wall-clock (evaluations excluded), the held-out accuracy at the start and the end."""
+    acct = dict(acct, drop_reasons=dict(acct.get("drop_reasons", {})))
+    # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
+    acct["prompts_dropped"] += totals["prompts_skipped_nan"]
+    acct["drop_reasons"]["learner_nan_skip"] = totals["prompts_skipped_nan"]
+    train_wall = max(1e-9, wall - totals["eval_time_s"])
+    return {**acct, **totals, "steps": steps, "policy_version": version, "mode": cfg.mode,
+            "algo": cfg.algo.name, "wall_time_s": wall, "train_wall_time_s": train_wall,
+            "prompts_per_s": totals["prompts_trained"] / train_wall,
+            "rollouts_per_s": totals["rollouts"] / train_wall, **generators,
+            "learner_idle_fraction": totals["learner_wait_s"] / train_wall,
+            "eval_metric": cfg.run.eval_metric,
+            "eval_time_initial_s": initial.get("eval_time_s"),
+            "eval_accuracy_initial": initial.get("eval_accuracy"),
+            "eval_accuracy_initial_se": initial.get("eval_accuracy_se"),
+            "eval_accuracy_final": final.get("eval_accuracy"),
+            "eval_accuracy_se": final.get("eval_accuracy_se")}

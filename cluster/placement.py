@@ -59,7 +59,8 @@ def plan(cfg) -> Plan:
         RolePlan("prior", 1 if cfg.algo.name in ("v05", "prior_only") else 0,
                  cfg.prior.cpus, cfg.prior.gpus),
         # The coordinator is light (asyncio bookkeeping, reward checks): a sliver of a CPU.
-        RolePlan("coordinator", 1 if cfg.mode == "async" else 0, COORDINATOR_CPUS, 0),
+        # Both modes run through it (sync is its scheduler with a barrier).
+        RolePlan("coordinator", 1, COORDINATOR_CPUS, 0),
     )
     for r in roles:
         if r.gpus > 1 and not float(r.gpus).is_integer():

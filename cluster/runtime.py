@@ -70,6 +70,7 @@ class Roles:
     learner: object
     prior: object | None = None
     groups: dict = field(default_factory=dict)
+    published: int = 0   # the newest weight version the learner published to the generators
 
     def shutdown(self) -> None:
         import ray
@@ -91,10 +92,10 @@ def pg_strategy(pg, index: int):
 def start_generators(cfg, model_path: str, pg) -> list:
     import ray
 
-    from actors.generator import Generator, GeneratorConfig
+    from actors.generator import Generator
 
     g = cfg.generators
-    engine_cfg = GeneratorConfig(**g.engine)
+    engine_cfg = g.engine
     threads = threads_for(g.cpus, g.threads)
     ncores = os.cpu_count() or 1
     cls = ray.remote(Generator)
@@ -132,6 +133,8 @@ def start_prior(cfg, pg):
 
 
 def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
+    """The long-lived roles: generators, prior, learner (weight sender connected). A run's
+    own roles (coordinator, telemetry) come from ``start_run_roles``."""
     import ray
 
     groups = reserve(plan)
@@ -144,10 +147,111 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
         roles.learner = start_learner(cfg, model_path, groups["learner"])
         ray.get([h.ready.remote() for h in roles.generators]
                 + ([roles.prior.ready.remote()] if roles.prior is not None else []))
+        # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
+        roles.learner.connect_weight_sync(cfg.cluster.weight_sync, roles.generators)
     except BaseException:
         roles.shutdown()
         raise
     return roles
+
+
+@dataclass
+class RunState:
+    """Where a run starts: fresh, or from its last checkpoint."""
+
+    version: int                 # policy version the generators serve at the start
+    step: int = 0
+    data_pos: int = 0            # prompts drawn from the sampler so far
+    totals: dict = field(default_factory=dict)
+    accounting: dict | None = None
+    resumed: bool = False
+
+
+def wait_ready(handles: list, timeout_s: float = 600.0) -> None:
+    """Wait until every actor answers ``ready()``. An actor Ray is restarting raises
+    ``ActorUnavailableError`` at once instead of waiting; retry those until ``timeout_s``."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(handles)
+    while pending:
+        left = []
+        for h, ref in [(h, h.ready.remote()) for h in pending]:
+            try:
+                ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
+            except ray.exceptions.ActorUnavailableError:
+                left.append(h)
+        if left and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(left)} actor(s) not ready after {timeout_s:.0f}s")
+        if left:
+            time.sleep(0.5)  # restarting: no event to wait on, Ray answers at once
+        pending = left
+
+
+def reset_roles(cfg, roles: Roles, init_dir: str) -> None:
+    """The same starting point for another run on these actors (benchmarks, tests): the
+    learner back at the state saved in ``init_dir``, every generator serving it (as a new
+    version), and a fresh prior with an empty context."""
+    import ray
+
+    roles.learner.load_checkpoint(init_dir)
+    wait_ready(roles.generators)  # one Ray restarted is up again
+    served = max(ray.get([g.version.remote() for g in roles.generators]))
+    roles.published = max(served, roles.published) + 1
+    _, refs = roles.learner.publish_weights(roles.generators, roles.published)
+    ray.get(refs)
+    if roles.prior is not None:
+        ray.kill(roles.prior)
+        roles.prior = start_prior(cfg, roles.groups["prior"])
+        ray.get(roles.prior.ready.remote())
+
+
+def resume_state(cfg, roles: Roles, ckpt_dir) -> RunState:
+    """Fresh: versions continue from what the generators serve (actors may outlive a run).
+    Resume: the learner loads the last checkpoint, and the run continues its counters."""
+    import ray
+
+    served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
+    if not cfg.run.resume:
+        return RunState(version=served)
+    if not (ckpt_dir / "latest").exists():
+        raise FileNotFoundError(f"run.resume=true but no checkpoint under {ckpt_dir}")
+    st = roles.learner.load_checkpoint(str(ckpt_dir))
+    # Generators that outlived the run hold a newer version: publish over theirs.
+    version = max(st["policy_version"], served + 1)
+    return RunState(version=version, step=st["step"], data_pos=st["data_pos"],
+                    totals=st.get("totals", {}), accounting=st.get("accounting"), resumed=True)
+
+
+def start_run_roles(cfg, roles: Roles, task, state: RunState):
+    """A run's coordinator (the scheduler with its estimator) and its telemetry actor."""
+    import ray
+
+    from actors.coordinator import Coordinator
+    from actors.scheduler import SchedulerConfig
+    from actors.telemetry import Telemetry
+    from actors.types import SamplingConfig
+    from cluster.placement import COORDINATOR_CPUS
+    from estimator.registry import ESTIMATORS
+
+    r = cfg.rollout
+    est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(task.rewards))
+    sched = SchedulerConfig(
+        batch_prompts=r.batch_prompts,
+        max_staleness=0 if cfg.mode == "sync" else r.max_staleness,
+        slots_per_generator=cfg.generators.engine.max_num_seqs,
+        max_inflight_prompts=r.max_inflight_prompts)
+    sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
+    coord = ray.remote(Coordinator).options(
+        num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
+        scheduling_strategy=pg_strategy(roles.groups["coordinator"], 0)).remote(
+        roles.generators, roles.prior, cfg.task, est, sched, sampling, seed=cfg.run.seed,
+        data_pos=state.data_pos, version=state.version, prior_timeout_s=cfg.prior.timeout_s,
+        request_timeout_s=cfg.run.call_timeout_s, accounting=state.accounting)
+    telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
+    return coord, telemetry
 
 
 def exit_process(code: int) -> NoReturn:

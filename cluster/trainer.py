@@ -1,40 +1,45 @@
-"""The driver of a run: the step loop over the role handles, checkpoints, outputs.
+"""The driver of a run: the step loop over the role handles, evaluation, checkpoints, outputs.
 
     for step in steps:
-        batch   = source.next_batch()        # sync: generate B prompts, wait for the slowest
-                                             # async: the first B prompts the coordinator finished
+        batch   = coordinator.next_batch(B)      # the scheduler's hand-over (sync: a barrier)
         metrics = learner.train_step(batch.samples)
-        publish(learner weights -> generators)   # version v+1, loaded in place
-        evaluate every N; write metrics.jsonl; checkpoint every M
+        learner.publish_weights(generators, v+1); coordinator.set_version(v+1)
+        evaluate every N (admission paused, timed apart); metrics.jsonl; checkpoint every M
+
+Sync and async runs differ only in the coordinator's scheduler (``max_staleness = 0`` is
+the synchronous barrier); this loop is the same for both.
 """
 from __future__ import annotations
 
 import json
 import time
 
-import numpy as np
-
-from actors.telemetry import Telemetry
 from cluster.config import Config, dump_config
-from cluster.metrics import RunWriter
-from cluster.rollouts import GeneratorPool, PromptSampler
-from cluster.sources import AsyncSource, SyncSource
-from cluster.sync import evaluate
-from estimator.registry import ESTIMATORS
+from cluster.evaluation import evaluate
+from cluster.metrics import (RunWriter, StepTimes, generator_delta, per_generator, run_summary,
+                             step_metrics)
 
 
 class Trainer:
-    def __init__(self, cfg: Config, roles, task):
+    """``after_step(step, metrics)``: called after every step's metrics are written (tests and
+    ``bench.chaos`` inject faults there)."""
+
+    def __init__(self, cfg: Config, roles, task, after_step=None):
+        from cluster.runtime import resume_state, start_run_roles
+
         self.cfg, self.roles, self.task = cfg, roles, task
-        self.est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(task.rewards))
-        self.pool = GeneratorPool(roles.generators)
-        # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
-        roles.learner.connect_weight_sync(cfg.cluster.weight_sync, roles.generators)
+        self.after_step = after_step
         self.ckpt_dir = cfg.run_dir / "checkpoints"
-        self.version = self.step = 0
+        state = resume_state(cfg, roles, self.ckpt_dir)
+        self.version, self.step = state.version, state.step
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
                        "tokens_generated": 0, "nan_skipped_steps": 0,
-                       "generator_update_failures": 0, "learner_wait_s": 0.0}
+                       "generator_update_failures": 0, "learner_wait_s": 0.0, "eval_time_s": 0.0,
+                       **state.totals}
+        # The run's own roles, beside the long-lived ones: the coordinator and telemetry.
+        self.coord, self.telemetry = start_run_roles(cfg, roles, task, state)
+        if state.resumed:
+            self.publish()  # generators serve the checkpoint's weights before any rollout
         self.recorder = None
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
@@ -42,180 +47,161 @@ class Trainer:
             self.recorder = RolloutRecorder(cfg.run_dir / "rollouts.msgpack")
 
     # -- weights -------------------------------------------------------------------------
-    def publish(self) -> float:
-        """Learner rank 0's weights -> every generator, in place; returns seconds."""
+    def publish(self) -> None:
+        """Learner rank 0's weights -> every generator, in place; then the coordinator."""
         import ray
 
-        t = time.time()
         payload, refs = self.roles.learner.publish_weights(self.roles.generators, self.version)
+        self.roles.published = self.version
         for ref in refs:
             try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                # A generator died mid-update; when Ray restarts it the coordinator gives it
-                # the newest weights before sending it work again.
+                ray.get(ref, timeout=self.cfg.run.call_timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                # A generator died mid-update; the coordinator re-syncs it when Ray restarts it.
                 self.totals["generator_update_failures"] += 1
-        self.source.weights_published(self.version, payload)
-        return time.time() - t
+        ray.get(self.coord.set_version.remote(self.version, payload))
 
     def save(self) -> None:
-        state = {"step": self.step, "data_pos": self.source.data_pos(),
-                 "policy_version": self.version, "totals": self.totals,
-                 "accounting": self.source.accounting()}
+        import ray
+
+        acct = ray.get(self.coord.summary.remote())
+        state = {"step": self.step, "data_pos": acct["data_pos"], "policy_version": self.version,
+                 "totals": self.totals, "accounting": acct}
         self.roles.learner.save_checkpoint(str(self.ckpt_dir), state)
 
-    def restore(self) -> dict:
-        if not (self.ckpt_dir / "latest").exists():
-            raise FileNotFoundError(f"run.resume=true but no checkpoint under {self.ckpt_dir}")
-        state = self.roles.learner.load_checkpoint(str(self.ckpt_dir))
-        self.step, self.version = state["step"], state["policy_version"]
-        self.totals.update(state.get("totals", {}))
-        return state
+    def evaluate(self) -> dict:
+        cfg = self.cfg.run
+        ev = evaluate(self.roles.generators, self.task, self.heldout, self.cfg.rollout.max_tokens,
+                      samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature,
+                      seed=cfg.seed)
+        ev["eval_accuracy"] = ev.get(f"eval_{cfg.eval_metric}")
+        ev["eval_accuracy_se"] = ev.get(f"eval_{cfg.eval_metric}_se")
+        self.totals["eval_time_s"] += ev["eval_time_s"]
+        return ev
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> dict:
-        cfg = self.cfg
-        writer = RunWriter(cfg.run_dir, dump_config(cfg), resume=cfg.run.resume,
-                           tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
         import ray
 
-        # Versions continue from what the generators hold (actors may outlive one run).
-        self.version = served = max(ray.get([g.version.remote() for g in self.roles.generators]))
-        state = self.restore() if cfg.run.resume else {"data_pos": 0}
-        if cfg.run.resume and served >= self.version:
-            self.version = served + 1  # generators outlived the run: load over theirs
-        sampler = PromptSampler(self.task.train(), cfg.run.seed, state["data_pos"])
-        src_cls = AsyncSource if cfg.mode == "async" else SyncSource
-        self.source = src_cls(cfg, self.roles, self.task, self.est, self.pool, sampler,
-                              self.version, state.get("accounting"))
-        if cfg.run.resume:
-            self.publish()  # generators start from the checkpoint's weights
-        heldout = self.task.heldout()[: cfg.run.eval_prompts]
-        initial = evaluate(self.pool, self.task, heldout, cfg.rollout.max_tokens) \
-            if cfg.run.eval_every and not cfg.run.resume else {}
-        prompts_log = (cfg.run_dir / "prompts.jsonl").open("a" if cfg.run.resume else "w")
-        self.telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
-        t_start, busy_start = time.time(), self._busy()
+        cfg = self.cfg
+        self.writer = RunWriter(cfg.run_dir, dump_config(cfg), resume=cfg.run.resume,
+                                tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
+        self.heldout = self.task.heldout()[: cfg.run.eval_prompts]
+        initial = self.final = self.evaluate() if cfg.run.eval_every and not cfg.run.resume else {}
+        self.totals["eval_time_s"] -= initial.get("eval_time_s", 0.0)  # before the clock starts
+        if initial:
+            self.writer.note(f"held-out {cfg.run.eval_metric} accuracy at the start: "
+                             f"{initial['eval_accuracy']:.3f} +- {initial['eval_accuracy_se']:.3f}")
+        peaks = self._measure_peaks() if cfg.generators.measure_peak else None
+        self.prompts_log = (cfg.run_dir / "prompts.jsonl").open("a" if cfg.run.resume else "w")
+        self.t_start, gen0 = time.time(), self._gen_stats()
         try:
-            self.source.start()
+            ray.get(self.coord.start.remote())
             while self.step < cfg.run.max_steps:
-                self.step += 1
-                m = self.one_step(prompts_log, t_start)
-                if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                    m.update(evaluate(self.pool, self.task, heldout, cfg.rollout.max_tokens))
-                writer.step(m)
-                ks = [g["k"] for g in self._last_groups]
-                self.telemetry.report.remote(m, ks, sum(max(0, k - self.est.cfg.k_init) for k in ks))
-                if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
-                    self.save()
-            acct = self.source.stop()
+                self.one_step()
+            acct = ray.get(self.coord.stop.remote())
             self.save()
         finally:
+            ray.kill(self.coord)
             ray.kill(self.telemetry)
-            prompts_log.close()
+            self.prompts_log.close()
             if self.recorder:
                 self.recorder.close()
-        wall = time.time() - t_start
-        busy = busy_between(busy_start, self._busy())
-        # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
-        acct["prompts_dropped"] += self.totals["prompts_skipped_nan"]
-        acct.setdefault("drop_reasons", {})["learner_nan_skip"] = self.totals["prompts_skipped_nan"]
-        summary = {**acct, **self.totals, "steps": self.step, "policy_version": self.version,
-                   "mode": cfg.mode, "algo": cfg.algo.name, "wall_time_s": wall,
-                   "prompts_per_s": self.totals["prompts_trained"] / wall,
-                   "rollouts_per_s": self.totals["rollouts"] / wall,
-                   "generator_busy_fraction": busy / (len(self.roles.generators) * wall),
-                   "learner_idle_fraction": self.totals["learner_wait_s"] / wall,
-                   "t_start": t_start,
-                   "eval_accuracy_initial": initial.get("eval_accuracy")}
-        writer.summary(summary)
+        gen_end = self._gen_stats()
+        summary = run_summary(cfg, acct, self.totals, self.step, self.version,
+                              time.time() - self.t_start, initial, self.final,
+                              {**generator_delta(gen0, gen_end), "t_start": self.t_start,
+                               "generators": per_generator(gen0, gen_end, peaks),
+                               "decode_peak_tokens_per_s": sum(peaks) if peaks else None})
+        self.writer.summary(summary)
         return summary
 
-    def one_step(self, prompts_log, t_start: float) -> dict:
-        busy0, t0 = self._busy(), time.time()
-        batch = self.source.next_batch()
-        t1 = time.time()
-        self.totals["learner_wait_s"] += t1 - t0
-        samples = batch["samples"]
-        staleness = np.array([self.version - s.version for s in samples] or [0])
-        lm = self.roles.learner.train_step(samples)
-        t2 = time.time()
-        skipped = bool(lm.get("skipped"))
-        self.totals["nan_skipped_steps"] += skipped
-        if not skipped:
-            self.version += 1
-        sync_s = self.publish() if not skipped else 0.0
-        t3 = time.time()
-        groups = self._last_groups = batch["groups"]
-        self._log_prompts(prompts_log, groups, t1)
-        self._record(batch)
-        gm = group_metrics(groups)
-        self.totals["prompts_skipped_nan" if skipped else "prompts_trained"] += len(groups)
-        self.totals["rollouts"] += gm["rollouts"]
-        self.totals["tokens_generated"] += gm["tokens_generated"]
-        wall = t3 - t_start
-        n_gen = len(self.roles.generators)
-        return {"step": self.step, "policy_version": self.version, **gm,
-                **{k: lm.get(k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
-                                          "approx_kl", "skipped", "skip_reason")},
-                "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-                "step_time_s": t3 - t0, "gen_time_s": batch.get("gen_time_s", t1 - t0),
-                "learner_wait_s": t1 - t0, "train_time_s": t2 - t1, "sync_time_s": sync_s,
-                "learner_idle_fraction": (t1 - t0) / (t3 - t0),
-                "t_train_start": t1, "t_train_end": t2, "t_step_end": t3,
-                # Stats are read just after t3, so the ratio can overshoot by a hair: clamp.
-                "generator_busy_fraction": min(1.0, busy_between(busy0, self._busy())
-                                               / (n_gen * (t3 - t0))),
-                "prompts_per_s": self.totals["prompts_trained"] / wall,
-                "rollouts_per_s": self.totals["rollouts"] / wall,
-                "tokens_per_s": self.totals["tokens_generated"] / wall,
-                **batch.get("extra", {})}
+    def one_step(self) -> None:
+        import ray
 
-    def _busy(self) -> list:
-        """Each generator's cumulative busy seconds (None while it is dead or restarting)."""
+        cfg, coord = self.cfg, self.coord
+        self.step += 1
+        last = self.step == cfg.run.max_steps
+        eval_due = bool(cfg.run.eval_every) and self.step % cfg.run.eval_every == 0
+        t0, g0 = time.time(), self._gen_stats()
+        batch = ray.get(coord.next_batch.remote(cfg.rollout.batch_prompts))
+        t1 = time.time()
+        lm = self.roles.learner.train_step(batch.samples)
+        t2 = time.time()
+        if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
+            ray.get(coord.pause.remote())
+        if not lm.get("skipped"):
+            self.version += 1
+            self.publish()
+        else:  # the same version: the coordinator reopens its admission for it
+            ray.get(coord.set_version.remote(self.version))
+        t3 = time.time()
+        ev = self.evaluate() if eval_due else {}
+        if ev:
+            self.final = ev
+            if not last:
+                ray.get(coord.resume.remote())
+        m = step_metrics(self.step, self.version, batch, lm, StepTimes(t0, t1, t2, t3, time.time()),
+                         generator_delta(g0, self._gen_stats()), self.k_init)
+        self._account(batch, lm, m)
+        m.update(ev, **self._rates())
+        self.writer.step(m)
+        self._log_prompts(batch, t1)
+        self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
+        if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
+            self.save()
+        if self.after_step is not None:
+            self.after_step(self.step, m)
+
+    @property
+    def k_init(self) -> int:
+        return self.cfg.algo.k_init
+
+    def _account(self, batch, lm: dict, m: dict) -> None:
+        t = self.totals
+        skipped = bool(lm.get("skipped"))
+        t["nan_skipped_steps"] += skipped
+        t["prompts_skipped_nan" if skipped else "prompts_trained"] += len(batch.records)
+        t["rollouts"] += m["rollouts"]
+        t["tokens_generated"] += m["tokens_generated"]
+        t["learner_wait_s"] += m["learner_wait_s"]
+        if self.recorder is not None:
+            it = iter(batch.samples)
+            for r in batch.records:
+                self.recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, self.version,
+                                     [next(it) for _ in range(r.k)])
+
+    def _rates(self) -> dict:
+        """Totals per second of training wall-clock (evaluations excluded), since the start."""
+        t = self.totals
+        wall = max(1e-9, time.time() - self.t_start - t["eval_time_s"])
+        return {"prompts_per_s": t["prompts_trained"] / wall,
+                "rollouts_per_s": t["rollouts"] / wall,
+                "tokens_per_s": t["tokens_generated"] / wall}
+
+    def _measure_peaks(self) -> list[float]:
+        """Each engine's decode tokens/s with every slot busy, all engines at once (they share
+        the machine as they do in a run)."""
+        import ray
+
+        prompt = self.heldout[0].prompt if self.heldout else "0"
+        n = min(32, self.cfg.rollout.max_tokens)
+        return ray.get([g.measure_peak.remote(prompt, n) for g in self.roles.generators])
+
+    def _gen_stats(self) -> list:
+        """Each generator's ``stats()`` (None while it is dead or restarting)."""
         import ray
 
         out = []
         for ref in [g.stats.remote() for g in self.roles.generators]:
             try:
-                out.append(ray.get(ref, timeout=60)["busy_s"])
+                out.append(ray.get(ref, timeout=60))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 out.append(None)
         return out
 
-
-    def _log_prompts(self, f, groups: list[dict], t_trained: float) -> None:
-        for g in groups:
-            f.write(json.dumps({**g, "step": self.step, "t_trained": t_trained}) + "\n")
-        f.flush()
-
-    def _record(self, batch: dict) -> None:
-        if self.recorder is None:
-            return
-        samples = iter(batch["samples"])
-        for g in batch["groups"]:
-            group_samples = [next(samples) for _ in range(g["k"])]
-            self.recorder.append(g["prompt_id"], g["prompt"], g["rewards"],
-                                 g["baseline"], self.version, group_samples)
-
-
-def group_metrics(groups: list[dict]) -> dict:
-    """Per-step metrics of the prompt groups a learner step trained on."""
-    if not groups:
-        return {"reward_mean": float("nan"), "rollouts": 0, "tokens_generated": 0,
-                "k_mean": float("nan"), "k_hist": [], "prior_accept_rate": None,
-                "unparsed_fraction": 0.0}
-    ks = np.array([g["k"] for g in groups])
-    accepted = [g["prior_accepted"] for g in groups if g["prior_accepted"] is not None]
-    rollouts = int(ks.sum())
-    return {"reward_mean": float(np.mean([r for g in groups for r in g["rewards"]])),
-            "rollouts": rollouts, "tokens_generated": int(sum(g["tokens"] for g in groups)),
-            "k_mean": float(ks.mean()), "k_hist": np.bincount(ks).tolist(),
-            "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
-            "unparsed_fraction": sum(g["unparsed"] for g in groups) / max(1, rollouts)}
-
-
-def busy_between(before: list, after: list) -> float:
-    """Busy seconds between two samples; a restarted generator counts from its restart."""
-    return sum(max(0.0, b - (a if a is not None and a <= b else 0.0))
-               for a, b in zip(before, after) if b is not None)
+    def _log_prompts(self, batch, t_trained: float) -> None:
+        for r in batch.records:
+            self.prompts_log.write(json.dumps({**r.to_dict(), "step": self.step,
+                                               "t_trained": t_trained}) + "\n")
+        self.prompts_log.flush()

@@ -209,12 +209,24 @@ class PromptState:
         return self._top_round + 1
 
     def _decide(self) -> tuple[int, int]:
+        if self._decision is None and not self._plans_now():
+            # No plan applies yet (a fixed-k estimator, the fallback, or fewer than k_init
+            # rewards in): decide() would only top up to k_init. Same answer, no NumPy call
+            # (this runs for every arriving reward; the simulator calls it millions of times).
+            self._decision = max(self.est.cfg.k_init - self.k - self.outstanding, 0), 0
         if self._decision is None:
             d = decide(self.est, [self.k], [self.vbar if self._rewards else 0.0],
                        [0.0 if self.prior is None else self.prior], [self.outstanding],
                        [self.next_round], adaptive=not self.fallback)
             self._decision = int(d.request[0]), int(d.cancel[0])
         return self._decision
+
+    def _plans_now(self) -> bool:
+        """Whether ``decide`` would consult the plan for this state (its ``rows``)."""
+        cfg = self.est.cfg
+        if self.fallback or not self.est.adaptive or self.k < cfg.k_init:
+            return False
+        return cfg.plan == "batched" or not self._outstanding
 
     @property
     def done(self) -> bool:

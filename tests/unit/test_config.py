@@ -101,3 +101,21 @@ def test_missing_dataset_fails_at_launch_before_any_actor(tmp_path):
     assert out.returncode == 2
     assert "dataset file" in out.stderr and "missing.jsonl" in out.stderr
     assert "Generator" not in out.stderr  # failed before starting actors
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rollout": {"temperature": 0.7}}, "logprobs_mode raw_logprobs"),
+    ({"rollout": {"top_p": 0.9}}, "top-p"),
+    ({"rollout": {"temperature": 0.7}, "optim": {"temperature": 0.7},
+      "generators": {"engine": {"logprobs_mode": "processed_logprobs"}}}, None),
+    ({"rollout": {"temperature": 0.7},
+      "generators": {"engine": {"logprobs_mode": "processed_logprobs"}}}, "must equal"),
+    ({"rollout": {"max_tokens": 300}, "generators": {"engine": {"max_model_len": 256}}},
+     "max_model_len"),
+])
+def test_sampling_settings_must_match_the_learner(overrides, message):
+    if message is None:
+        build_config(overrides)
+        return
+    with pytest.raises(ConfigError, match=message):
+        build_config(overrides)

@@ -1,0 +1,84 @@
+"""Prompt-side plumbing of the coordinator: the training-prompt stream, the prior's answer
+checked, and a finished prompt turned into its record and its training samples.
+
+Pure Python (no Ray, no asyncio): the coordinator, the tests and the simulator share it.
+"""
+from __future__ import annotations
+
+import random
+
+from actors.scheduler import PromptGroup
+from actors.types import PromptRecord, Rollout, TrainSample
+from estimator.core import reward_to_prob
+
+
+class PromptSampler:
+    """Epoch-wise shuffled pass over the train split; ``position`` counts prompts drawn, so a
+    checkpoint that stores it resumes the stream exactly."""
+
+    def __init__(self, problems: list, seed: int, position: int = 0):
+        if not problems:
+            raise ValueError("the task's train split is empty")
+        self.problems, self.seed, self.position = problems, seed, position
+        self._epoch, self._perm = -1, []
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next(self, n: int) -> list:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.problems))
+            if epoch != self._epoch:
+                self._epoch, self._perm = epoch, self._order(epoch)
+            out.append(self.problems[self._perm[i]])
+            self.position += 1
+        return out
+
+
+def checked_priors(ps, n: int) -> list[float]:
+    """The prior server's answer for n prompts, or ValueError if it is garbage."""
+    if len(ps) != n or not all(0.0 <= float(p) <= 1.0 for p in ps):  # NaN fails too
+        raise ValueError(f"prior returned garbage for {n} prompts: {ps!r:.200}")
+    return [float(p) for p in ps]
+
+
+def success_rate(grp: PromptGroup, rewards: tuple[float, float]) -> float:
+    """Mean reward on the [0, 1] scale: the observed success rate the prior learns from."""
+    return float(reward_to_prob(grp.state.vbar, rewards))
+
+
+def group_samples(grp: PromptGroup) -> list[TrainSample]:
+    """One TrainSample per observed rollout, advantages from the estimator state."""
+    adv = grp.state.advantages()  # (k,) in grp.state.indices() order
+    out = []
+    for i, a in zip(grp.state.indices(), adv):
+        r: Rollout = grp.payloads[i]
+        out.append(TrainSample(r.prompt_token_ids, r.token_ids, r.logprobs, float(a),
+                               grp.start_version[i]))
+    return out
+
+
+def make_record(grp: PromptGroup) -> PromptRecord:
+    """The run's record of a finished prompt (estimator evaluated once)."""
+    st = grp.state
+    res = st.result()
+    baseline = float(res.baseline[0])
+    fused = st.est.needs_prior and not st.fallback
+    rs: list[Rollout] = [grp.payloads[i] for i in st.indices()]
+    return PromptRecord(
+        prompt_id=grp.problem.id, uid=grp.uid, prompt=grp.problem.prompt, k=st.k,
+        rewards=[float(r) for r in st.rewards()], baseline=baseline, prior_p=st.prior_p,
+        # The test kept the prior iff w == 0, and then the baseline IS the prior.
+        prior_accepted=(baseline == st.prior) if fused else None, fallback=st.fallback,
+        unparsed=sum(not r.parsed for r in rs), admitted_version=grp.admitted_version,
+        deadline=grp.deadline, versions=sorted(set(grp.start_version.values())),
+        generators=sorted({r.generator for r in rs}), rounds=st.rounds,
+        cancelled_rollouts=grp.cancelled_rollouts,
+        cancelled_tokens=grp.cancelled_tokens, regenerations=grp.regenerations,
+        tokens=sum(len(r.token_ids) for r in rs), lengths=[len(r.token_ids) for r in rs],
+        prompt_tokens=len(rs[0].prompt_token_ids) if rs else 0,
+        t_admit=grp.t_admit, t_done=grp.t_done,
+        spans=[(r.generator, r.t_start, r.t_end) for r in rs])
