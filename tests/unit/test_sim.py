@@ -1,4 +1,5 @@
-"""The cluster simulator (bench/sim*.py): engine timing, conservation, staleness, calibration."""
+"""The cluster simulator (bench/sim/): engine timing, priority and aborts, the shipped
+scheduler driving every mode (conservation, the sample-age bound), units, calibration."""
 from __future__ import annotations
 
 import heapq
@@ -8,17 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from bench.sim import calibration_config, predict_ratio, run_modes
-from bench.sim_core import MODES, simulate
-from bench.sim_engine import Engine, Rollout
-from bench.sim_metrics import summarise
-from bench.sim_models import (DecodeModel, LearnerModel, LengthModel, PromptModel, SimConfig,
-                              from_dict, parse_overrides)
+from bench.sim import (MODES, DecodeModel, Engine, LearnerModel, LengthModel, PromptModel,
+                       Rollout, SimConfig, calibration_config, from_dict, parse_overrides,
+                       physical_limit, predict_ratio, run_modes, simulate, summarise)
 
 
 def toy(**kw) -> SimConfig:
     """4 engines x 16 slots, B = 8, heavy-tailed lengths, a fast learner: runs in ~0.1 s."""
-    base = dict(n_gpus=5, n_generators=4, batch_prompts=8, steps=8, warmup_steps=2, seed=3,
+    base = dict(n_gpus=5, prior_gpus=0, n_generators=4, batch_prompts=8, steps=8, warmup_steps=2, seed=3,
                 max_staleness=1, dispatch_latency_s=0.0,
                 decode=DecodeModel(a_s=0.005, b_s=0.0005, max_num_seqs=16),
                 length=LengthModel(median=100, sigma=1.2, prompt_share=0.0, max_tokens=2000,
@@ -31,23 +29,30 @@ def toy(**kw) -> SimConfig:
 # -- the engine on its own -------------------------------------------------------------------
 
 class Loop:
-    """The smallest event loop an Engine needs: schedule, now, on_finished."""
+    """The smallest event loop an Engine needs: schedule, now, on_finished, on_aborted."""
 
     def __init__(self):
-        self.events, self.now, self.n, self.done = [], 0.0, 0, []
+        self.events, self.now, self.n, self.done, self.aborted = [], 0.0, 0, [], []
 
     def schedule(self, t, fn, *args):
         heapq.heappush(self.events, (t, self.n, fn, args))
         self.n += 1
 
     def on_finished(self, engine, finished):
-        self.done += [(r.index, self.now, r.version) for r in finished]
+        self.done += [(r.position, self.now, r.version) for r in finished]
+
+    def on_aborted(self, engine, aborted):
+        self.aborted += [(r.position, self.now, r.tokens) for r in aborted]
 
     def run_until(self, t_end=math.inf):
         while self.events and self.events[0][0] <= t_end:
             t, _, fn, args = heapq.heappop(self.events)
             self.now = t
             fn(*args)
+
+
+def R(pos, length, priority=0):
+    return Rollout("r", pos, length, 1.0, priority)
 
 
 def engine(max_num_seqs=4, sync_s=2.0):
@@ -58,10 +63,10 @@ def engine(max_num_seqs=4, sync_s=2.0):
 
 def test_engine_join_at_step_boundary_and_batch_dependent_step_time():
     e, loop = engine()
-    e.submit(Rollout(None, 0, 4, 1.0), 0.0)          # alone: 1.5 s per step
+    e.submit(R(0, 4), 0.0)                           # alone: 1.5 s per step
     loop.run_until(1.0)
     loop.now = 1.0
-    e.submit(Rollout(None, 1, 2, 1.0), 1.0)          # mid-step: joins at 1.5, then 2.0 s per step
+    e.submit(R(1, 2), 1.0)                           # mid-step: joins at 1.5, then 2.0 s per step
     loop.run_until()
     assert loop.done == [(1, 5.5, 0), (0, 7.0, 0)]   # B: 1.5 + 2*2; A: 3 steps left -> 2 at 2.0, 1 at 1.5
     assert e.outstanding == 0 and not e.running
@@ -69,26 +74,50 @@ def test_engine_join_at_step_boundary_and_batch_dependent_step_time():
 
 def test_engine_respects_max_num_seqs():
     e, loop = engine(max_num_seqs=1)
-    e.submit(Rollout(None, 0, 4, 1.0), 0.0)
-    e.submit(Rollout(None, 1, 2, 1.0), 0.0)          # waits for the only slot
+    e.submit(R(0, 4), 0.0)
+    e.submit(R(1, 2), 0.0)                           # waits for the only slot
     loop.run_until()
     assert loop.done == [(0, 6.0, 0), (1, 9.0, 0)]
 
 
 def test_engine_weight_sync_pauses_between_steps_and_bumps_version():
     e, loop = engine(sync_s=2.0)
-    e.submit(Rollout(None, 0, 4, 1.0), 0.0)
+    e.submit(R(0, 4), 0.0)
     loop.run_until(1.0)
     loop.now = 1.0
     e.request_sync(7, 1.0)                            # pauses at the 1.5 boundary until 3.5
-    e.submit(Rollout(None, 1, 1, 1.0), 1.0)           # joins after the pause, on version 7
+    e.submit(R(1, 1), 1.0)                            # joins after the pause, on version 7
     loop.run_until()
     # from 3.5 both run at 2.0 s/step: B ends at 5.5; A's last 2 steps run alone: 5.5 + 2 * 1.5
     assert loop.done == [(1, 5.5, 7), (0, 8.5, 0)]
     assert e.version == 7 and (1.5, 3.5, 1, 1) in e.segments
 
 
-# -- the four modes --------------------------------------------------------------------------
+def test_engine_runs_the_lowest_priority_value_first_when_slots_are_short():
+    e, loop = engine(max_num_seqs=1)
+    e.submit(R(0, 2, priority=5), 0.0)
+    loop.run_until(0.0)                              # takes the only slot at the first step
+    e.submit(R(1, 1, priority=9), 0.0)
+    e.submit(R(2, 1, priority=1), 0.0)               # arrives later, runs before position 1
+    loop.run_until()
+    assert [d[0] for d in loop.done] == [0, 2, 1]
+
+
+def test_engine_abort_frees_the_slot_at_the_next_boundary_and_counts_tokens():
+    e, loop = engine(max_num_seqs=1)
+    a, b, c = R(0, 10), R(1, 2), R(2, 3)
+    for r in (a, b, c):
+        e.submit(r, 0.0)
+    loop.run_until(3.2)                              # a has run 2 steps of 1.5 s
+    loop.now = 3.2
+    e.abort(a, 3.2)                                  # leaves at the 4.5 boundary, 3 tokens
+    e.abort(c, 3.2)                                  # waiting: gone at once, 0 tokens
+    loop.run_until()
+    assert loop.aborted == [(2, 3.2, 0), (0, 4.5, 3)]
+    assert loop.done == [(1, 7.5, 0)] and e.outstanding == 0
+
+
+# -- every mode on the shipped scheduler -----------------------------------------------------
 
 def test_determinism_by_seed():
     a = summarise(simulate(toy(), "async_v05"))
@@ -99,52 +128,75 @@ def test_determinism_by_seed():
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_conservation_and_fractions(mode):
-    res = simulate(toy(), mode)
+def test_conservation_fractions_and_the_age_bound(mode):
+    cfg = toy(equal_mse_group=6)
+    res = simulate(cfg, mode)
     ch = res.checks
-    assert ch["trained"] == toy().steps * toy().batch_prompts
-    assert ch["admitted"] == ch["trained"] + ch["ready"] + ch["inflight"]
-    assert ch["rollouts_created"] == (ch["rollouts_finished"] + ch["rollouts_in_engines"]
-                                      + ch["rollouts_pending"])
-    assert res.k_trained.sum() == len(res.staleness)   # every trained rollout has a staleness
+    assert ch["trained"] == ch["handed"] == cfg.steps * cfg.batch_prompts
+    assert ch["admitted"] == ch["handed"] + ch["dropped"] + ch["inflight"]
+    assert res.k_trained.sum() == len(res.staleness)   # every trained rollout has an age
+    assert res.staleness.min() >= 0 and res.staleness.max() <= ch["max_staleness_bound"]
     s = summarise(res)
     for key in ("generator_busy_fraction", "generator_sync_fraction", "generator_idle_fraction",
                 "generator_slot_occupancy", "learner_busy_fraction"):
         assert 0.0 <= s[key] <= 1.0, (key, s[key])
     total = s["generator_busy_fraction"] + s["generator_sync_fraction"] + s["generator_idle_fraction"]
     assert total == pytest.approx(1.0, abs=1e-9)
-    if mode.endswith("grpo16"):
+    assert 0 < s["fraction_of_limit"] <= 1.0 + 1e-9
+    if mode.endswith("grpo16") or mode.endswith("colocated"):
         assert set(res.k_trained) == {16}
-    else:  # k comes from the real OSLA test: between k_init and k_max
+    elif mode.endswith("equal_mse"):
+        assert set(res.k_trained) == {6}
+    else:  # k comes from the real estimator state: between k_init and k_max, <= 3 rounds
         assert res.k_trained.min() >= 4 and res.k_trained.max() <= 16
+        assert res.rounds_trained.max() <= 3
+    assert res.n_engines == (cfg.n_gpus if mode.endswith("colocated") else cfg.n_generators)
 
 
-def test_sync_modes_idle_generators_on_a_tail_heavy_config():
-    per, _ = run_modes(toy())
-    for sync, asyn in (("sync_grpo16", "async_grpo16"), ("sync_v05", "async_v05")):
-        assert per[sync]["generator_busy_fraction"] < per[asyn]["generator_busy_fraction"]
+def test_the_prior_server_costs_v05_a_gpu():
+    cfg = toy(n_gpus=6, prior_gpus=1)
+    assert simulate(cfg, "async_v05").learner_gpus == 1       # 6 - 4 generators - 1 prior
+    assert simulate(cfg, "async_grpo16").learner_gpus == 2    # no prior
+    coloc = simulate(cfg, "sync_grpo16_colocated")
+    assert coloc.n_engines == coloc.learner_gpus == 6
+
+
+@pytest.mark.parametrize("s", [0, 1, 3])
+def test_no_trained_sample_is_older_than_max_staleness(s):
+    res = simulate(toy(max_staleness=s), "async_v05")
+    assert res.staleness.max() <= s
+    if s == 3:
+        assert res.staleness.max() >= 1  # the bound is used, not just respected by accident
+
+
+def test_async_fills_engines_that_the_barrier_leaves_idle():
+    per, _ = run_modes(toy(), ["sync_v05", "async_v05", "sync_grpo16"])
+    assert per["sync_v05"]["generator_busy_fraction"] < per["async_v05"]["generator_busy_fraction"]
     assert per["async_v05"]["prompts_per_hour"] > per["sync_grpo16"]["prompts_per_hour"]
 
 
-@pytest.mark.parametrize("mode", ["async_grpo16", "async_v05"])
-def test_staleness_bound_on_admission(mode):
-    for s in (0, 1, 3):
-        res = simulate(toy(max_staleness=s), mode)
-        assert res.checks["admission_excess"] <= 0   # admitted <= (version + s + 1) * B, always
-        assert res.staleness.min() >= 0
-        if s == 0:  # only one batch in flight: nothing is ever trained on an older policy
-            assert res.staleness.max() == 0
-    assert simulate(toy(max_staleness=3), mode).staleness.max() >= 1
-
-
-def test_sync_modes_have_zero_staleness():
-    assert simulate(toy(), "sync_v05").staleness.max() == 0
+def test_equal_mse_mode_takes_its_group_from_the_v05_run():
+    per, _ = run_modes(toy(), ["async_v05", "async_grpo_equal_mse"])
+    g = per["async_v05"]["equal_mse_group"]
+    assert 2 <= g <= 64 and per["async_grpo_equal_mse"]["group_size"] == g
+    assert per["async_grpo_equal_mse"]["mean_k"] == g
+    with pytest.raises(ValueError, match="equal_mse"):
+        run_modes(toy(), ["async_grpo_equal_mse"])
 
 
 def test_better_prior_needs_fewer_rollouts():
     exact = simulate(toy(prompts=PromptModel(prior="exact")), "async_v05").k_trained.mean()
     flat = simulate(toy(prompts=PromptModel(prior="const0.5")), "async_v05").k_trained.mean()
     assert exact < flat
+
+
+def test_physical_limit_takes_the_best_split():
+    cfg = SimConfig(n_gpus=4, prior_gpus=0, n_generators=2,
+                    decode=DecodeModel(a_s=0.0, b_s=0.001, max_num_seqs=10),   # 1000 tok/s
+                    learner=LearnerModel(s_per_token_gpu=1e-3))                # 1000 tok/s
+    # 1000 decode tokens and 3000 trained tokens per prompt: 1 generator GPU, 3 learner GPUs.
+    lim = physical_limit(cfg, 1000, 3000)
+    assert lim["best_generator_gpus"] == 1 and lim["prompts_per_hour"] == pytest.approx(3600)
 
 
 # -- models and config -----------------------------------------------------------------------
@@ -167,6 +219,8 @@ def test_length_model_truncates_and_reads_empirical_values():
 def test_bad_config_raises_clear_errors():
     with pytest.raises(ValueError, match="learner GPU"):
         SimConfig(n_gpus=24, n_generators=24)
+    with pytest.raises(ValueError, match="prior GPU"):
+        SimConfig(n_gpus=25, prior_gpus=1, n_generators=24)
     with pytest.raises(ValueError, match="decode.nope"):
         from_dict({"decode": {"nope": 1}})
     with pytest.raises(ValueError, match="key=value"):
@@ -181,7 +235,7 @@ def test_bad_config_raises_clear_errors():
 CAL = {"n_generators": 2, "max_num_seqs": 8, "decode_step_s": [[1, 0.02], [8, 0.05]],
        "learner_s_per_token": 2e-4, "learner_step_overhead_s": 0.3, "sync_s": 0.4,
        "response_lengths": [4, 6, 9, 12, 16, 16, 16], "prompt_tokens": 12,
-       "batch_prompts": 4, "max_staleness": 1, "steps": 8, "warmup_steps": 2}
+       "batch_prompts": 4, "max_staleness": 1, "steps": 10, "warmup_steps": 3}
 
 
 def test_predict_ratio_on_a_tiny_calibration():

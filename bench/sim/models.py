@@ -202,18 +202,22 @@ class SimConfig:
     """The cluster, the algorithms' knobs and the run budget."""
 
     n_gpus: int = 32
-    n_generators: int = 24            # one engine each; learner GPUs = the rest
+    prior_gpus: int = 1               # V0.5 only: the V0 prior server's GPU (GRPO has none)
+    n_generators: int = 17            # one engine each; learner GPUs = the rest
     gpus_per_generator: int = 1
     batch_prompts: int = 128          # B: prompts per learner step
     group_size: int = 16              # G of GRPO
     k_init: int = 4                   # V0.5
     k_max: int = 16
     cost: float = 0.0039              # OSLA cost per rollout on the {-1, +1} reward scale
-    max_staleness: int = 1            # async: admitted prompts <= (version + this + 1) * B
+    plan: str = "batched"             # V0.5's rollout plan: "batched" or "sequential"
+    max_rounds: int | None = 3        # batched plan: most generation rounds per prompt
+    max_staleness: int = 1            # async: no trained sample older than this (versions)
     max_inflight_prompts: int | None = None
+    equal_mse_group: int | None = None  # G of async_grpo_equal_mse (set from a V0.5 run)
     steps: int = 40                   # budget: learner steps per mode ...
     max_hours: float | None = None    # ... or simulated hours, whichever ends first
-    warmup_steps: int = 4             # rates are measured after this many learner steps
+    warmup_steps: int | None = None   # rates after this many steps; None: max_staleness + 2
     overlap_slowdown: float = 1.0     # async only: factor on decode and learner times (shared cores)
     dispatch_latency_s: float = 0.01  # coordinator -> engine request latency (one Ray call)
     seed: int = 0
@@ -226,25 +230,39 @@ class SimConfig:
         for name in ("n_gpus", "n_generators", "gpus_per_generator", "batch_prompts",
                      "group_size", "k_init", "k_max", "steps"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        _check(self.learner_gpus >= 1, f"n_gpus ({self.n_gpus}) must leave >= 1 learner GPU after "
-               f"{self.n_generators} generators x {self.gpus_per_generator}")
+        _check(self.learner_gpus_for(True) >= 1, f"n_gpus ({self.n_gpus}) must leave >= 1 learner "
+               f"GPU after {self.n_generators} generators x {self.gpus_per_generator} and "
+               f"{self.prior_gpus} prior GPU(s)")
         _check(self.k_init <= self.k_max, f"k_init ({self.k_init}) must be <= k_max ({self.k_max})")
         _check(self.max_staleness >= 0, f"max_staleness must be >= 0, got {self.max_staleness}")
-        _check(0 <= self.warmup_steps < self.steps, f"warmup_steps must be in [0, steps), got {self.warmup_steps}")
+        _check(self.warmup < self.steps, f"warm-up ({self.warmup} steps) must be shorter than "
+               f"the run ({self.steps} steps)")
+        _check(self.plan in ("batched", "sequential"), f"plan must be batched or sequential, got {self.plan!r}")
+        _check(self.equal_mse_group is None or self.equal_mse_group >= 1, "equal_mse_group must be >= 1")
         _check(self.cost >= 0, f"cost must be >= 0, got {self.cost}")
         _check(self.overlap_slowdown >= 1.0, f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
         _check(self.dispatch_latency_s >= 0, f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s}")
         _check(self.max_hours is None or self.max_hours > 0, "max_hours must be > 0")
+        _check(self.prior_gpus >= 0, f"prior_gpus must be >= 0, got {self.prior_gpus}")
         _check(self.max_inflight_prompts is None or self.max_inflight_prompts >= 1,
                "max_inflight_prompts must be >= 1")
 
+    def usable_gpus(self, needs_prior: bool) -> int:
+        """GPUs that generate or train: V0.5 gives ``prior_gpus`` of them to its prior."""
+        return self.n_gpus - (self.prior_gpus if needs_prior else 0)
+
+    def learner_gpus_for(self, needs_prior: bool) -> int:
+        return self.usable_gpus(needs_prior) - self.n_generators * self.gpus_per_generator
+
     @property
-    def learner_gpus(self) -> int:
-        return self.n_gpus - self.n_generators * self.gpus_per_generator
+    def warmup(self) -> int:
+        """Learner steps before the steady-state window: the pipeline fills in max_staleness
+        + 1 versions, one more for margin (the issue's rule: after max_staleness + 2 steps)."""
+        return self.max_staleness + 2 if self.warmup_steps is None else self.warmup_steps
 
     @property
     def reward_slots(self) -> int:
-        return max(self.group_size, self.k_max)
+        return 2 * max(self.group_size, self.k_max, self.equal_mse_group or 0)
 
 
 # -- loading, overrides --------------------------------------------------------------------
