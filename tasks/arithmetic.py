@@ -12,7 +12,6 @@ seed: a problem is held out for every seed, so the warm-started default policy
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import random
@@ -21,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tasks import splits
 from tasks.base import Problem, Task
 
 
@@ -77,8 +77,7 @@ def evaluate(expr: str) -> int:
 
 def is_heldout(prompt: str) -> bool:
     """The fixed split: a salted hash of the prompt text, independent of any seed."""
-    h = hashlib.blake2b((SPLIT_SALT + prompt).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2.0 ** 64 < HELDOUT_FRACTION
+    return splits.is_heldout(prompt, SPLIT_SALT, HELDOUT_FRACTION)
 
 
 def make_problem(expr: str, level: int) -> Problem:
@@ -128,20 +127,7 @@ def _quotas(n: int, levels: Sequence[int], heldout: bool) -> dict[int, int]:
     """Split ``n`` evenly over ``levels``; a level with fewer distinct problems than its share
     gives them all and the rest is spread over the other levels."""
     caps = {lv: len(p) if (p := _pool(lv, heldout)) is not None else n for lv in levels}
-    quotas = dict.fromkeys(levels, 0)
-    left, open_ = n, list(levels)
-    while left and open_:
-        base, extra = divmod(left, len(open_))
-        for i, lv in enumerate(open_):
-            give = min(base + (i < extra), caps[lv] - quotas[lv])
-            quotas[lv] += give
-            left -= give
-        open_ = [lv for lv in open_ if quotas[lv] < caps[lv]]
-    if left:
-        side = "held-out" if heldout else "train"
-        raise ValueError(f"difficulties {list(levels)} have only {n - left} distinct {side} "
-                         f"problems, {n} requested")
-    return quotas
+    return splits.spread_evenly(n, caps, "held-out" if heldout else "train")
 
 
 def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -> list[Problem]:

@@ -1,0 +1,36 @@
+"""Seed-independent train / held-out splits and even spreads over difficulty levels.
+
+Shared by the synthetic tasks (``tasks.arithmetic``, ``tasks.stepwise``): a problem's side of
+the split is a salted hash of its prompt text, so a prompt held out under one seed is held out
+under every seed, and a warm-started policy never trains on a held-out problem.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+
+def is_heldout(prompt: str, salt: str, fraction: float) -> bool:
+    """Whether ``prompt`` is on the held-out side: a salted hash of its text below ``fraction``."""
+    h = hashlib.blake2b((salt + prompt).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2.0 ** 64 < fraction
+
+
+def spread_evenly(n: int, caps: Mapping[int, int], side: str) -> dict[int, int]:
+    """Split ``n`` evenly over the levels of ``caps`` (level -> most problems it has); a level
+    with fewer problems than its share gives them all and the rest is spread over the others.
+    Raises ValueError naming ``side`` when the levels together have fewer than ``n``."""
+    levels = list(caps)
+    quotas = dict.fromkeys(levels, 0)
+    left, open_ = n, list(levels)
+    while left and open_:
+        base, extra = divmod(left, len(open_))
+        for i, lv in enumerate(open_):
+            give = min(base + (i < extra), caps[lv] - quotas[lv])
+            quotas[lv] += give
+            left -= give
+        open_ = [lv for lv in open_ if quotas[lv] < caps[lv]]
+    if left:
+        raise ValueError(f"difficulties {levels} have only {n - left} distinct {side} "
+                         f"problems, {n} requested")
+    return quotas
