@@ -1,4 +1,6 @@
-"""The arithmetic task, the task registry and TaskConfig (pure Python, no torch)."""
+"""The arithmetic task, the task registry and TaskConfig (pure Python, no torch).
+
+The stepwise task has its own file (test_stepwise.py)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +11,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tasks import TASKS, TaskConfig, make_task, make_task_from_config
+from tasks import DEFAULT_TASK, TASKS, TaskConfig, make_task, make_task_from_config
 from tasks.arithmetic import (LEVELS, ArithmeticTask, evaluate, is_heldout, sample_expr,
                               train_stream)
 from tasks.base import Problem, Verdict
+from tasks.stepwise import StepwiseTask
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "math_small.jsonl"
 
@@ -166,8 +169,10 @@ def test_reference_answers_score_r_hi(task):
 # ---- registry and config --------------------------------------------------------------------
 
 def test_registry_names():
-    assert set(TASKS) == {"arithmetic", "math_jsonl"}
+    assert set(TASKS) == {"stepwise", "arithmetic", "math_jsonl"}
     assert isinstance(make_task("arithmetic", n_train=10, n_heldout=10), ArithmeticTask)
+    assert isinstance(make_task("stepwise", n_train=10, n_heldout=10), StepwiseTask)
+    assert DEFAULT_TASK == "stepwise"
 
 
 def test_unknown_task_lists_valid_names():
@@ -177,18 +182,25 @@ def test_unknown_task_lists_valid_names():
         TaskConfig(name="gsm8k")
 
 
-def test_config_defaults_build_arithmetic():
+def test_config_defaults_build_stepwise():
     t = make_task_from_config(TaskConfig())
-    assert isinstance(t, ArithmeticTask) and t.rewards == (-1.0, 1.0)
-    assert len(t.train()) == 800 and len(t.heldout()) == 200
+    assert isinstance(t, StepwiseTask) and t.rewards == (-1.0, 1.0)
+    assert len(t.train()) == 4000 and len(t.heldout()) == 200
 
 
-def test_config_passes_fields_through():
-    cfg = TaskConfig(seed=4, n_train=40, n_heldout=8, reward_low=0.0, difficulties=[1, 2])
+def test_config_builds_arithmetic_by_name():
+    t = make_task_from_config(TaskConfig(name="arithmetic"))
+    assert isinstance(t, ArithmeticTask) and len(t.train()) == 800 and len(t.heldout()) == 200
+
+
+@pytest.mark.parametrize("cls", [ArithmeticTask, StepwiseTask])
+def test_config_passes_fields_through(cls):
+    cfg = TaskConfig(name=cls.name, seed=4, n_train=40, n_heldout=8, reward_low=0.0,
+                     difficulties=[1, 2])
     t = make_task_from_config(cfg)
+    assert isinstance(t, cls)
     assert t.rewards == (0.0, 1.0) and len(t.train()) == 40 and len(t.heldout()) == 8
-    assert t.train() == ArithmeticTask(seed=4, n_train=40, n_heldout=8,
-                                       difficulties=(1, 2)).train()
+    assert t.train() == cls(seed=4, n_train=40, n_heldout=8, difficulties=(1, 2)).train()
 
 
 def test_config_rejects_unknown_fields_and_bad_values():
@@ -198,6 +210,8 @@ def test_config_rejects_unknown_fields_and_bad_values():
         TaskConfig(reward_low=1.0, reward_high=0.0)
     with pytest.raises(ValueError, match="difficulties"):
         TaskConfig(difficulties=[9])
+    with pytest.raises(ValueError, match="difficulties"):
+        TaskConfig(name="arithmetic", difficulties=[5])
     with pytest.raises(ValueError, match="n_heldout"):
         TaskConfig(n_heldout=0)
 
