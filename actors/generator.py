@@ -69,10 +69,36 @@ class GeneratorConfig(BaseModel):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
         "raw_logprobs", description="'raw': log-softmax of the model's logits (what the "
         "learner recomputes); 'processed': after temperature/top-p.")
+    prompt_format: Literal["auto", "chat", "raw"] = Field(
+        "auto", description="How a task prompt reaches the model: 'chat' renders it as a "
+        "user turn with the tokenizer's chat template (instruct models), 'raw' sends the text "
+        "as is (base models, the embedded policy), 'auto' is chat when the tokenizer carries a "
+        "chat template.")
+    system_prompt: str | None = Field(None, description="chat: a system turn before the "
+                                      "user's (None: none).")
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description="'priority': requests with a lower priority value run first "
         "(the coordinator sends extra rollouts of prompts in flight ahead of new prompts); "
         "'fcfs': arrival order, priorities ignored.")
+
+
+def render_prompt(tokenizer, prompt: str, fmt: str = "auto",
+                  system: str | None = None) -> str | list[int]:
+    """What the engine gets for a task prompt: the text itself (raw), or the token ids of the
+    chat template applied to a user turn with a generation prompt (ids, so that the engine
+    adds no second BOS to text the template already rendered)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if fmt == "raw" or (fmt == "auto" and not template):
+        return prompt
+    if not template:
+        raise ValueError("prompt_format 'chat' but the tokenizer has no chat template; "
+                         "use 'raw' for base models")
+    turns = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": prompt}]
+    ids = tokenizer.apply_chat_template(turns, tokenize=True, add_generation_prompt=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 returns an encoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
 
 
 def resolve_dtype(dtype: str, on_cpu: bool) -> str:
@@ -120,6 +146,10 @@ class Generator:
         self._env = _prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process)
         self._t_init = time.perf_counter()
         self._engine = _build_engine(model_path, cfg)
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._rendered: dict[str, str | list[int]] = {}  # prompt -> what the engine gets
         self.start_s = time.perf_counter() - self._t_init
         self._warm = False
         self._version = 0
@@ -254,7 +284,7 @@ class Generator:
 
         async def one(i: int) -> int:
             final = None
-            async for out in self._engine.generate(prompt, params,
+            async for out in self._engine.generate(self._engine_prompt(prompt), params,
                                                    request_id=f"peak-g{self.index}-{i}"):
                 final = out
             return len(final.outputs[0].token_ids)
@@ -284,7 +314,8 @@ class Generator:
         priority = req.priority if self.cfg.scheduling_policy == "priority" else 0
         last = None  # an aborted request's final output carries no tokens: keep the last one's
         try:
-            async for out in self._engine.generate(req.prompt, build_sampling_params(req, i),
+            async for out in self._engine.generate(self._engine_prompt(req.prompt),
+                                                   build_sampling_params(req, i),
                                                    request_id=rid, priority=priority):
                 last, final = final, out
         except Exception as e:
@@ -312,6 +343,17 @@ class Generator:
                        version=v0, version_end=self._version, generator=self.index,
                        t_start=t_start, t_end=time.time(), cancelled=cancelled,
                        incarnation=self._incarnation)
+
+    def _engine_prompt(self, prompt: str):
+        """The prompt as the engine takes it (see ``render_prompt``), rendered once per text."""
+        out = self._rendered.get(prompt)
+        if out is None:
+            out = render_prompt(self._tokenizer, prompt, self.cfg.prompt_format,
+                                self.cfg.system_prompt)
+            if len(self._rendered) > 65536:
+                self._rendered.clear()
+            self._rendered[prompt] = out
+        return {"prompt_token_ids": out} if isinstance(out, list) else out
 
     def _integrate_seqs(self, now: float) -> None:
         self._seq_s += min(self._seqs, self.cfg.max_num_seqs) * (now - self._seq_t)

@@ -22,6 +22,8 @@ ARCH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=2)
 PROMPTS = ["12+34=", "7*8=", "Q: 99-1?"]
 LOGPROB_ATOL = 2e-3  # float32 engine vs float32 transformers, different kernels
+CHAT_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}[assistant] {% endif %}")
 
 
 def _hf_model(seed: int):
@@ -39,7 +41,9 @@ def model_dir(tmp_path_factory):
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path_factory.mktemp("gen_policy")
-    save_policy(_hf_model(0), build_tokenizer(), path)
+    tok = build_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE  # prompts reach the engine through it ("auto")
+    save_policy(_hf_model(0), tok, path)
     return path
 
 
@@ -118,19 +122,20 @@ def sampled(gen):
     return reqs, ray.get([gen.generate.remote(q) for q in reqs]), version
 
 
-def test_rollouts_shape_and_concurrency(gen, sampled):
+def test_rollouts_shape_and_concurrency(gen, sampled, model_dir):
     import ray
 
-    from tasks.policy_model import build_tokenizer
+    from transformers import AutoTokenizer
 
-    tok = build_tokenizer()
+    tok = AutoTokenizer.from_pretrained(model_dir)
     reqs, results, version = sampled
     assert len(results) == len(reqs)
     for req, rollouts in zip(reqs, results):
         assert len(rollouts) == req.n
         for r in rollouts:
             assert r.request_id == req.request_id and r.prompt_id == req.prompt_id
-            assert r.prompt_token_ids == tok(req.prompt, add_special_tokens=False)["input_ids"]
+            # The task prompt went through the model's chat template as a user turn.
+            assert tok.decode(r.prompt_token_ids) == f"[user] {req.prompt}\n[assistant] "
             assert 1 <= len(r.token_ids) <= 24 and len(r.logprobs) == len(r.token_ids)
             assert all(math.isfinite(x) and x <= 0.0 for x in r.logprobs)
             assert all(0 <= t < len(tok) for t in r.token_ids)
