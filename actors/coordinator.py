@@ -21,11 +21,13 @@ its prompts to the empirical-mean fallback (counted).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 
 from actors.prompts import PromptSampler, checked_priors, group_samples, make_record, success_rate
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
+from actors.scoring import Overlong, Scorer
 from actors.types import RolloutRequest, SamplingConfig, TrainBatch
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
@@ -35,13 +37,16 @@ class Coordinator:
     def __init__(self, generators: list, prior, task_cfg, estimator, sched_cfg: SchedulerConfig,
                  sampling: SamplingConfig, *, seed: int = 0, data_pos: int = 0, version: int = 0,
                  prior_timeout_s: float = 10.0, request_timeout_s: float = 600.0,
-                 accounting: dict | None = None):
+                 accounting: dict | None = None, score_workers: int = 0,
+                 score_timeout_s: float = 10.0, overlong: Overlong | None = None):
         from tasks import make_task_from_config
 
         self.gens = list(generators)
         self.prior, self.prior_timeout_s = prior, prior_timeout_s
         self.request_timeout_s = request_timeout_s
         self.task = make_task_from_config(task_cfg)
+        self.scorer = Scorer(self.task, functools.partial(make_task_from_config, task_cfg),
+                             score_workers, score_timeout_s, overlong)
         self.sampling = sampling
         self.sampler = PromptSampler(self.task.train(), seed, data_pos)
         self.sched = Scheduler(sched_cfg, estimator, len(self.gens), version, clock=time.time)
@@ -107,6 +112,7 @@ class Coordinator:
         self._stopped = True
         for t in list(self._tasks):
             t.cancel()
+        self.scorer.close()
         return self.summary()
 
     def summary(self) -> dict:
@@ -118,7 +124,8 @@ class Coordinator:
                 "prior_fallbacks": self.counts["prior_fallback"],
                 "generator_restarts": self.counts["restarts"],
                 "requests_per_generator": [self.counts[f"served{i}"] for i in range(len(self.gens))],
-                "data_pos": data_pos, "generator_events": list(self.events)}
+                "data_pos": data_pos, "generator_events": list(self.events),
+                "scoring": dict(self.scorer.counts)}
 
     def status(self) -> dict:
         s = self.sched
@@ -213,11 +220,15 @@ class Coordinator:
             # Restarted between two calls: it served initial weights. Discard, re-sync it.
             self._lost(d.generator, "new incarnation")
             return self._apply(self.sched.on_request_failed(d.request_id, generator_lost=True))
+        verdicts = await asyncio.gather(*(
+            self.scorer.score(grp.problem, r.text, len(r.token_ids)) for r in rollouts
+            if not r.cancelled))
+        it = iter(verdicts)
         finished = []
         for pos, r in enumerate(rollouts):
             if not r.cancelled:
-                verdict = self.task.score(grp.problem, r.text)
-                r.reward, r.parsed = verdict.reward, verdict.parsed
+                v = next(it)
+                r.reward, r.parsed = v.reward, v.parsed
             finished.append(Finished(pos, r.reward if r.reward is not None else 0.0,
                                      len(r.token_ids), r.version, r, r.cancelled))
         self._apply(self.sched.on_rollouts(d.request_id, finished))

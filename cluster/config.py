@@ -120,6 +120,21 @@ class RolloutConfig(Section):
         "staleness calendar only)."))
 
 
+class RewardConfig(Section):
+    """How completions are scored (the task's verifier) and shaped."""
+
+    workers: int | None = Field(None, ge=0, description=(
+        "Verifier worker processes (each answer with a deadline, a hung one killed); 0 scores "
+        "inline on the coordinator's loop; None: 2 for tasks with a slow verifier "
+        "(math_jsonl's math-verify), else 0."))
+    timeout_s: float = Field(10.0, gt=0, description=(
+        "Per-answer deadline in a worker; a timed-out answer gets the low reward, counted."))
+    overlong_buffer: int = Field(0, ge=0, description=(
+        "DAPO overlong shaping: the last this-many tokens before rollout.max_tokens cost up to "
+        "overlong_penalty, linearly (0: off)."))
+    overlong_penalty: float = Field(1.0, ge=0, description="The largest overlong penalty.")
+
+
 class GeneratorsConfig(Section):
     """The vLLM generator actors."""
 
@@ -179,6 +194,7 @@ class Config(Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     generators: GeneratorsConfig = Field(default_factory=GeneratorsConfig)
     learner: LearnerPlacement = Field(default_factory=LearnerPlacement)
     optim: LearnerConfig = Field(default_factory=LearnerConfig)
@@ -204,11 +220,20 @@ class Config(Section):
             raise ValueError(f"optim.temperature ({self.optim.temperature}) must equal "
                              f"rollout.temperature ({r.temperature}): the engine reports log-probs "
                              "of the tempered distribution it sampled from")
+        if self.reward.overlong_buffer >= r.max_tokens:
+            raise ValueError(f"reward.overlong_buffer ({self.reward.overlong_buffer}) must be "
+                             f"smaller than rollout.max_tokens ({r.max_tokens})")
         if r.max_tokens >= self.generators.engine.max_model_len:
             raise ValueError(f"rollout.max_tokens ({r.max_tokens}) leaves no room for the prompt "
                              f"in generators.engine.max_model_len "
                              f"({self.generators.engine.max_model_len})")
         return self
+
+    def score_workers(self) -> int:
+        if self.reward.workers is not None:
+            return self.reward.workers
+        from tasks import TASKS
+        return 2 if getattr(TASKS[self.task.name], "slow_verifier", False) else 0
 
     @property
     def run_dir(self) -> Path:

@@ -231,13 +231,15 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
 
     from actors.coordinator import Coordinator
     from actors.scheduler import SchedulerConfig
+    from actors.scoring import Overlong, shaped_range
     from actors.telemetry import Telemetry
     from actors.types import SamplingConfig
     from cluster.placement import COORDINATOR_CPUS
     from estimator.registry import ESTIMATORS
 
     r = cfg.rollout
-    est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(task.rewards))
+    overlong = Overlong(r.max_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
+    est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(shaped_range(task.rewards, overlong)))
     sched = SchedulerConfig(
         batch_prompts=r.batch_prompts,
         max_staleness=0 if cfg.mode == "sync" else r.max_staleness,
@@ -249,7 +251,8 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
         scheduling_strategy=pg_strategy(roles.groups["coordinator"], 0)).remote(
         roles.generators, roles.prior, cfg.task, est, sched, sampling, seed=cfg.run.seed,
         data_pos=state.data_pos, version=state.version, prior_timeout_s=cfg.prior.timeout_s,
-        request_timeout_s=cfg.run.call_timeout_s, accounting=state.accounting)
+        request_timeout_s=cfg.run.call_timeout_s, accounting=state.accounting,
+        score_workers=cfg.score_workers(), score_timeout_s=cfg.reward.timeout_s, overlong=overlong)
     telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
     return coord, telemetry
 

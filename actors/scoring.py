@@ -1,0 +1,142 @@
+"""Scoring completions with the task's verifier, off the coordinator's event loop.
+
+``Scorer(task, factory, workers, timeout_s, ...)``: with ``workers=0`` the verifier runs inline
+(the synthetic tasks check an integer in microseconds); with ``workers >= 1`` it runs in that
+many worker processes, each answer with a deadline. math-verify's own timeouts work only in a
+process's main thread, and one pathological answer must not stall dispatch: a worker that
+misses the deadline is killed and replaced, and the answer gets the low reward, counted as
+``timeout``. A verifier that raises gives the low reward too, counted as ``error``.
+
+DAPO's overlong shaping (``overlong_buffer`` tokens before ``max_tokens``): a response whose
+length L falls in the last ``buffer`` tokens loses ``penalty * (L - (max_tokens - buffer)) /
+buffer``, one that reached ``max_tokens`` loses ``penalty``.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+from collections import Counter
+from dataclasses import dataclass
+
+from tasks.base import Verdict
+
+
+@dataclass(frozen=True)
+class Overlong:
+    max_tokens: int
+    buffer: int = 0          # 0: no shaping
+    penalty: float = 1.0
+
+    def __call__(self, n_tokens: int) -> float:
+        """The (non-positive) length term added to the correctness reward."""
+        if self.buffer <= 0:
+            return 0.0
+        start = self.max_tokens - self.buffer
+        return -self.penalty * min(1.0, max(0, n_tokens - start) / self.buffer)
+
+
+def shaped_range(rewards: tuple[float, float], overlong: Overlong) -> tuple[float, float]:
+    """The range of shaped rewards: the low end drops by the penalty when shaping is on."""
+    return (rewards[0] - (overlong.penalty if overlong.buffer > 0 else 0.0), rewards[1])
+
+
+def _serve(conn, factory) -> None:
+    """A worker process: build the task once (``factory()``), then score (problem, text)
+    pairs until the pipe closes."""
+    task = factory()
+    while True:
+        try:
+            problem, text = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", task.score(problem, text)))
+        except Exception as err:  # noqa: BLE001 - reported to the caller
+            conn.send(("error", f"{type(err).__name__}: {err}"))
+
+
+class _Worker:
+    def __init__(self, ctx, factory):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, factory), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def ask(self, problem, text, timeout_s: float):
+        """(status, value); status 'timeout' when no answer came in time (the caller then
+        kills this worker)."""
+        self.conn.send((problem, text))
+        if not self.conn.poll(timeout_s):
+            return "timeout", None
+        return self.conn.recv()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class Scorer:
+    """``task`` scores inline; ``factory`` (picklable, e.g. a ``functools.partial`` of
+    ``tasks.make_task_from_config``) builds the same task in each worker process."""
+
+    def __init__(self, task, factory=None, workers: int = 0, timeout_s: float = 10.0,
+                 overlong: Overlong | None = None):
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if workers and factory is None:
+            raise ValueError("scoring in worker processes needs a task factory")
+        self.task, self.factory, self.timeout_s = task, factory, timeout_s
+        self.overlong = overlong or Overlong(max_tokens=1)
+        self.counts: Counter = Counter()
+        self._ctx = mp.get_context("spawn")  # a fresh interpreter: no Ray or asyncio state
+        self._free: asyncio.Queue | None = None
+        self._n = workers
+
+    def _pool(self) -> asyncio.Queue:
+        if self._free is None:  # started lazily, inside the event loop that uses it
+            self._free = asyncio.Queue()
+            for _ in range(self._n):
+                self._free.put_nowait(_Worker(self._ctx, self.factory))
+        return self._free
+
+    async def score(self, problem, text: str, n_tokens: int) -> Verdict:
+        """The verdict on one completion, with the overlong term added to its reward."""
+        v = await (self._pooled(problem, text) if self._n else self._inline(problem, text))
+        self.counts["scored"] += 1
+        shaped = v.reward + self.overlong(n_tokens)
+        if shaped != v.reward:
+            self.counts["overlong_shaped"] += 1
+        return Verdict(shaped, v.parsed, v.extracted)
+
+    async def _inline(self, problem, text: str) -> Verdict:
+        try:
+            return self.task.score(problem, text)
+        except Exception:  # noqa: BLE001 - a broken verifier costs the answer, not the run
+            return self._failed("error")
+
+    async def _pooled(self, problem, text: str) -> Verdict:
+        pool = self._pool()
+        worker = await pool.get()
+        try:
+            status, value = await asyncio.to_thread(worker.ask, problem, text, self.timeout_s)
+        except (OSError, EOFError):  # the worker died under us
+            status, value = "error", None
+        if status in ("timeout",) or (status == "error" and value is None):
+            worker.kill()  # hung or dead: replace it
+            worker = _Worker(self._ctx, self.factory)
+        pool.put_nowait(worker)
+        if status == "ok":
+            return value
+        return self._failed(status)
+
+    def _failed(self, why: str) -> Verdict:
+        self.counts[f"score_{why}"] += 1
+        return Verdict(self.task.rewards[0], False, None)
+
+    def close(self) -> None:
+        if self._free is not None:
+            while not self._free.empty():
+                self._free.get_nowait().kill()
