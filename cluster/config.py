@@ -29,7 +29,12 @@ class RunConfig(Section):
     """What this run is called, where it writes, and how long it lasts."""
 
     name: str = Field("v05-cpu", description="Run name: outputs go to <output_dir>/<name>/.")
-    output_dir: str = Field("runs", description="Parent folder of run outputs.")
+    output_dir: str = Field("runs", description=(
+        "Parent folder of run outputs: absolute (shared storage on a cluster), or relative to "
+        "$V05_OUTPUT_ROOT, else to the current directory (inside a Ray job: ~/v05rl-runs, "
+        "not Ray's temporary copy of the working directory; see cluster/paths.py)."))
+    save_final: bool = Field(True, description=(
+        "At the end, save the trained policy in Hugging Face format to <run dir>/final."))
     max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
     seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
     eval_every: int = Field(5, ge=0, description="Held-out evaluation every N steps (0: never).")
@@ -53,7 +58,9 @@ class ModelConfig(Section):
     """The policy checkpoint (a Hugging Face directory) that generators and learner load."""
 
     path: str = Field("embedded", description=(
-        "Checkpoint directory, or 'embedded' for the tiny arithmetic policy built on first use."))
+        "A checkpoint directory, a model id already in the local Hugging Face cache "
+        "(e.g. Qwen/Qwen3-4B-Instruct-2507; nothing is downloaded at run time), or "
+        "'embedded' for the tiny policy built on first use."))
 
     def resolve(self) -> str:
         """The checkpoint directory; builds the embedded policy on first use. Checked here
@@ -62,10 +69,33 @@ class ModelConfig(Section):
         if self.path == "embedded":
             from tasks.policy import ensure_default_policy
             return str(ensure_default_policy())
-        if not (Path(self.path) / "config.json").is_file():
+        path = Path(self.path)
+        if not path.exists() and _looks_like_model_id(self.path):
+            path = _from_hf_cache(self.path)
+        if not (path / "config.json").is_file():
             raise ConfigError(f"model.path {self.path!r}: no Hugging Face checkpoint there "
-                              "(config.json missing); use 'embedded' or a checkpoint directory")
-        return self.path
+                              "(config.json missing); use 'embedded', a checkpoint directory "
+                              "or a model id in the local Hugging Face cache")
+        return str(path.resolve())
+
+
+def _looks_like_model_id(s: str) -> bool:
+    parts = s.split("/")
+    return len(parts) == 2 and all(parts) and not s.startswith((".", "/", "~"))
+
+
+def _from_hf_cache(model_id: str) -> Path:
+    """The snapshot directory of ``model_id`` in the local Hugging Face cache (HF_HOME /
+    HF_HUB_CACHE); never downloads."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise ConfigError(f"model.path {model_id!r} is not a directory and not in the local "
+                          "Hugging Face cache; download it first (e.g. `huggingface-cli "
+                          f"download {model_id}` on every node) or give its directory") from None
 
 
 class AlgoConfig(Section):
@@ -237,7 +267,9 @@ class Config(Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.run.output_dir) / self.run.name
+        """The absolute run directory (cluster/paths.py)."""
+        from cluster.paths import output_root
+        return output_root(self.run.output_dir) / self.run.name
 
 
 class ConfigError(ValueError):

@@ -101,6 +101,8 @@ class Trainer:
                 self.one_step()
             acct = ray.get(self.coord.stop.remote())
             self.save()
+            if cfg.run.save_final:  # the trained policy, loadable by transformers and vLLM
+                self.roles.learner.save_hf(str(cfg.run_dir / "final"))
         finally:
             ray.kill(self.coord)
             ray.kill(self.telemetry)

@@ -119,3 +119,22 @@ def test_sampling_settings_must_match_the_learner(overrides, message):
         return
     with pytest.raises(ConfigError, match=message):
         build_config(overrides)
+
+
+def test_model_id_resolves_from_the_local_hf_cache_without_download(tmp_path, monkeypatch):
+    # The hub cache layout: models--org--name/{refs/main, snapshots/<rev>/...}
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    assert build_config({"model": {"path": "acme/tiny"}}).model.resolve() == str(snap.resolve())
+    with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
+        build_config({"model": {"path": "acme/missing"}}).model.resolve()
+    with pytest.raises(ConfigError, match="config.json missing"):
+        build_config({"model": {"path": str(tmp_path)}}).model.resolve()
