@@ -7,13 +7,11 @@ prompts (``predict``). A plain class: the launcher wraps it, e.g.
     PriorActor = ray.remote(num_cpus=0.5)(PriorServer)
     prior = PriorActor.remote("embedded", {}, window=256, cpu_threads=1)
 
-Offline evaluation: ``python -m actors.prior predict --context C.jsonl --queries Q.jsonl``.
-Only the standard library is imported before arguments are parsed (``--help`` is instant).
+Offline evaluation: ``python -m actors.prior predict --context C.jsonl --queries Q.jsonl`` (the
+CLI lives in ``actors/prior_cli.py``). Only the standard library is imported at import time.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import numbers
 import sys
@@ -26,7 +24,7 @@ class PriorOutputError(RuntimeError):
     """A backend returned something that is not one finite number per prompt."""
 
 
-def _check_score(score, where: str) -> float:
+def check_score(score, where: str) -> float:
     if isinstance(score, bool) or not isinstance(score, numbers.Real):
         raise ValueError(f"{where}: score must be a number in [0, 1], got {score!r}")
     s = float(score)
@@ -35,7 +33,7 @@ def _check_score(score, where: str) -> float:
     return s
 
 
-def _check_prompt(prompt, where: str) -> str:
+def check_prompt(prompt, where: str) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"{where}: prompt must be a string, got {type(prompt).__name__}")
     return prompt
@@ -102,7 +100,7 @@ class PriorServer:
             where = f"observe item {i}"
             if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version < 0:
                 raise ValueError(f"{where}: version must be an int >= 0, got {version!r}")
-            checked.append((_check_prompt(prompt, where), _check_score(score, where), int(version)))
+            checked.append((check_prompt(prompt, where), check_score(score, where), int(version)))
         for it in checked:
             self._items.append(it)
             self._latest_version = max(self._latest_version, it[2])
@@ -123,7 +121,7 @@ class PriorServer:
         import numpy as np
         if isinstance(prompts, str):
             raise ValueError("predict takes a list of prompts, got a single string")
-        prompts = [_check_prompt(p, f"predict prompt {i}") for i, p in enumerate(prompts)]
+        prompts = [check_prompt(p, f"predict prompt {i}") for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         if self._dirty:
             self.backend.set_context(self._context())
@@ -161,91 +159,7 @@ class PriorServer:
                 "last_latency_ms": 1e3 * self._last_latency_s, **self.backend.stats()}
 
 
-# -- CLI --------------------------------------------------------------------------------------
-class InputError(ValueError):
-    """A bad line in an input file (the message names the file and line)."""
-
-
-def read_jsonl(path: str, need_score: bool) -> list[dict]:
-    """Rows of a JSONL file: {"prompt": str} (+ "score" in [0, 1] when ``need_score``)."""
-    try:
-        text = open(path, encoding="utf-8").read()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from e
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where}: not valid JSON ({e.msg})") from e
-        if not isinstance(row, dict) or "prompt" not in row:
-            raise InputError(f"{where}: expected an object with a \"prompt\" key")
-        try:
-            item = {"prompt": _check_prompt(row["prompt"], where)}
-            if need_score:
-                if "score" not in row:
-                    raise ValueError(f"{where}: missing \"score\"")
-                item["score"] = _check_score(row["score"], where)
-        except ValueError as e:
-            raise InputError(str(e)) from e
-        rows.append(item)
-    return rows
-
-
-def _parse_options(pairs: list[str]) -> dict:
-    """--option key=value; values are JSON when they parse as JSON, else strings."""
-    opts = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InputError(f"--option expects key=value, got {pair!r}")
-        try:
-            opts[key] = json.loads(value)
-        except json.JSONDecodeError:
-            opts[key] = value
-    return opts
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m actors.prior",
-                                     description="Offline use of the V0 prior server.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    pred = sub.add_parser("predict", help="predict p for queries given a context (JSONL in, JSONL out)")
-    pred.add_argument("--context", required=True,
-                      help='JSONL, one {"prompt": str, "score": float in [0, 1]} per line')
-    pred.add_argument("--queries", required=True, help='JSONL, one {"prompt": str} per line')
-    pred.add_argument("--backend", default="embedded",
-                      help="prior backend: embedded (default), v0, constant")
-    pred.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                      help="backend option (repeatable), e.g. --option halflife=null")
-    pred.add_argument("--window", type=int, default=None,
-                      help="keep only the last N context lines (default: all of them)")
-    pred.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        context = read_jsonl(args.context, need_score=True)
-        queries = read_jsonl(args.queries, need_score=False)
-        options = _parse_options(args.option)
-        window = args.window if args.window is not None else max(1, len(context))
-        server = PriorServer(args.backend, options, window=window, cpu_threads=args.threads)
-        server.observe([(r["prompt"], r["score"], 0) for r in context])
-        ps = server.predict([q["prompt"] for q in queries])
-    except (InputError, ValueError, FileNotFoundError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = sys.stdout
-    for q, p in zip(queries, ps):
-        out.write(json.dumps({"prompt": q["prompt"], "p": p}, ensure_ascii=False) + "\n")
-    out.flush()
-    return 0
-
-
 if __name__ == "__main__":
+    # ``python -m actors.prior predict ...`` keeps working; the CLI is its own module.
+    from actors.prior_cli import main
     sys.exit(main())

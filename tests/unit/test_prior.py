@@ -268,8 +268,8 @@ def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
 
 
 # -- the CLI -----------------------------------------------------------------------------------
-def _cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "actors.prior", *args], cwd=cwd,
+def _cli(*args, cwd=REPO, module="actors.prior"):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -316,8 +316,11 @@ def test_cli_errors_for_backend_problems_and_help_is_light(tmp_path):
     assert bad.returncode == 2 and "valid: constant, embedded" in bad.stderr
     helped = _cli("--help")
     assert helped.returncode == 0 and "predict" in helped.stdout
+    own = _cli("predict", "--help", module="actors.prior_cli")       # the CLI's own module
+    assert own.returncode == 0 and "--queries" in own.stdout
     probe = subprocess.run([sys.executable, "-c",
-                            "import sys, actors.prior, actors.priors, actors.priors.v0; "
+                            "import sys, actors.prior, actors.prior_cli, actors.priors, "
+                            "actors.priors.v0; "
                             "print(sorted(m for m in ('torch', 'sentence_transformers', "
                             "'transformers', 'ray') if m in sys.modules))"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
