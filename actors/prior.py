@@ -7,17 +7,29 @@ prompts (``predict``). A plain class: the launcher wraps it, e.g.
     PriorActor = ray.remote(num_cpus=0.5)(PriorServer)
     prior = PriorActor.remote("embedded", {}, window=256, cpu_threads=1)
 
-Offline evaluation: ``python -m actors.prior predict --context C.jsonl --queries Q.jsonl`` (the
-CLI lives in ``actors/prior_cli.py``). Only the standard library is imported at import time.
+The fallback chain, innermost first: a backend that raises, answers garbage or takes longer than
+``budget_s`` is answered for by the ``fallback`` backend (by default the embedded prior, for any
+backend but the embedded and constant ones), counted in ``stats()["fallbacks"]`` by reason; a
+server that does not answer at all within the coordinator's ``prior.timeout_s`` makes the
+coordinator use the empirical mean (``actors/coordinator.py``).
+
+Offline evaluation: ``python -m actors.prior predict ...`` (the CLI lives in
+``actors/prior_cli.py``). Only the standard library is imported at import time.
 """
 from __future__ import annotations
 
 import math
 import numbers
 import sys
+import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+FALLBACK_REASONS = ("timeout", "error")
+DEFAULT_BUDGET_S = 5.0
 
 
 class PriorOutputError(RuntimeError):
@@ -37,6 +49,21 @@ def check_prompt(prompt, where: str) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"{where}: prompt must be a string, got {type(prompt).__name__}")
     return prompt
+
+
+def _in_thread(fn: Callable[[], object]) -> Future:
+    """Run ``fn`` in a fresh daemon thread; its Future. Daemon: a backend stuck past its budget
+    never keeps the process from exiting (a thread pool's workers would be joined at exit)."""
+    fut: Future = Future()
+
+    def run():
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001  (handed to the caller)
+                fut.set_exception(e)
+    threading.Thread(target=run, name="prior-backend", daemon=True).start()
+    return fut
 
 
 def _limit_threads(n: int) -> None:
@@ -61,30 +88,47 @@ def prior_names() -> list[str]:
 
 
 class PriorServer:
-    """Window of recent observations + a backend. Methods are synchronous and cheap to call
-    through a Ray handle; ``ready()`` returns once the backend (and its encoder) is loaded."""
+    """Window of recent observations + a backend (+ a fallback backend). Methods are synchronous
+    and cheap to call through a Ray handle; ``ready()`` returns once the backends are loaded.
+
+    ``fallback``: the backend that answers when the primary one raises, returns garbage or
+    exceeds ``budget_s`` seconds ("auto": "embedded" unless the primary is "embedded" or
+    "constant", and only if it can be built here; None: no fallback, errors reach the caller).
+    ``fallback_options``: its options. ``budget_s``: seconds the primary has for one
+    ``predict`` (its context refit included) before the fallback answers; it needs a fallback
+    (None: no limit). The primary then runs in a helper thread; a call past its budget keeps
+    running there and its answer is dropped; until it ends, predictions come from the fallback.
+    """
 
     def __init__(self, backend: str = "embedded", options: dict | None = None,
-                 window: int = 256, cpu_threads: int = 1):
+                 window: int = 256, cpu_threads: int = 1, fallback: str | None = "auto",
+                 fallback_options: dict | None = None, budget_s: float | None = DEFAULT_BUDGET_S):
         if int(window) < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
         if int(cpu_threads) < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads!r}")
+        if budget_s is not None and not float(budget_s) > 0:
+            raise ValueError(f"budget_s must be > 0 seconds or None, got {budget_s!r}")
         _limit_threads(int(cpu_threads))
-        opts = dict(options or {})
-        if backend == "embedded":
-            opts.setdefault("threads", int(cpu_threads))
         self.backend_name = backend
-        self.backend = make_prior(backend, **opts)
+        self.backend = make_prior(backend, **_with_threads(backend, options, cpu_threads))
+        self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(
+            backend, fallback, fallback_options, cpu_threads)
+        self.budget_s = float(budget_s) if budget_s is not None else None
         self.window = int(window)
         self._items: deque[tuple[str, float, int]] = deque(maxlen=self.window)
-        self._dirty = True
+        self._dirty = True                  # the primary's context is stale
+        self._fallback_dirty = True         # the fallback's context is stale
+        self._job: Future | None = None     # the primary's call in its helper thread
         self._latest_version = 0
         self._n_observed = 0
         self._n_calls = 0
         self._n_predicted = 0
         self._latency_s = 0.0
         self._last_latency_s = 0.0
+        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        self._n_fallback_predicted = 0
+        self.last_fallback = ""
 
     def ready(self) -> bool:
         return True
@@ -105,7 +149,8 @@ class PriorServer:
             self._items.append(it)
             self._latest_version = max(self._latest_version, it[2])
         self._n_observed += len(checked)
-        self._dirty = self._dirty or bool(checked)
+        if checked:
+            self._dirty = self._fallback_dirty = True
         return len(self._items)
 
     def _context(self):
@@ -118,30 +163,17 @@ class PriorServer:
 
     def predict(self, prompts: Sequence[str]) -> list[float]:
         """p in [0, 1] for each prompt, in order."""
-        import numpy as np
         if isinstance(prompts, str):
             raise ValueError("predict takes a list of prompts, got a single string")
         prompts = [check_prompt(p, f"predict prompt {i}") for i, p in enumerate(prompts)]
-        t0 = time.perf_counter()
-        if self._dirty:
-            self.backend.set_context(self._context())
-            self._dirty = False
         if not prompts:
             return []
-        raw = self.backend.predict(prompts)
-        try:
-            p = np.asarray(raw, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError) as e:
-            raise PriorOutputError(f"prior backend {self.backend_name!r} returned non-numeric "
-                                   f"output: {raw!r:.200}") from e
-        if p.shape != (len(prompts),):
-            raise PriorOutputError(f"prior backend {self.backend_name!r} returned {p.size} values "
-                                   f"for {len(prompts)} prompts")
-        bad = np.flatnonzero(~np.isfinite(p))
-        if bad.size:
-            raise PriorOutputError(f"prior backend {self.backend_name!r} returned non-finite "
-                                   f"values at positions {bad[:10].tolist()}: {p[bad[:10]].tolist()}")
-        out = np.clip(p, 0.0, 1.0).tolist()
+        t0 = time.perf_counter()
+        if self.fallback is None:
+            p = self._primary(prompts)
+        else:
+            p = self._guarded(prompts)
+        out = p.clip(0.0, 1.0).tolist()
         dt = time.perf_counter() - t0
         self._n_calls += 1
         self._n_predicted += len(prompts)
@@ -149,14 +181,110 @@ class PriorServer:
         self._last_latency_s = dt
         return out
 
+    def _primary(self, prompts: list[str]):
+        """The primary backend's checked answer, refit first if the window changed."""
+        context = self._context() if self._dirty else None
+        self._dirty = False
+        try:
+            return self._call_primary(prompts, context)
+        except BaseException:
+            self._dirty = True              # refit on the next call: the fit may be half done
+            raise
+
+    def _call_primary(self, prompts: list[str], context):
+        """May run in the helper thread: touches the backend only, never the window."""
+        if context is not None:
+            self.backend.set_context(context)
+        return _checked(self.backend_name, self.backend.predict(prompts), len(prompts))
+
+    def _guarded(self, prompts: list[str]):
+        """The primary's answer within ``budget_s``, else the fallback's (counted)."""
+        if self._job is not None and not self._job.done():
+            return self._fall_back(prompts, "timeout", "an earlier call is still running "
+                                   f"past its budget of {self.budget_s} s")
+        context = self._context() if self._dirty else None
+        self._dirty = False                 # the context travels with the job
+        self._job = _in_thread(lambda: self._call_primary(prompts, context))
+        try:
+            return self._job.result(timeout=self.budget_s)
+        except FutureTimeout:
+            self._dirty = True              # whether its refit lands is unknown: redo it
+            return self._fall_back(prompts, "timeout", f"no answer within {self.budget_s} s")
+        except Exception as e:  # noqa: BLE001  (any failure of the primary: answer anyway)
+            self._dirty = True
+            return self._fall_back(prompts, "error", f"{type(e).__name__}: {e}")
+
+    def _fall_back(self, prompts: list[str], reason: str, detail: str):
+        self.fallbacks[reason] += 1
+        self._n_fallback_predicted += len(prompts)
+        self.last_fallback = f"{reason}: {self.backend_name}: {detail}"[:500]
+        if self._fallback_dirty:
+            self.fallback.set_context(self._context())
+            self._fallback_dirty = False
+        return _checked(self.fallback_name, self.fallback.predict(prompts), len(prompts))
+
     def stats(self) -> dict:
         calls = self._n_calls
-        return {"backend": self.backend_name, "window": self.window,
-                "n_context": len(self._items), "n_observed": self._n_observed,
-                "latest_version": self._latest_version, "predict_calls": calls,
-                "n_predicted": self._n_predicted,
-                "mean_latency_ms": 1e3 * self._latency_s / calls if calls else 0.0,
-                "last_latency_ms": 1e3 * self._last_latency_s, **self.backend.stats()}
+        out = {"backend": self.backend_name, "window": self.window,
+               "n_context": len(self._items), "n_observed": self._n_observed,
+               "latest_version": self._latest_version, "predict_calls": calls,
+               "n_predicted": self._n_predicted,
+               "mean_latency_ms": 1e3 * self._latency_s / calls if calls else 0.0,
+               "last_latency_ms": 1e3 * self._last_latency_s,
+               "fallback": self.fallback_name, "budget_s": self.budget_s,
+               "fallbacks": dict(self.fallbacks),
+               "n_fallback_predicted": self._n_fallback_predicted,
+               "last_fallback": self.last_fallback,
+               "fallback_unavailable": self.fallback_unavailable}
+        if self._job is None or self._job.done():     # a stuck backend is not asked
+            out.update(self.backend.stats())
+        return out
+
+
+def _checked(name: str, raw, n: int):
+    """The backend's output as a float array (n,) of finite numbers, else PriorOutputError."""
+    import numpy as np
+    try:
+        p = np.asarray(raw, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise PriorOutputError(f"prior backend {name!r} returned non-numeric "
+                               f"output: {raw!r:.200}") from e
+    if p.shape != (n,):
+        raise PriorOutputError(f"prior backend {name!r} returned {p.size} values for {n} prompts")
+    bad = np.flatnonzero(~np.isfinite(p))
+    if bad.size:
+        raise PriorOutputError(f"prior backend {name!r} returned non-finite values at "
+                               f"positions {bad[:10].tolist()}: {p[bad[:10]].tolist()}")
+    return p
+
+
+_THREADED = ("embedded",)                   # backends that take a ``threads`` option
+
+
+def _with_threads(backend: str, options: dict | None, cpu_threads: int) -> dict:
+    opts = dict(options or {})
+    if backend in _THREADED:
+        opts.setdefault("threads", int(cpu_threads))
+    return opts
+
+
+def _build_fallback(backend: str, fallback: str | None, options: dict | None,
+                    cpu_threads: int):
+    """(name, backend, why none) for the fallback. "auto" tolerates an embedded prior that
+    cannot be built here (its extra not installed) and says why; a named one must build."""
+    if fallback in (None, "none"):
+        return None, None, ""
+    if fallback == "auto":
+        if backend in ("embedded", "constant"):
+            return None, None, ""
+        try:
+            return "embedded", make_prior("embedded", **_with_threads("embedded", options,
+                                                                      cpu_threads)), ""
+        except (ImportError, OSError) as e:
+            return None, None, f"embedded: {type(e).__name__}: {e}"[:500]
+    if fallback == backend:
+        raise ValueError(f"the fallback must differ from the backend, got {fallback!r} for both")
+    return fallback, make_prior(fallback, **_with_threads(fallback, options, cpu_threads)), ""
 
 
 if __name__ == "__main__":

@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--window", type=int, default=None,
                       help="keep only the last N context lines (default: all of them)")
     pred.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    pred.add_argument("--fallback", default="none",
+                      help="backend that answers when the backend fails or exceeds --budget-s "
+                           "(default none: errors are reported, as an evaluation wants)")
+    pred.add_argument("--budget-s", type=float, default=None,
+                      help="seconds the backend has per call before the fallback answers "
+                           "(needs --fallback; default: no limit)")
     return parser
 
 
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         queries = read_jsonl(args.queries, need_score=False)
         options = _parse_options(args.option)
         window = args.window if args.window is not None else max(1, len(context))
-        server = PriorServer(args.backend, options, window=window, cpu_threads=args.threads)
+        server = PriorServer(args.backend, options, window=window, cpu_threads=args.threads,
+                             fallback=args.fallback, budget_s=args.budget_s)
         server.observe([(r["prompt"], r["score"], 0) for r in context])
         ps = server.predict([q["prompt"] for q in queries])
     except (InputError, ValueError, FileNotFoundError, ImportError) as e:
@@ -97,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     for q, p in zip(queries, ps):
         out.write(json.dumps({"prompt": q["prompt"], "p": p}, ensure_ascii=False) + "\n")
     out.flush()
+    stats = server.stats()
+    if any(stats["fallbacks"].values()):
+        print(f"note: answered by the fallback {stats['fallback']!r} ({stats['last_fallback']})",
+              file=sys.stderr)
     return 0
 
 

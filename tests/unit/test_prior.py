@@ -1,4 +1,5 @@
-"""The prior server and its backends: kernel math, cache, registry, validation, CLI, v0 files.
+"""The prior server and its backends: kernel math, cache, registry, validation, the fallback
+chain, CLI, v0 files.
 
 The embedded backend runs the real offline MiniLM, loaded once for the module.
 """
@@ -6,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -176,9 +178,94 @@ register_prior("test-garbage", _Garbage)
 
 def test_server_rejects_non_finite_or_misshapen_backend_output():
     with pytest.raises(PriorOutputError, match=r"non-finite values at positions \[1\]"):
-        PriorServer("test-garbage", {}).predict(["a", "b"])
+        PriorServer("test-garbage", {}, fallback=None).predict(["a", "b"])
     with pytest.raises(PriorOutputError, match="3 values for 2 prompts"):
-        PriorServer("test-garbage", {"values": (0.1, 0.2, 0.3)}).predict(["a", "b"])
+        PriorServer("test-garbage", {"values": (0.1, 0.2, 0.3)}, fallback=None).predict(["a", "b"])
+
+
+# -- the fallback chain: a slow, failing or garbage backend is answered for, and counted --------
+class _Stuck(PriorBackend):
+    """Blocks in predict until released: a backend past any budget, with no timing involved."""
+    name = "stuck"
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.calls = self.contexts = 0
+
+    def set_context(self, context):
+        self.contexts += 1
+
+    def predict(self, prompts):
+        self.calls += 1
+        self.release.wait(120)
+        return np.full(len(prompts), 0.9)
+
+
+class _Raises(PriorBackend):
+    name = "raises"
+
+    def set_context(self, context):
+        pass
+
+    def predict(self, prompts):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+
+register_prior("test-stuck", _Stuck)
+register_prior("test-raises", _Raises)
+CONTEXT = [("a", 1.0, 0), ("b", 1.0, 0), ("c", 0.0, 0)]        # the constant prior says 2/3
+
+
+def test_a_backend_past_its_budget_is_answered_by_the_fallback_and_counted():
+    s = PriorServer("test-stuck", {}, fallback="constant", budget_s=0.05)
+    s.observe(CONTEXT)
+    try:
+        assert s.predict(["q1", "q2"]) == [pytest.approx(2 / 3)] * 2
+        st = s.stats()
+        assert st["fallback"] == "constant" and st["fallbacks"] == {"timeout": 1, "error": 0}
+        assert "test-stuck: no answer within 0.05 s" in st["last_fallback"]
+        # Still stuck: answered by the fallback at once, the backend is not called again.
+        assert s.predict(["q3"]) == [pytest.approx(2 / 3)]
+        assert s.stats()["fallbacks"]["timeout"] == 2 and s.backend.calls == 1
+        assert "still running" in s.stats()["last_fallback"]
+        assert s.stats()["n_fallback_predicted"] == 3 and s.stats()["predict_calls"] == 2
+    finally:
+        s.backend.release.set()
+    s._job.result(timeout=60)                                # the late call ends; its answer is dropped
+    s.budget_s = 60.0                                        # no timing in what follows
+    assert s.predict(["q4"]) == [pytest.approx(0.9)]         # the backend answers again...
+    assert s.backend.contexts == 2                           # ...after a refit (its last one may not have landed)
+    assert s.stats()["fallbacks"] == {"timeout": 2, "error": 0}
+
+
+def test_a_failing_or_garbage_backend_is_answered_by_the_fallback_and_counted():
+    s = PriorServer("test-raises", {}, fallback="constant", budget_s=60.0)
+    s.observe(CONTEXT)
+    assert s.predict(["q"]) == [pytest.approx(2 / 3)]
+    st = s.stats()
+    assert st["fallbacks"] == {"timeout": 0, "error": 1}
+    assert "RuntimeError: CUDA out of memory (simulated)" in st["last_fallback"]
+    g = PriorServer("test-garbage", {}, fallback="constant", budget_s=60.0)
+    g.observe(CONTEXT)
+    assert g.predict(["a", "b"]) == [pytest.approx(2 / 3)] * 2
+    assert g.stats()["fallbacks"]["error"] == 1 and "non-finite" in g.stats()["last_fallback"]
+    # No budget: the primary runs in the caller's thread, errors still fall back.
+    n = PriorServer("test-raises", {}, fallback="constant", budget_s=None)
+    assert n.predict(["q"]) == [0.5] and n.stats()["fallbacks"]["error"] == 1
+
+
+def test_without_a_fallback_errors_reach_the_caller_and_options_are_checked():
+    s = PriorServer("test-raises", {}, fallback=None)
+    with pytest.raises(RuntimeError, match="simulated"):
+        s.predict(["q"])
+    assert s.stats()["fallback"] is None and s.stats()["fallbacks"] == {"timeout": 0, "error": 0}
+    assert PriorServer("constant", {}).stats()["fallback"] is None     # "auto": none needed
+    with pytest.raises(ValueError, match="must differ"):
+        PriorServer("constant", {}, fallback="constant")
+    with pytest.raises(ValueError, match="budget_s"):
+        PriorServer("constant", {}, budget_s=0)
+    with pytest.raises(ValueError, match="unknown prior backend 'nope'"):
+        PriorServer("constant", {}, fallback="nope")
 
 
 # -- v0: the missing-files error -------------------------------------------------------------
@@ -267,6 +354,21 @@ def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
     assert abs(q_easy - q_hard) < p_easy - p_hard
 
 
+def test_auto_fallback_is_the_embedded_prior_when_it_can_be_built(encoder):
+    s = PriorServer("test-raises", {}, fallback_options={"encoder": encoder}, budget_s=60.0)
+    assert s.stats()["fallback"] == "embedded"
+    s.observe([(p, 0.9, 0) for p in EASY[:-4]] + [(p, 0.1, 0) for p in HARD[:-4]])
+    p = s.predict(EASY[-4:] + HARD[-4:])
+    assert auc(p, [1] * 4 + [0] * 4) == 1.0                 # the embedded prior's ranking
+    assert s.stats()["fallbacks"] == {"timeout": 0, "error": 1}
+    # Not buildable here (e.g. the 'prior' extra missing): no fallback, and stats say why.
+    u = PriorServer("test-raises", {}, fallback_options={"model_dir": "/nonexistent/minilm"})
+    st = u.stats()
+    assert st["fallback"] is None and "encoder model directory not found" in st["fallback_unavailable"]
+    with pytest.raises(RuntimeError, match="simulated"):
+        u.predict(["q"])
+
+
 # -- the CLI -----------------------------------------------------------------------------------
 def _cli(*args, cwd=REPO, module="actors.prior"):
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
@@ -317,7 +419,7 @@ def test_cli_errors_for_backend_problems_and_help_is_light(tmp_path):
     helped = _cli("--help")
     assert helped.returncode == 0 and "predict" in helped.stdout
     own = _cli("predict", "--help", module="actors.prior_cli")       # the CLI's own module
-    assert own.returncode == 0 and "--queries" in own.stdout
+    assert own.returncode == 0 and "--fallback" in own.stdout
     probe = subprocess.run([sys.executable, "-c",
                             "import sys, actors.prior, actors.prior_cli, actors.priors, "
                             "actors.priors.v0; "
