@@ -258,7 +258,7 @@ def _checked(name: str, raw, n: int):
     return p
 
 
-_THREADED = ("embedded",)                   # backends that take a ``threads`` option
+_THREADED = ("embedded", "v0")             # backends that take a ``threads`` option
 
 
 def _with_threads(backend: str, options: dict | None, cpu_threads: int) -> dict:

@@ -3,7 +3,12 @@
 Imported only by ``actors/priors/v0.py`` once every file is known to be present. Module and
 parameter names mirror the published checkpoint's ``model_state_dict`` (``backbone.*``,
 ``adapter_layer.*``) so it loads as saved; the adapter's shape is read from the checkpoint
-(``args`` when saved, else the parameter shapes). Untested here: no V0 weights on this machine.
+(``args`` when saved, else the parameter shapes).
+
+Precision: the backbone runs in ``dtype`` (bfloat16 on a GPU, float32 on the CPU: see
+``v0.default_dtype``); its hidden states are cast to float32 before the adapter, which stays in
+float32 as it was trained. The unit tests run all of this on a tiny random V0-shaped model
+(``actors/priors/v0_tiny.py``); the real weights never ran here.
 """
 from __future__ import annotations
 
@@ -61,12 +66,19 @@ class V0Embedder(nn.Module):
     """Prompts -> V0 features (n, F) as float32 numpy, F <= target_dim (avg-pooled down)."""
 
     def __init__(self, model_dir: Path, adapter: nn.Module | None, device: str,
-                 batch_size: int, max_length: int, target_dim: int):
+                 batch_size: int, max_length: int, target_dim: int,
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()          # no "Loading weights" bar on the CLI's stderr
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), padding_side="left",
                                                        local_files_only=True)
-        self.backbone = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+        # An explicit dtype: transformers 5 otherwise loads the config's (bfloat16 for
+        # Qwen3-Embedding), which is slow on a CPU.
+        self.backbone = AutoModel.from_pretrained(str(model_dir), local_files_only=True,
+                                                  dtype=dtype)
         self.adapter_layer = adapter
         self.device, self.batch_size, self.max_length = device, batch_size, max_length
         self.target_dim = target_dim
@@ -77,7 +89,7 @@ class V0Embedder(nn.Module):
         for i in range(0, len(prompts), self.batch_size):
             batch = self.tokenizer(prompts[i:i + self.batch_size], max_length=self.max_length,
                                    padding=True, truncation=True, return_tensors="pt").to(self.device)
-            hidden = self.backbone(**batch).last_hidden_state            # (B, T, H)
+            hidden = self.backbone(**batch).last_hidden_state.float()    # (B, T, H)
             mask = batch["attention_mask"]
             emb = (self.adapter_layer(hidden, mask) if self.adapter_layer is not None
                    else last_token_pool(hidden, mask))
@@ -103,7 +115,9 @@ def _adapter_from_state(state: dict, args: dict, hidden: int, num_heads: int) ->
 
 
 def build_embedder(checkpoint: Path, model_dir: Path, device: str, num_heads: int,
-                   batch_size: int, max_length: int) -> V0Embedder:
+                   batch_size: int, max_length: int, dtype: str = "float32") -> V0Embedder:
+    """The backbone (in ``dtype``) + the adapter (float32) with the checkpoint's weights, on
+    ``device``, in eval mode."""
     ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
     state = ckpt.get("model_state_dict", ckpt)
     for prefix in ("module.", "embedding_model."):
@@ -114,15 +128,20 @@ def build_embedder(checkpoint: Path, model_dir: Path, device: str, num_heads: in
     hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
     adapter = _adapter_from_state(state, args, hidden, num_heads)
     emb = V0Embedder(model_dir, adapter, device, batch_size, max_length,
-                     int(args.get("target_dim", 1024)))
+                     int(args.get("target_dim", 1024)), dtype=getattr(torch, dtype))
     missing, unexpected = emb.load_state_dict(state, strict=False)
     if adapter is not None and any(k.startswith("adapter_layer.") for k in missing):
         raise ValueError(f"V0 checkpoint {checkpoint} lacks adapter weights: "
                          f"{[k for k in missing if k.startswith('adapter_layer.')]}")
-    return emb.to(device).eval()
+    return emb.to(device).eval()          # .to(device) keeps each part's dtype
 
 
 def build_tabpfn(head: Path, device: str, n_estimators: int):
-    """The TabPFN classifier head, from its local checkpoint (sklearn-style fit/predict_proba)."""
+    """The TabPFN classifier head, from its local checkpoint (sklearn-style fit/predict_proba).
+
+    float32 inference as V0 ran it; ``random_state`` 0 makes the ensemble's feature and class
+    shuffles, hence the predictions, repeatable. Nothing is downloaded: the file is checked
+    before this is called, and tabpfn only downloads a checkpoint that is absent."""
     from tabpfn import TabPFNClassifier
-    return TabPFNClassifier(model_path=str(head), device=device, n_estimators=int(n_estimators))
+    return TabPFNClassifier(model_path=str(head), device=device, n_estimators=int(n_estimators),
+                            inference_precision=torch.float32, random_state=0)

