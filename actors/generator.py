@@ -168,6 +168,7 @@ class Generator:
         # loop): applied when it starts. Bounded, oldest forgotten first.
         self._early_cancels: dict[tuple[str, int], None] = {}
         self._update_lock = asyncio.Lock()  # one reload at a time; versions stay monotone
+        self._receivers: dict[str, Any] = {}  # weight-sync transport -> its receiver
         # A token that changes when Ray restarts this actor: the coordinator compares it to
         # catch a restart that happened while none of its calls was in flight.
         self._incarnation = f"g{index}-{os.getpid()}-{time.time_ns() % 10**9}"
@@ -224,10 +225,9 @@ class Generator:
         return len(rids)
 
     async def update_weights(self, payload: Any, version: int) -> float:
-        """Load new weights in place (see the module docstring); returns seconds taken."""
-        from actors.weight_sync import make_receiver
-
-        receiver = make_receiver(getattr(payload, "transport", type(payload).__name__))
+        """Load new weights in place (see the module docstring); returns seconds taken.
+        ``payload``: what the learner's weight sender published (``actors/weight_sync``)."""
+        receiver = self._weight_receiver(getattr(payload, "transport", type(payload).__name__))
         eng = self._engine
         pausable = hasattr(eng, "pause_generation")  # vLLM >= 0.11; else no freeze
         async with self._update_lock:
@@ -257,11 +257,24 @@ class Generator:
             self._counts["update_s"] += dt
             return dt
 
-    async def init_weight_sync(self, master_address: str, master_port: int,
-                               rank_offset: int, world_size: int) -> None:
-        """Join the learner's NCCL weight-broadcast group (``nccl`` transport only)."""
-        await self._engine.collective_rpc(
-            "v05_init_nccl", args=(master_address, master_port, rank_offset, world_size))
+    async def init_weight_sync(self, group: Any, rank_offset: int) -> str:
+        """Join epoch ``group.epoch`` of the learner's weight-broadcast group (``nccl``/``gloo``
+        transports; ``group`` is a ``weight_sync.GroupSpec``), leaving any earlier epoch; this
+        engine's workers take ranks from ``rank_offset``. Returns this actor's incarnation,
+        which the sender compares with later probes to see a restart. Waits for a weight
+        update in progress: the group is never replaced under a receive."""
+        async with self._update_lock:
+            await self._weight_receiver(group.backend).join(self._engine, group, rank_offset)
+        return self._incarnation
+
+    def _weight_receiver(self, transport: str):
+        """One receiver per transport for this actor's life (it remembers the group epoch
+        this engine joined)."""
+        from actors.weight_sync import make_receiver
+
+        if transport not in self._receivers:
+            self._receivers[transport] = make_receiver(transport)
+        return self._receivers[transport]
 
     def stats(self) -> dict:
         now = time.time()

@@ -312,30 +312,33 @@ class LearnerWorker:
                     for k, v in self.model.state_dict().items()}
 
     def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
-        """Rank 0 hosts the weight sender, next to the weights: with ``nccl`` it broadcasts
-        from this rank's GPU (the driver needs none), with ``object_store`` this rank puts the
-        state dict into its node's object store. Other ranks do nothing."""
+        """Rank 0 hosts the weight sender, next to the weights: with ``nccl``/``gloo`` it
+        builds the broadcast group with ``generators`` and broadcasts from this rank (the
+        driver needs no GPU), with ``object_store`` this rank puts the state dict into its
+        node's object store. ``transport``: a transport name or a ``WeightSyncConfig``
+        mapping. Other ranks do nothing."""
         if self.rank != 0:
             return
         from actors.weight_sync import make_sender
 
+        if self.sender is not None:
+            self.sender.close()
         self.sender = make_sender(transport)
         self.sender.connect(generators)
 
     def publish_weights(self, generators: list, version: int) -> tuple:
         """Send this learner's weights to ``generators`` as ``version``. Every rank must be
-        called (ZeRO-3 gathers). Returns, on rank 0, (payload, refs of the generators'
-        ``update_weights`` calls); on other ranks (None, [])."""
-        from actors.weight_sync import send_weights
-
+        called (ZeRO-3 gathers). Returns, on rank 0, (payload, one ref per generator of its
+        ``update_weights``: seconds taken, or ``RayActorError``/pending for a generator
+        that was dead or hung and did not get them); on other ranks (None, [])."""
         with self._gathered():
             if self.rank != 0:
                 return None, []
             if self.sender is None:
                 raise RuntimeError("publish_weights before connect_weight_sync")
-            # The live tensors: the object store makes its NumPy copies (bf16 widened), NCCL
-            # broadcasts them in the training dtype from this GPU.
-            return send_weights(self.sender, generators, self.model.state_dict(), version)
+            # The live tensors: the object store makes its NumPy copies (bf16 widened), a
+            # broadcast sends them in the training dtype from this rank's device.
+            return self.sender.send(generators, self.model.state_dict(), version)
 
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
         """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""

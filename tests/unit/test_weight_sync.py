@@ -1,8 +1,12 @@
-"""Pure parts of the weight-sync transports, the generators' CPU placement and the
-generator's request checks. No Ray cluster, no engine."""
+"""Pure parts of the weight-sync transports (names, dtypes, shapes, payload handling on the
+receiving side, the factory), the generators' CPU placement and the generator's request
+checks. No Ray cluster, no engine: engines and workers are small fakes."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,10 +15,12 @@ import torch
 from actors.generator import GeneratorConfig, resolve_dtype, validate_request
 from actors.threads import cpu_engine_env, omp_binding, parse_cpu_list
 from actors.types import RolloutRequest, SamplingConfig
-from actors.weight_sync import (NcclPayload, NcclSender, ObjectStorePayload, ObjectStoreReceiver,
-                                ObjectStoreSender, WeightSyncConfig, iter_safetensors,
-                                make_receiver, make_sender, normalise_name,
-                                to_numpy_state_dict, write_safetensors)
+from actors.weight_sync import (CollectivePayload, CollectiveReceiver, CollectiveSender,
+                                GroupSpec, NotInGroupError, ObjectStorePayload,
+                                ObjectStoreReceiver, ObjectStoreSender, WeightSyncConfig,
+                                broadcast_plan, iter_safetensors, make_receiver, make_sender,
+                                normalise_name, to_numpy_state_dict, write_safetensors)
+from actors.weight_sync.worker_ext import WeightSyncWorkerExtension
 
 # ---------------------------------------------------------------- names and state dicts
 
@@ -81,48 +87,167 @@ def test_iter_safetensors_empty_dir(tmp_path):
 # ---------------------------------------------------------------- factory and payloads
 
 
+def test_package_import_is_light():
+    """``import actors.weight_sync`` (config parsing, the launcher) loads no ML stack."""
+    code = ("import sys, actors.weight_sync; "
+            "print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"
+
+
 def test_factory_builds_known_transports():
     assert isinstance(make_sender("object_store"), ObjectStoreSender)
-    assert isinstance(make_sender({"type": "nccl", "master_port": 29555}), NcclSender)
+    assert isinstance(make_sender({"type": "nccl", "master_port": 29555}), CollectiveSender)
+    gloo = make_sender({"type": "gloo", "timeout_s": 5, "restart_fallback": True})
+    assert isinstance(gloo, CollectiveSender) and gloo.backend == "gloo"
+    assert gloo.cfg.timeout_s == 5 and gloo.cfg.restart_fallback
     assert isinstance(make_sender(WeightSyncConfig()), ObjectStoreSender)
     assert isinstance(make_receiver("object_store"), ObjectStoreReceiver)
+    assert isinstance(make_receiver("nccl"), CollectiveReceiver)
+    assert make_receiver("gloo") is not make_receiver("gloo")  # one per generator: stateful
 
 
 def test_factory_rejects_unknown_type():
     with pytest.raises(ValueError, match="unknown weight-sync type 'carrier_pigeon'"):
         make_sender("carrier_pigeon")
-    with pytest.raises(ValueError, match="known: \\['nccl', 'object_store'\\]"):
+    with pytest.raises(ValueError, match="known: \\['gloo', 'nccl', 'object_store'\\]"):
         make_receiver("carrier_pigeon")
     with pytest.raises(ValueError, match="extra"):
         WeightSyncConfig(type="nccl", port=1)
+    with pytest.raises(ValueError):
+        WeightSyncConfig(type="gloo", timeout_s=0)
 
 
 def test_receiver_rejects_other_transports_payload():
-    payload = NcclPayload(version=1, meta=())
-    with pytest.raises(ValueError, match="object_store receiver got a NcclPayload"):
+    payload = CollectivePayload(version=1, backend="nccl", epoch=1, meta=())
+    with pytest.raises(ValueError, match="object_store receiver got a CollectivePayload"):
         asyncio.run(ObjectStoreReceiver().load(None, payload))
+    with pytest.raises(ValueError, match="collective receiver got a ObjectStorePayload"):
+        asyncio.run(CollectiveReceiver().load(None, ObjectStorePayload(1, None, 0)))
     assert ObjectStorePayload.transport == "object_store" and payload.transport == "nccl"
 
 
-def test_nccl_publish_announces_broadcast_order():
+def test_broadcast_plan_names_dtypes_shapes_and_order():
     sd = {"module.lm_head.weight": torch.zeros(3, 4, dtype=torch.bfloat16),
           "module.model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(2),
           "module.model.norm.weight": np.zeros(4, dtype=np.float32)}
-    payload = make_sender("nccl").publish(sd, version=3)
-    assert payload.version == 3
-    assert payload.meta == (("lm_head.weight", "bfloat16", (3, 4)),
-                            ("model.norm.weight", "float32", (4,)))
-    assert all(hasattr(torch, dtype) for _, dtype, _ in payload.meta)  # receiver allocates
+    meta, order = broadcast_plan(sd)
+    assert meta == (("lm_head.weight", "bfloat16", (3, 4)),
+                    ("model.norm.weight", "float32", (4,)))
+    assert order == ["module.lm_head.weight", "module.model.norm.weight"]
+    assert all(hasattr(torch, dtype) for _, dtype, _ in meta)  # receiver allocates
+    with pytest.raises(ValueError, match="two parameters map"):
+        broadcast_plan({"module.a": torch.zeros(1), "a": torch.zeros(1)})
+
+
+def test_group_spec_crosses_collective_rpc_as_plain_values():
+    spec = GroupSpec("gloo", "127.0.0.1", 29500, epoch=3, world_size=3, timeout_s=5.0)
+    d = spec.to_dict()
+    assert all(isinstance(v, (str, int, float)) for v in d.values())
+    assert GroupSpec.from_dict(d) == spec
 
 
 def test_sender_versions_must_increase():
-    sender = make_sender("nccl")
+    sender = make_sender("gloo")
     sd = {"w": np.zeros(2, dtype=np.float32)}
     with pytest.raises(ValueError, match="version 0 is not newer"):
-        sender.publish(sd, 0)  # 0 is the checkpoint the generators started from
-    sender.publish(sd, 2)
+        sender.send([], sd, 0)  # 0 is the checkpoint the generators started from
+    payload, refs = sender.send([], sd, 2)  # no generator: nothing to build, nothing sent
+    assert refs == [] and payload.epoch == 0 and payload.meta == (("w", "float32", (2,)),)
     with pytest.raises(ValueError, match="2 is not newer than the last published version 2"):
-        sender.publish(sd, 2)
+        sender.send([], sd, 2)
+
+
+class FakeEngine:
+    """Records ``collective_rpc`` calls; answers as one worker would."""
+
+    def __init__(self, answer=3):
+        self.calls, self.answer, self.files = [], answer, {}
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append((method, args))
+        if method == "v05_load_dir":  # the directory is removed after the call: read it now
+            self.files = dict(iter_safetensors(args[0]))
+        return [None if method == "v05_join_group" else self.answer]
+
+
+class FakeRef:
+    """An awaitable standing in for the ObjectRef of an object-store payload."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __await__(self):
+        yield from asyncio.sleep(0).__await__()
+        return self.value
+
+
+def test_collective_receiver_joins_then_receives_its_epoch():
+    rx, eng = CollectiveReceiver(), FakeEngine()
+    spec = GroupSpec("gloo", "10.0.0.1", 29500, epoch=2, world_size=3, timeout_s=5.0)
+    asyncio.run(rx.join(eng, spec, 2))
+    assert rx.epoch == 2 and eng.calls == [("v05_join_group", (spec.to_dict(), 2))]
+    meta = (("lm_head.weight", "bfloat16", (3, 4)), ("model.norm.weight", "float32", (4,)))
+    payload = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta)
+    assert asyncio.run(rx.load(eng, payload)) == 3
+    assert eng.calls[-1] == ("v05_receive", (2, [["lm_head.weight", "bfloat16", (3, 4)],
+                                                 ["model.norm.weight", "float32", (4,)]]))
+
+
+def test_collective_receiver_outside_the_epoch_fails_fast_or_uses_the_fallback():
+    """A restarted generator (no epoch) given the published payload by the coordinator:
+    NotInGroupError before any worker call; with ``restart_fallback``, the object store."""
+    rx, eng = CollectiveReceiver(), FakeEngine()
+    meta = (("model.norm.weight", "float32", (4,)),)
+    payload = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta)
+    with pytest.raises(NotInGroupError, match="epoch 2, this generator joined: none"):
+        asyncio.run(rx.load(eng, payload))
+    assert eng.calls == []
+    sd = {"model.norm.weight": np.arange(4, dtype=np.float32)}
+    fallback = ObjectStorePayload(version=5, ref=FakeRef(sd), num_tensors=1)
+    with_fb = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta,
+                                fallback=fallback)
+    assert asyncio.run(rx.load(eng, with_fb)) == 3
+    assert [c[0] for c in eng.calls] == ["v05_load_dir"]
+    np.testing.assert_array_equal(eng.files["model.norm.weight"].numpy(), sd["model.norm.weight"])
+
+
+def test_collective_receiver_forgets_its_epoch_when_a_receive_fails():
+    class Failing(FakeEngine):
+        async def collective_rpc(self, method, args=()):
+            if method == "v05_receive":
+                raise RuntimeError("connection closed by peer")
+            return await super().collective_rpc(method, args)
+
+    rx, eng = CollectiveReceiver(), Failing()
+    asyncio.run(rx.join(eng, GroupSpec("gloo", "h", 1, 4, 2, 1.0), 1))
+    payload = CollectivePayload(version=1, backend="gloo", epoch=4, meta=())
+    with pytest.raises(RuntimeError, match="connection closed"):
+        asyncio.run(rx.load(eng, payload))
+    assert rx.epoch is None  # the worker left the epoch; the next load fails fast
+
+
+class FakeWorker(WeightSyncWorkerExtension):
+    """vLLM's worker as the extension sees it: ``reload_weights`` consumes the iterator."""
+
+    def __init__(self):
+        self.loaded = {}
+
+    def reload_weights(self, weights_iterator):
+        self.loaded.update(weights_iterator)
+
+
+def test_worker_extension_loads_a_directory_and_refuses_unjoined_epochs(tmp_path):
+    sd = {"model.norm.weight": np.ones(4, dtype=np.float32),
+          "lm_head.weight": np.zeros((2, 4), dtype=np.float16)}
+    write_safetensors(sd, tmp_path)
+    w = FakeWorker()
+    assert w.v05_load_dir(str(tmp_path)) == 2
+    assert sorted(w.loaded) == sorted(sd) and w.loaded["lm_head.weight"].dtype == torch.float16
+    assert w.v05_group_epoch() is None
+    with pytest.raises(NotInGroupError, match="epoch 1"):
+        w.v05_receive(1, [["model.norm.weight", "float32", [4]]])
 
 
 # ---------------------------------------------------------------- CPU placement

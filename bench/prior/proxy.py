@@ -1,4 +1,4 @@
-"""Proxy instruction-performance data for the prior benchmark (bench/prior.py); no download.
+"""Proxy instruction-performance data for the prior benchmark (python -m bench.prior); no download.
 
 Two prompt families with a latent difficulty d(x), and a simulated RL run over them: at step t
 the policy solves x with p_t(x) = sigmoid(a_t + g_t[topic(x)] - d(x)), where a_t rises over the

@@ -6,7 +6,7 @@
 (a) Latency of ``PriorServer.predict`` for 64 prompts with a 256-item context, one CPU thread,
 after warm-up: embeddings cached and the context unchanged / just changed (refit), and 64
 never-seen prompts (the encoder's cost, short and long prompts).
-(b) AUC within step (bench/_prior_proxy.py): each step's 64 queries are predicted from the
+(b) AUC within step (bench/prior/proxy.py): each step's 64 queries are predicted from the
 window of the 256 newest observations of earlier steps, then observed. Reported per predictor:
 the mean over steps of the pairwise AUC between predicted p and observed success rates.
 Writes bench/results/prior.json and bench/results/prior.png.
@@ -21,7 +21,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 class MemoEncoder:
@@ -55,7 +55,7 @@ def bench_latency(batch: int, window: int, repeats: int) -> dict:
     """Milliseconds per ``predict`` of ``batch`` prompts, 1 thread, real encoder and cache."""
     from actors.prior import PriorServer
     import math
-    from bench._prior_proxy import arithmetic_problems, word_problems
+    from bench.prior.proxy import arithmetic_problems, word_problems
     pool = word_problems(window + batch * (repeats + 3), seed=7)
     words = [p.prompt for p in pool]
     ariths = [p.prompt for p in arithmetic_problems(batch * (repeats + 1), seed=7)]
@@ -91,7 +91,7 @@ def bench_latency(batch: int, window: int, repeats: int) -> dict:
 def proxy_runs(scenario: str, steps: int, batch: int, seed: int):
     """One simulated run. The prompt pools are fixed (seed 0); ``seed`` draws the order, the
     policy's drift and the rollout noise."""
-    from bench._prior_proxy import arithmetic_problems, simulate_run, word_problems
+    from bench.prior.proxy import arithmetic_problems, simulate_run, word_problems
     n = steps * batch
     if scenario == "arithmetic":
         pool = arithmetic_problems(n)
@@ -107,7 +107,7 @@ def proxy_runs(scenario: str, steps: int, batch: int, seed: int):
 def replay(run, backend: str, options: dict, window: int) -> list[float]:
     """Per-step AUC of one backend served by a real PriorServer (steps >= 1)."""
     from actors.prior import PriorServer
-    from bench._prior_proxy import pair_auc
+    from bench.prior.proxy import pair_auc
     server = PriorServer(backend, options, window=window)
     aucs = []
     for step in run:
@@ -119,7 +119,7 @@ def replay(run, backend: str, options: dict, window: int) -> list[float]:
 
 def heuristic_aucs(run, kind: str) -> list[float]:
     import numpy as np
-    from bench._prior_proxy import pair_auc
+    from bench.prior.proxy import pair_auc
     out = []
     for step in run[1:]:
         score = step.true_p if kind == "oracle" else -np.array([len(p) for p in step.prompts], float)
