@@ -1,8 +1,20 @@
 """Resource placement: which GPUs/CPUs each role gets, through Ray placement groups.
 
-``plan(cfg)`` is pure (tests compute the 32-GPU plan on a laptop); ``reserve(plan)`` asks Ray
-for one placement group per role and fails with a clear error, before any actor starts, when
-the cluster cannot hold the plan.
+``plan(cfg)`` is pure (tests compute the 32-GPU plan on a laptop): what each role asks for.
+``layout(plan, nodes)`` is pure as well: each role's placement group (bundles, strategy, which
+bundle each actor uses) for a cluster of the given node shapes. ``reserve(plan)`` asks Ray for
+those groups, most constrained first, and fails with a clear error, before any actor starts,
+when the cluster cannot hold the plan.
+
+The rules (docs/cluster.md):
+- learner: the ranks talk through NCCL/gloo collectives every step, so they share a node when
+  they fit on one (STRICT_PACK, one bundle per rank). When they do not, the ranks are split
+  as evenly as possible over the fewest nodes that hold them: one bundle per node holding
+  that node's ranks, on distinct nodes (STRICT_SPREAD); rank 0's node hosts the rendezvous.
+- prior and coordinator: one bundle each (the coordinator asks for no GPU).
+- generators: one bundle per engine (an engine's GPUs always share a node), PACK: reserved
+  after the learner and the prior, they fill the GPUs left on those nodes before taking
+  whole nodes, and PACK is soft, so they never need one node that holds them all.
 """
 from __future__ import annotations
 
@@ -81,19 +93,164 @@ def check_fits(p: Plan, available: dict[str, float]) -> None:
                 f"{have:g}; lower the per-role cpus/gpus or the counts")
 
 
-def reserve(p: Plan, timeout_s: float = 60.0):
-    """One placement group per role, bundles packed; returns {role: placement_group}."""
+# Reservation order: the most constrained role first, so that the generators' soft PACK
+# fills what the learner (one node) and the prior leave, not the other way round.
+ORDER = ("learner", "prior", "generator", "coordinator")
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One role's placement group: its bundles, its strategy, the bundle of each actor."""
+
+    role: str
+    bundles: tuple[dict[str, float], ...]
+    strategy: str           # Ray placement strategy
+    slots: tuple[int, ...]  # slots[i]: bundle index of the role's actor i
+    why: str                # the rule that chose the strategy, for people reading a report
+
+    def describe(self) -> str:
+        shapes: dict[tuple, int] = {}  # bundle shape -> how many, in order
+        for b in self.bundles:
+            shapes[tuple(b.items())] = shapes.get(tuple(b.items()), 0) + 1
+        body = " + ".join(f"{n}x{dict(sh)}" for sh, n in shapes.items())
+        return f"{self.role}: {len(self.slots)} actor(s) in {body} {self.strategy} ({self.why})"
+
+
+def holds(capacity: dict[str, float], need: dict[str, float]) -> int:
+    """How many copies of ``need`` fit in ``capacity`` (every resource it asks for)."""
+    counts = [math.floor((capacity.get(k, 0.0) + EPS) / v) for k, v in need.items() if v > 0]
+    return min(counts) if counts else 0
+
+
+def fill_bundles(bundles, per_actor: dict[str, float], count: int, start: int = 0) -> list[int]:
+    """Bundle index of each of ``count`` actors: they fill the bundles from ``start`` in
+    order, each bundle taking as many as it holds (one per bundle for per-actor bundles)."""
+    slots = []
+    for i, b in enumerate(list(bundles)[start:], start):
+        slots += [i] * min(holds(b, per_actor), count - len(slots))
+        if len(slots) == count:
+            return slots
+    raise PlacementError(f"{count} actor(s) of {per_actor} do not fit in bundles "
+                         f"{list(bundles)[start:]}")
+
+
+def _scaled(bundle: dict[str, float], n: int) -> dict[str, float]:
+    return {k: v * n for k, v in bundle.items()}
+
+
+def _learner(r: RolePlan, nodes: list[dict[str, float]] | None) -> Reservation:
+    per_node = max(holds(n, r.bundle) for n in nodes) if nodes else r.count
+    if per_node >= r.count:
+        return Reservation("learner", (r.bundle,) * r.count, "STRICT_PACK",
+                           tuple(range(r.count)), "all ranks on one node")
+    # Fewest nodes, ranks as even as possible over them, one bundle per node.
+    n = math.ceil(r.count / per_node)
+    sizes = [r.count // n + (i < r.count % n) for i in range(n)]
+    bundles = tuple(_scaled(r.bundle, k) for k in sizes)
+    able = sum(1 for node in nodes if holds(node, bundles[0]) >= 1)
+    if able < n:
+        raise PlacementError(
+            f"learner: {r.count} ranks of {r.bundle} need {n} nodes ({sizes} ranks each) but "
+            f"only {able} node(s) hold {bundles[0]} (nodes: {_shapes(nodes)}); use fewer ranks "
+            "or fewer GPUs per rank")
+    slots = tuple(fill_bundles(bundles, r.bundle, r.count))  # LearnerGroup's rank -> bundle
+    return Reservation("learner", bundles, "STRICT_SPREAD", slots,
+                       f"{r.count} ranks exceed one node: split {sizes} over {n} nodes")
+
+
+def _shapes(nodes: list[dict[str, float]]) -> str:
+    return ", ".join(f"{n.get('GPU', 0):g} GPU/{n.get('CPU', 0):g} CPU" for n in nodes)
+
+
+def layout(p: Plan, nodes: list[dict[str, float]] | None = None) -> tuple[Reservation, ...]:
+    """Each role's placement group, most constrained first (``ORDER``). ``nodes``: every
+    node's total resources ({"CPU": .., "GPU": ..}); None when unknown (the learner is then
+    assumed to fit on one node). Raises PlacementError when a bundle fits on no node."""
+    out = []
+    for role in ORDER:
+        r = next((x for x in p.roles if x.role == role), None)
+        if r is None:
+            continue
+        if nodes and not any(holds(n, r.bundle) for n in nodes):
+            raise PlacementError(f"{role}: one actor asks for {r.bundle} but no node has that "
+                                 f"much (nodes: {_shapes(nodes)})")
+        if role == "learner":
+            out.append(_learner(r, nodes))
+        elif role == "generator":
+            out.append(Reservation(role, (r.bundle,) * r.count, "PACK", tuple(range(r.count)),
+                                   "one bundle per engine, filling what learner and prior leave"))
+        else:
+            out.append(Reservation(role, (r.bundle,), "STRICT_PACK", (0,), "one bundle"))
+    return tuple(out)
+
+
+def live_nodes() -> list[dict]:
+    """The alive nodes of the connected cluster, head first: Ray's node records."""
     import ray
-    from ray.util.placement_group import placement_group
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    return sorted(alive, key=lambda n: "node:__internal_head__" not in n["Resources"])
+
+
+def reserve(p: Plan, timeout_s: float = 60.0) -> dict:
+    """One placement group per role (``layout`` on the live nodes), each ready before the
+    next is asked for; returns {role: placement_group}. On failure the groups made so far
+    are removed and PlacementError says which role did not fit and what was left."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
 
     check_fits(p, ray.cluster_resources())
-    groups = {r.role: placement_group([r.bundle] * r.count, strategy="PACK") for r in p.roles}
-    for role, pg in groups.items():
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-        if not ready:
-            raise PlacementError(f"placement group for {role} not ready after {timeout_s}s "
-                                 f"({p[role].count}x{p[role].bundle}); is the cluster busy?")
+    nodes = live_nodes()
+    groups = {}
+    try:
+        for res in layout(p, [n["Resources"] for n in nodes]):
+            groups[res.role] = placement_group(list(res.bundles), strategy=res.strategy)
+            _wait_ready(groups, res, nodes, timeout_s)
+    except BaseException:
+        for pg in groups.values():
+            remove_placement_group(pg)
+        raise
     return groups
+
+
+def _wait_ready(groups: dict, res: Reservation, nodes: list[dict], timeout_s: float) -> None:
+    import time
+
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    pg = groups[res.role]
+    ready = pg.ready()
+    deadline = time.monotonic() + timeout_s
+    while not ray.wait([ready], timeout=0.5)[0]:
+        # Ray marks a group INFEASIBLE when no set of nodes could ever hold it; on a fixed
+        # cluster (ray start on every node) waiting longer cannot help.
+        infeasible = placement_group_table(pg)["stats"]["scheduling_state"] == "INFEASIBLE"
+        if infeasible or time.monotonic() > deadline:
+            why = "no set of this cluster's nodes can hold it" if infeasible else (
+                f"not ready after {timeout_s:g}s; is the cluster busy?")
+            raise PlacementError(f"{res.describe()}: {why}. Free per node after "
+                                 f"{[r for r in groups if r != res.role] or 'nothing'}: "
+                                 f"{free_per_node(groups, nodes, skip=res.role)}")
+
+
+def free_per_node(groups: dict, nodes: list[dict], skip: str = "") -> str:
+    """Each node's GPUs/CPUs minus the bundles of ``groups`` (our groups only: other jobs'
+    use is not counted), as text for error messages."""
+    from ray.util.placement_group import placement_group_table
+
+    free = {n["NodeID"]: dict(n["Resources"]) for n in nodes}
+    for role, pg in groups.items():
+        if role == skip:
+            continue
+        where = placement_group_table(pg)["bundles_to_node_id"]
+        for i, b in enumerate(pg.bundle_specs):
+            for k, v in b.items():
+                free[where[i]][k] = free[where[i]].get(k, 0.0) - v
+    return "; ".join(f"node {i + 1} ({n['NodeManagerAddress']}): "
+                     f"{free[n['NodeID']].get('GPU', 0):g} GPU, {free[n['NodeID']].get('CPU', 0):g} CPU"
+                     for i, n in enumerate(nodes))
 
 
 def threads_for(cpus: float, threads: int | None = None) -> int:

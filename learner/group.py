@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from typing import Sequence
 
 from actors.types import TrainSample
@@ -10,23 +11,76 @@ from learner.config import LearnerConfig
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` (the ranks' rendezvous; tiny race accepted)."""
+    """A TCP port free right now on ``host`` ("": every interface; tiny race accepted)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks meet (torch.distributed's TCP store, hosted by rank 0)."""
+
+    addr: str     # rank 0's node address, as Ray knows it (127.0.0.1 on a loopback cluster)
+    port: int     # free on that node when asked
+    node_id: str  # rank 0's Ray node
+
+
+def rank_options(n_ranks: int, num_cpus: float, num_gpus: float = 0.0, placement_group=None,
+                 bundle_offset: int = 0) -> list[dict]:
+    """Ray actor options of each rank: its resources and, with a placement group, its bundle.
+    Ranks fill the group's bundles from ``bundle_offset`` in order, each bundle taking the
+    ranks it holds: one per bundle when the learner shares a node (STRICT_PACK), a node's
+    share per bundle when it spans nodes (STRICT_SPREAD; see ``cluster.placement.layout``)."""
+    opts = [{"num_cpus": num_cpus, "num_gpus": num_gpus} for _ in range(n_ranks)]
+    if placement_group is None:
+        return opts
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from cluster.placement import fill_bundles
+
+    per_rank = {"CPU": num_cpus, "GPU": num_gpus}
+    slots = fill_bundles(placement_group.bundle_specs, per_rank, n_ranks, bundle_offset)
+    for o, index in zip(opts, slots):
+        o["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=index)
+    return opts
+
+
+def _rank0_here() -> Rendezvous:
+    import ray
+
+    return Rendezvous(ray.util.get_node_ip_address(), free_port(""),
+                      ray.get_runtime_context().get_node_id())
+
+
+def rendezvous(rank0: dict) -> Rendezvous:
+    """Rank 0's node address and a port free there, from a tiny task placed as rank 0 will
+    be: in its bundle (asking nothing more, the bundle already holds the resources), or,
+    without a placement group, on any node that could hold rank 0 (the caller then pins
+    rank 0 to that node). Never the driver's address: the driver may be on another node."""
+    import ray
+
+    if "scheduling_strategy" in rank0:
+        opts = {"num_cpus": 0, "num_gpus": 0, "scheduling_strategy": rank0["scheduling_strategy"]}
+    else:
+        opts = {"num_cpus": rank0["num_cpus"], "num_gpus": rank0["num_gpus"]}
+    return ray.get(ray.remote(_rank0_here).options(**opts).remote())
+
+
 class LearnerGroup:
     """Creates ``n_ranks`` DeepSpeed ranks as Ray actors and drives them in lockstep.
 
-    The rendezvous is 127.0.0.1 on a port free on the driver: all ranks must run on the
-    driver's node (multi-node learners would need rank 0's node address here).
+    The ranks meet at rank 0's node (``rendezvous``): with a placement group (the launcher's,
+    from ``cluster.placement``) each rank runs in its bundle; without one, rank 0 is pinned to
+    the node the rendezvous was found on and the others go wherever Ray puts them.
     """
 
     def __init__(self, model_path: str, n_ranks: int, cfg: LearnerConfig,
                  num_cpus_per_rank: float = 1.0, placement_group=None, bundle_offset: int = 0,
                  num_gpus_per_rank: float = 0.0):
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from learner.worker import LearnerWorker
 
@@ -35,21 +89,19 @@ class LearnerGroup:
         if num_cpus_per_rank <= 0:
             raise ValueError(f"num_cpus_per_rank must be > 0, got {num_cpus_per_rank}")
         self.n_ranks, self.cfg = n_ranks, cfg
-        port = free_port()
+        opts = rank_options(n_ranks, num_cpus_per_rank, num_gpus_per_rank, placement_group,
+                            bundle_offset)
+        self.rendezvous = rendezvous(opts[0])
+        if placement_group is None:
+            opts[0]["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                self.rendezvous.node_id, soft=False)
         # torch threads follow the CPU share; a fractional share still needs one thread.
         threads = max(1, int(num_cpus_per_rank))
         actor_cls = ray.remote(LearnerWorker)
-        self.workers = []
-        for rank in range(n_ranks):
-            opts = {"num_cpus": num_cpus_per_rank, "num_gpus": num_gpus_per_rank}
-            if placement_group is not None:
-                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=placement_group,
-                    placement_group_bundle_index=bundle_offset + rank)
-            self.workers.append(actor_cls.options(**opts).remote(
-                str(model_path), cfg, rank, n_ranks, port, threads))
+        r = self.rendezvous
+        self.workers = [actor_cls.options(**o).remote(
+            str(model_path), cfg, rank, n_ranks, r.port, threads, master_addr=r.addr)
+            for rank, o in enumerate(opts)]
         try:
             ray.get([w.ready.remote() for w in self.workers])
         except Exception:
