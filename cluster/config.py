@@ -208,6 +208,16 @@ class ClusterConfig(Section):
         "else start a local one on 127.0.0.1; 'local': always start a private local one."))
     num_cpus: float | None = Field(None, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
     weight_sync: Literal["object_store", "nccl"] = Field("object_store", description="Weight-sync transport.")
+    nodes: int | None = Field(None, ge=1, description=(
+        "Nodes of the cluster this config is meant for. Only `--check-placement` reads it: "
+        "with no cluster running it simulates nodes x gpus_per_node here (None: one node). "
+        "A real launch places the roles on the nodes Ray reports."))
+    gpus_per_node: int | None = Field(None, ge=0, description=(
+        "GPUs per node of that cluster, for `--check-placement`'s simulated cluster (None: "
+        "0 for a CPU plan; a plan with GPUs must set it)."))
+    cpus_per_node: int | None = Field(None, ge=1, description=(
+        "Logical CPUs per node of `--check-placement`'s simulated cluster (None: as many as "
+        "the whole plan asks, so that CPUs never limit the check)."))
 
 
 class LoggingConfig(Section):

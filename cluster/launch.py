@@ -22,6 +22,11 @@ def parse_args(argv):
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.max_steps=3")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the resolved config and placement plan, start nothing")
+    ap.add_argument("--check-placement", action="store_true",
+                    help="place every role with probe actors (no model, no GPU work) on the "
+                         "running cluster, or on a simulated one of cluster.nodes x "
+                         "cluster.gpus_per_node, print where each lands, exit non-zero if the "
+                         "plan does not fit")
     return ap.parse_args(argv)
 
 
@@ -61,6 +66,10 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:  # everything that can be wrong with the request fails here, before any actor starts
         cfg = load_config(args.config, args.overrides)
+        if args.check_placement:  # needs no model or dataset: it runs before a real launch
+            from cluster.check_placement import check
+
+            return check(cfg, plan(cfg))
         p, task = preflight(cfg)
         if args.dry_run:
             print(dump_config(cfg))

@@ -248,9 +248,9 @@ def free_per_node(groups: dict, nodes: list[dict], skip: str = "") -> str:
         for i, b in enumerate(pg.bundle_specs):
             for k, v in b.items():
                 free[where[i]][k] = free[where[i]].get(k, 0.0) - v
-    return "; ".join(f"node {i + 1} ({n['NodeManagerAddress']}): "
-                     f"{free[n['NodeID']].get('GPU', 0):g} GPU, {free[n['NodeID']].get('CPU', 0):g} CPU"
-                     for i, n in enumerate(nodes))
+    left = [free[n["NodeID"]] for n in nodes]
+    return "; ".join(f"node {i + 1} ({n['NodeManagerAddress']}): {f.get('GPU', 0):g} GPU, "
+                     f"{f.get('CPU', 0):g} CPU" for i, (n, f) in enumerate(zip(nodes, left)))
 
 
 def threads_for(cpus: float, threads: int | None = None) -> int:

@@ -1,0 +1,30 @@
+"""`python -m cluster.launch CONFIG --check-placement` as a user runs it (a subprocess that
+builds its own simulated cluster of the config's shape), on the 32-GPU config. The failing
+cases that need no cluster are in tests/unit/test_placement.py."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.config import load_config
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = ROOT / "configs" / "qwen3-4b-dapo-32gpu.yaml"
+SHAPE = ["cluster.nodes=4", "cluster.gpus_per_node=8"]  # the paper's cluster, 4 x 8 GPUs
+
+
+def test_check_placement_command_on_the_32_gpu_config():
+    cfg = load_config(PAPER)
+    shape = [] if cfg.cluster.gpus_per_node else SHAPE
+    # cluster.address=local: simulate even if a cluster is running on this machine.
+    out = subprocess.run([sys.executable, "-m", "cluster.launch", str(PAPER),
+                          "cluster.address=local", *shape, "--check-placement"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "simulated" in out.stdout and out.stdout.rstrip().endswith("placement OK")
+    assert "learner: %d actor(s)" % cfg.learner.ranks in out.stdout
+    assert "rendezvous" in out.stdout and "(rank 0's node)" in out.stdout
+    assert "GPUs placed: 32 of 32 on 4 node(s)" in out.stdout
