@@ -21,24 +21,26 @@ its prompts to the empirical-mean fallback (counted).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import os
 import time
 from collections import Counter
 
 from actors.prompts import PromptSampler, checked_priors, group_samples, make_record, success_rate
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from actors.scoring import Overlong, Scorer
-from actors.types import RolloutRequest, SamplingConfig, TrainBatch
+from actors.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
 
 
 class Coordinator:
     def __init__(self, generators: list, prior, task_cfg, estimator, sched_cfg: SchedulerConfig,
-                 sampling: SamplingConfig, *, seed: int = 0, data_pos: int = 0, version: int = 0,
+                 sampling: SamplingConfig, *, seed: int = 0, version: int = 0,
                  prior_timeout_s: float = 10.0, request_timeout_s: float = 600.0,
-                 accounting: dict | None = None, score_workers: int = 0,
-                 score_timeout_s: float = 10.0, overlong: Overlong | None = None):
+                 score_workers: int = 0, score_timeout_s: float = 10.0,
+                 overlong: Overlong | None = None, restore: str | None = None):
         from tasks import make_task_from_config
 
         self.gens = list(generators)
@@ -48,12 +50,13 @@ class Coordinator:
         self.scorer = Scorer(self.task, functools.partial(make_task_from_config, task_cfg),
                              score_workers, score_timeout_s, overlong)
         self.sampling = sampling
-        self.sampler = PromptSampler(self.task.train(), seed, data_pos)
+        self.sampler = PromptSampler(self.task.train(), seed)
         self.sched = Scheduler(sched_cfg, estimator, len(self.gens), version, clock=time.time)
         self.needs_prior = estimator.needs_prior
         self.payload = None
         self.incarnations: list[str | None] = [None] * len(self.gens)
-        self.backlog: list = []          # drawn from the sampler, not yet admitted
+        self.last_heard = [time.time()] * len(self.gens)  # last answer from each generator
+        self.prior_pending_since: float | None = None
         self.counts = Counter()
         self.failures = Counter()        # uid -> engine errors
         self.events: list[tuple] = []    # generator faults, for the summary
@@ -63,18 +66,42 @@ class Coordinator:
         self._stopped = False
         self.t_start = time.time()
         self.last_prior_error = ""
-        if accounting:  # resuming: earlier totals carry on (see issue: lossless resume)
-            self.sched.counts["admitted"] = accounting["prompts_admitted"]
-            self.sched.counts["handed"] = accounting.get("prompts_handed", 0)
-            self.sched.drops.update(accounting.get("drop_reasons", {}))
-            lost = (accounting["prompts_admitted"] - accounting.get("prompts_handed", 0)
-                    - sum(accounting.get("drop_reasons", {}).values()))
-            if lost > 0:
-                self.sched.drops["in_flight_at_checkpoint"] += lost
+        self._restored: list = []  # dispatches of the rollouts in flight at the checkpoint
+        if restore is not None:
+            self._restore(restore)
 
     # -- control (called by the driver) --------------------------------------------------
     async def start(self) -> None:
+        self._apply(self._restored)
+        self._restored = []
         self._kick()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    async def snapshot_to(self, path: str) -> int:
+        """Write every admitted, untrained prompt (estimator state, finished rollouts), the
+        sampler position and the counters to ``path`` (msgpack); returns prompts written.
+        Taken between two awaits: a consistent point of the scheduler."""
+        import msgpack
+
+        snap = {"scheduler": self.sched.snapshot(dataclasses.asdict, Rollout.to_dict),
+                "data_pos": self.sampler.position,
+                "counts": dict(self.counts), "events": list(self.events)}
+        data = msgpack.packb(snap, use_bin_type=True)
+        await asyncio.to_thread(_write_file, path, data)
+        return len(snap["scheduler"]["groups"])
+
+    def _restore(self, path: str) -> None:
+        import msgpack
+
+        from tasks.base import Problem
+
+        with open(path, "rb") as f:
+            snap = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+        self._restored = self.sched.restore(snap["scheduler"], lambda d: Problem(**d),
+                                            lambda d: Rollout(**d))
+        self.sampler.position = snap["data_pos"]
+        self.counts.update(snap["counts"])
+        self.events = [tuple(e) for e in snap["events"]]
 
     async def next_batch(self, n: int) -> TrainBatch:
         """Wait until the scheduler hands over ``n`` prompts at the current version."""
@@ -88,10 +115,11 @@ class Coordinator:
                     break
             await self._wake.wait()
         self._kick()
+        dropped, self.sched.dropped = self.sched.dropped, []
         return TrainBatch(records=[make_record(g) for g in groups],
                           samples=[s for g in groups for s in group_samples(g)],
                           version=self.sched.version, inflight_prompts=self.sched.in_flight(),
-                          counters=self._counters())
+                          counters=self._counters(), dropped=dropped)
 
     async def set_version(self, version: int, payload=None) -> None:
         """Learner published ``version`` (every live generator loaded it)."""
@@ -118,14 +146,40 @@ class Coordinator:
     def summary(self) -> dict:
         acct = self.sched.accounting()
         acct["prompts_in_flight_at_end"] = acct.pop("prompts_in_flight")
-        # Drawn but never admitted prompts go back: the next run's sampler starts at them.
-        data_pos = self.sampler.position - len(self.backlog)
+        data_pos = self.sampler.position
+        acct["inflight_uids"] = sorted(self.sched.groups)
+        acct["dropped_since_last_batch"] = list(self.sched.dropped)
         return {**acct,
                 "prior_fallbacks": self.counts["prior_fallback"],
                 "generator_restarts": self.counts["restarts"],
                 "requests_per_generator": [self.counts[f"served{i}"] for i in range(len(self.gens))],
                 "data_pos": data_pos, "generator_events": list(self.events),
                 "scoring": dict(self.scorer.counts)}
+
+    def waiting_on(self) -> dict:
+        """For the trainer's watchdog: which role the hand-over is waiting for, and what that
+        role last reported."""
+        s, now = self.sched, time.time()
+        due = sum(c for d, c in s.unfinished.items() if d <= s.version)
+        loads = {i: n for i, n in enumerate(s.load) if n}
+        detail = {"version": s.version, "prompts_due_unfinished": due, "ready": len(s.ready),
+                  "in_flight": s.in_flight(), "room": s.room(), "paused": s.paused,
+                  "outstanding_per_generator": loads, "alive": list(s.alive),
+                  "seconds_since_generator_answered": [round(now - t, 1) for t in self.last_heard],
+                  "events": self.events[-5:], "last_prior_error": self.last_prior_error}
+        if self.prior_pending_since is not None:
+            role = f"prior (asked {now - self.prior_pending_since:.0f}s ago)"
+        elif not any(s.alive):
+            role = "generators (every one lost; waiting for a restart)"
+        elif loads:
+            i = max(loads, key=lambda g: now - self.last_heard[g])
+            role = (f"generator {i} ({loads[i]} rollouts outstanding, last answer "
+                    f"{now - self.last_heard[i]:.0f}s ago)")
+        elif s.parked:
+            role = "generators (work parked until one returns)"
+        else:
+            role = "coordinator (nothing in flight, no room to admit)"
+        return {"role": role, **detail}
 
     def status(self) -> dict:
         s = self.sched
@@ -154,27 +208,30 @@ class Coordinator:
             self._spawn(self._admit())
 
     async def _admit(self) -> None:
+        """Admit as many prompts as the scheduler has room for. A prompt's uid is its
+        position in the sampler's stream (``s<position>``): the same prompt gets the same uid
+        in a run resumed from a checkpoint, so "trained once" can be checked by uid."""
         self._admitting = True
         try:
             while not self._stopped and (n := self.sched.room()) > 0:
-                problems = self.backlog[:n] + self.sampler.next(max(0, n - len(self.backlog)))
-                self.backlog = self.backlog[n:]
+                start = self.sampler.position
+                problems = self.sampler.next(n)
                 priors = await self._priors(problems)
-                if self._stopped:
-                    self.backlog = problems + self.backlog
-                    return
-                # The room may have shrunk while the prior answered (a generator lost).
-                m = min(len(problems), self.sched.room())
-                self.backlog = problems[m:] + self.backlog
-                self._apply(self.sched.admit(problems[:m], priors[:m]))
+                # The room may have shrunk while the prior answered (a generator lost, a stop):
+                # admit what fits and give the rest back to the stream.
+                m = 0 if self._stopped else min(n, self.sched.room())
+                self.sampler.position = start + m
                 if m == 0:
                     return
+                self._apply(self.sched.admit(problems[:m], priors[:m],
+                                             uids=[f"s{start + i}" for i in range(m)]))
         finally:
             self._admitting = False
 
     async def _priors(self, problems) -> list:
         if not self.needs_prior:
             return [None] * len(problems)
+        self.prior_pending_since = time.time()
         try:
             ps = await asyncio.wait_for(
                 self.prior.predict.remote([p.prompt for p in problems]), self.prior_timeout_s)
@@ -183,6 +240,8 @@ class Coordinator:
             self.counts["prior_fallback"] += len(problems)
             self.last_prior_error = f"{type(err).__name__}: {err}"
             return [None] * len(problems)
+        finally:
+            self.prior_pending_since = None
 
     def _feedback(self) -> None:
         """Tell the prior how the prompts that just finished went (its in-context profile)."""
@@ -202,6 +261,7 @@ class Coordinator:
         try:
             rollouts = await asyncio.wait_for(self.gens[d.generator].generate.remote(req),
                                               self.request_timeout_s)
+            self.last_heard[d.generator] = time.time()
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
             # Died, restarting (ActorUnavailableError) or hung: out of service until it
             # answers again with the newest weights; its work goes elsewhere.
@@ -272,3 +332,13 @@ class Coordinator:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """Write whole or not at all: a temporary file, fsynced, renamed over ``path``."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

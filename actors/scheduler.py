@@ -175,6 +175,7 @@ class Scheduler:
         self.refills: Counter = Counter()         # deadline -> prompts dropped at it
         self._ids = itertools.count()
         self._finished: list[PromptGroup] = []    # finished since the last drain_finished()
+        self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
         self._taken: int | None = None            # version whose batch the learner took
         self.paused = False
 
@@ -415,6 +416,7 @@ class Scheduler:
         if refill:
             self.refills[grp.deadline] += 1
         self.drops[reason] += 1
+        self.dropped.append((uid, reason))
         out = []
         for rid in grp.requests:
             q = self.requests.pop(rid)
@@ -485,6 +487,62 @@ class Scheduler:
             self.unfinished[grp.deadline] += 1
             out += self._plan(grp)
         return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def snapshot(self, encode_problem: Callable, encode_payload: Callable) -> dict:
+        """Everything needed to continue every admitted prompt after a crash: its estimator
+        state, its finished rollouts (``encode_payload``), its deadline; and the counters.
+        Rollouts in flight are not kept: ``restore`` asks for them again."""
+        groups = []
+        for g in self.groups.values():
+            groups.append({
+                "uid": g.uid, "problem": encode_problem(g.problem), "state": g.state.to_dict(),
+                "admitted_version": g.admitted_version, "deadline": g.deadline,
+                "t_admit": g.t_admit, "t_done": g.t_done, "regenerations": g.regenerations,
+                "cancelled_rollouts": g.cancelled_rollouts,
+                "cancelled_tokens": g.cancelled_tokens, "ready": g.uid in self.ready,
+                "rollouts": [[i, g.start_version[i], encode_payload(p)]
+                             for i, p in sorted(g.payloads.items())]})
+        return {"version": self.version, "counts": dict(self.counts), "drops": dict(self.drops),
+                "refills": {str(d): n for d, n in self.refills.items()}, "groups": groups}
+
+    def restore(self, snap: dict, decode_problem: Callable, decode_payload: Callable) -> list:
+        """Load a ``snapshot`` into this (fresh) scheduler; returns the dispatches that ask
+        again for the rollouts that were in flight. Ages keep counting from the versions
+        that started the samples, so the staleness bound still holds after a resume: a sample
+        too old by the time it would be trained is re-generated (see ``take_batch``)."""
+        if self.groups:
+            raise ValueError("restore into a scheduler that already has prompts")
+        self.counts.update(snap["counts"])
+        self.drops.update(snap["drops"])
+        self.refills.update({int(d): n for d, n in snap["refills"].items()})
+        actions = []
+        for d in snap["groups"]:
+            grp = PromptGroup(d["uid"], decode_problem(d["problem"]),
+                              PromptState.from_dict(self.est, d["state"]),
+                              d["admitted_version"], d["deadline"], -1, d["t_admit"],
+                              t_done=d["t_done"], regenerations=d["regenerations"],
+                              cancelled_rollouts=d["cancelled_rollouts"],
+                              cancelled_tokens=d["cancelled_tokens"])
+            for i, v, payload in d["rollouts"]:
+                grp.payloads[int(i)], grp.start_version[int(i)] = decode_payload(payload), int(v)
+            self.groups[grp.uid] = grp
+            self.calendar[grp.deadline] += 1
+            if d["ready"]:
+                self.ready[grp.uid] = grp
+                self._recheck.add(grp.uid)
+                continue
+            self.unfinished[grp.deadline] += 1
+            lost = tuple(grp.state.outstanding_indices())
+            if lost:  # in flight when the checkpoint was taken: generate them again
+                self.counts["reissued_requests"] += 1
+                st = grp.state
+                first = st.round_of(lost[0]) == 1 and grp.regenerations == 0
+                x = self._dispatch(grp, lost, priority(grp.deadline, first), st.round_of(lost[0]))
+                actions += [x] if x is not None else []
+            else:
+                actions += self._plan(grp)
+        return actions
 
     # -- reading -----------------------------------------------------------------------------
     def drain_finished(self) -> list[PromptGroup]:

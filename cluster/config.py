@@ -45,11 +45,18 @@ class RunConfig(Section):
     eval_metric: Literal["sampled", "greedy"] = Field("sampled", description=(
         "The headline held-out accuracy (eval_accuracy, summary.json's eval_accuracy_*): the "
         "mean over sampled answers or the greedy answer's accuracy."))
+    stall_timeout_s: float = Field(1800.0, gt=0, description=(
+        "The watchdog: when no learner step completes for this long, the run stops naming the "
+        "role it waits on (summary.json status 'stalled') and exits non-zero."))
     call_timeout_s: float = Field(600.0, gt=0, description=(
         "Longest wait for one remote call on the critical path (a generation request, a "
         "weight update) before its actor is taken for lost."))
-    checkpoint_every: int = Field(0, ge=0, description="Learner checkpoint every N steps (0: only at the end).")
-    resume: bool = Field(False, description="Continue from the run folder's last checkpoint.")
+    checkpoint_every: int = Field(0, ge=0, description=(
+        "Checkpoint every N steps (0: only at the end): learner state and every admitted, "
+        "untrained prompt, written atomically (cluster/checkpoints.py)."))
+    keep_checkpoints: int = Field(2, ge=1, description="Whole checkpoints kept (newest).")
+    resume: bool = Field(False, description=(
+        "Continue from the run folder's newest whole checkpoint, with its prompts in flight."))
     record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
     progress: bool = Field(True, description="Print a progress line per step.")
 
@@ -196,8 +203,24 @@ class PriorPlacement(Section):
     gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
     cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
     window: int = Field(256, ge=1, description="Recent (prompt, success rate) pairs the prior conditions on.")
-    timeout_s: float = Field(10.0, gt=0, description="Prior call timeout; on timeout prompts fall back to the empirical baseline.")
+    timeout_s: float = Field(10.0, gt=0, description=(
+        "The coordinator's wait for the prior server; past it the prompts fall back to the "
+        "empirical baseline (counted in prior_fallbacks)."))
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options.")
+    fallback: str | None = Field("auto", description=(
+        "The server's fallback backend when its own raises, answers garbage or exceeds "
+        "budget_s ('auto': embedded for backends other than embedded/constant; None: off)."))
+    fallback_options: dict[str, Any] = Field(default_factory=dict, description="Fallback backend options.")
+    budget_s: float | None = Field(5.0, gt=0, description=(
+        "The server's budget per prediction before its fallback answers; must be below "
+        "timeout_s so that the fallback answers before the coordinator gives up."))
+
+    @model_validator(mode="after")
+    def _budget_below_timeout(self) -> "PriorPlacement":
+        if self.budget_s is not None and self.budget_s >= self.timeout_s:
+            raise ValueError(f"prior.budget_s ({self.budget_s}) must be smaller than "
+                             f"prior.timeout_s ({self.timeout_s})")
+        return self
 
 
 class ClusterConfig(Section):

@@ -128,14 +128,22 @@ def _clean(v):
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path, config_yaml: str, resume: bool = False,
+    def __init__(self, run_dir: Path, config_yaml: str, resume_step: int | None = None,
                  tensorboard: bool = False, progress: bool = True):
+        """``resume_step``: continuing from the checkpoint of that step: lines of later steps
+        (written after it by a run that then crashed) are dropped, so that every step and every
+        prompt appears once. None: a fresh run, earlier outputs are replaced."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.yaml").write_text(config_yaml)
         self.metrics_path = self.dir / "metrics.jsonl"
-        if not resume and self.metrics_path.exists():
-            self.metrics_path.unlink()
+        self.prompts_path = self.dir / "prompts.jsonl"
+        self.dropped_path = self.dir / "dropped.jsonl"
+        for path in (self.metrics_path, self.prompts_path, self.dropped_path):
+            if resume_step is None:
+                path.unlink(missing_ok=True)
+            else:
+                keep_steps(path, resume_step)
         self.progress = progress
         self.t0 = time.time()
         self._tb = None
@@ -173,6 +181,19 @@ class RunWriter:
             self._tb.close()
 
 
+def keep_steps(path: Path, max_step: int) -> int:
+    """Keep only the lines of ``path`` (JSON lines with a "step") up to ``max_step``;
+    returns how many were dropped. Rewritten atomically."""
+    if not path.exists():
+        return 0
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= max_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in kept))
+    tmp.replace(path)
+    return len(lines) - len(kept)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -198,3 +219,30 @@ def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: f
             "eval_accuracy_initial_se": initial.get("eval_accuracy_se"),
             "eval_accuracy_final": final.get("eval_accuracy"),
             "eval_accuracy_se": final.get("eval_accuracy_se")}
+
+
+def prompt_fates(run_dir: Path) -> dict:
+    """Every admitted prompt's fate, by uid, from a run's files (the evidence that nothing
+    was lost or trained twice, across crashes and resumes): uids are ``s<position>`` in the
+    sampler's stream, so the admitted ones are s0 .. s<data_pos - 1>."""
+    from collections import Counter
+
+    run_dir = Path(run_dir)
+
+    def lines(name):
+        p = run_dir / name
+        return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    trained = Counter(r["uid"] for r in lines("prompts.jsonl"))
+    dropped = Counter(r["uid"] for r in lines("dropped.jsonl"))
+    end = run_dir / "inflight_at_end.json"
+    inflight = set(json.loads(end.read_text())["uids"]) if end.exists() else set()
+    admitted = {f"s{i}" for i in range(summary["data_pos"])}
+    seen = set(trained) | set(dropped) | inflight
+    return {"admitted": len(admitted), "trained": sum(trained.values()),
+            "dropped": sum(dropped.values()), "in_flight": len(inflight),
+            "lost": sorted(admitted - seen, key=lambda u: int(u[1:])),
+            "trained_twice": sorted(u for u, n in trained.items() if n > 1),
+            "trained_and_dropped": sorted(set(trained) & set(dropped)),
+            "unknown": sorted(seen - admitted)}

@@ -128,7 +128,8 @@ def start_prior(cfg, pg):
     handle = ray.remote(PriorServer).options(
         num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
         scheduling_strategy=pg_strategy(pg, 0),
-    ).remote(p.backend, p.options, p.window, threads_for(p.cpus))
+    ).remote(p.backend, p.options, p.window, threads_for(p.cpus), fallback=p.fallback,
+             fallback_options=p.fallback_options, budget_s=p.budget_s)
     return handle
 
 
@@ -157,14 +158,18 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
 
 @dataclass
 class RunState:
-    """Where a run starts: fresh, or from its last checkpoint."""
+    """Where a run starts: fresh, or from its last whole checkpoint."""
 
     version: int                 # policy version the generators serve at the start
     step: int = 0
-    data_pos: int = 0            # prompts drawn from the sampler so far
     totals: dict = field(default_factory=dict)
-    accounting: dict | None = None
-    resumed: bool = False
+    run_state: str | None = None  # the coordinator's prompts and sampler position to restore
+    resumed_from: str | None = None
+    skipped_checkpoints: list = field(default_factory=list)
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumed_from is not None
 
 
 def wait_ready(handles: list, timeout_s: float = 600.0) -> None:
@@ -208,21 +213,25 @@ def reset_roles(cfg, roles: Roles, init_dir: str) -> None:
         ray.get(roles.prior.ready.remote())
 
 
-def resume_state(cfg, roles: Roles, ckpt_dir) -> RunState:
+def resume_state(cfg, roles: Roles) -> RunState:
     """Fresh: versions continue from what the generators serve (actors may outlive a run).
-    Resume: the learner loads the last checkpoint, and the run continues its counters."""
+    Resume: the learner loads the newest whole checkpoint (older ones if it is corrupt), and
+    the run continues its counters and its admitted prompts."""
     import ray
+
+    from cluster.checkpoints import Checkpoints
 
     served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
     if not cfg.run.resume:
         return RunState(version=served)
-    if not (ckpt_dir / "latest").exists():
-        raise FileNotFoundError(f"run.resume=true but no checkpoint under {ckpt_dir}")
-    st = roles.learner.load_checkpoint(str(ckpt_dir))
+    ckpts = Checkpoints(cfg.run_dir / "checkpoints", cfg.run.keep_checkpoints)
+    if not ckpts.tags():
+        raise FileNotFoundError(f"run.resume=true but no checkpoint under {ckpts.root}")
+    tag, st, run_state, skipped = ckpts.load(roles.learner)
     # Generators that outlived the run hold a newer version: publish over theirs.
     version = max(st["policy_version"], served + 1)
-    return RunState(version=version, step=st["step"], data_pos=st["data_pos"],
-                    totals=st.get("totals", {}), accounting=st.get("accounting"), resumed=True)
+    return RunState(version=version, step=st["step"], totals=st.get("totals", {}),
+                    run_state=str(run_state), resumed_from=tag, skipped_checkpoints=skipped)
 
 
 def start_run_roles(cfg, roles: Roles, task, state: RunState):
@@ -250,9 +259,9 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
         num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
         scheduling_strategy=pg_strategy(roles.groups["coordinator"], 0)).remote(
         roles.generators, roles.prior, cfg.task, est, sched, sampling, seed=cfg.run.seed,
-        data_pos=state.data_pos, version=state.version, prior_timeout_s=cfg.prior.timeout_s,
-        request_timeout_s=cfg.run.call_timeout_s, accounting=state.accounting,
-        score_workers=cfg.score_workers(), score_timeout_s=cfg.reward.timeout_s, overlong=overlong)
+        version=state.version, prior_timeout_s=cfg.prior.timeout_s,
+        request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
+        score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state)
     telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
     return coord, telemetry
 

@@ -11,26 +11,44 @@ the synchronous barrier); this loop is the same for both.
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
+from cluster.checkpoints import Checkpoints
 from cluster.config import Config, dump_config
 from cluster.evaluation import evaluate
 from cluster.metrics import (RunWriter, StepTimes, generator_delta, per_generator, run_summary,
                              step_metrics)
 
 
+class Stalled(RuntimeError):
+    """No learner step completed for ``run.stall_timeout_s``: ``role`` is what the run was
+    waiting on, ``report`` what that role last reported."""
+
+    def __init__(self, role: str, report: dict):
+        super().__init__(f"stalled: no learner step for the watchdog's limit, waiting on {role}")
+        self.role, self.report = role, report
+
+
 class Trainer:
     """``after_step(step, metrics)``: called after every step's metrics are written (tests and
-    ``bench.chaos`` inject faults there)."""
+    ``bench.chaos`` inject faults there).
+
+    The watchdog: every blocking call of the loop runs with a deadline, the time left until
+    ``run.stall_timeout_s`` has passed since the last completed step; past it the run stops
+    with ``Stalled`` naming the role it waited on (``summary.json`` says ``"status":
+    "stalled"``) instead of waiting forever."""
 
     def __init__(self, cfg: Config, roles, task, after_step=None):
         from cluster.runtime import resume_state, start_run_roles
 
         self.cfg, self.roles, self.task = cfg, roles, task
         self.after_step = after_step
-        self.ckpt_dir = cfg.run_dir / "checkpoints"
-        state = resume_state(cfg, roles, self.ckpt_dir)
+        self.ckpts = Checkpoints(cfg.run_dir / "checkpoints", cfg.run.keep_checkpoints)
+        state = self.state = resume_state(cfg, roles)
         self.version, self.step = state.version, state.step
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
                        "tokens_generated": 0, "nan_skipped_steps": 0,
@@ -40,18 +58,50 @@ class Trainer:
         self.coord, self.telemetry = start_run_roles(cfg, roles, task, state)
         if state.resumed:
             self.publish()  # generators serve the checkpoint's weights before any rollout
+        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
+        self.last_progress = time.time()
         self.recorder = None
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
 
             self.recorder = RolloutRecorder(cfg.run_dir / "rollouts.msgpack")
 
+    # -- the watchdog --------------------------------------------------------------------
+    def call(self, role: str, fn, *args):
+        """``fn(*args)`` within the watchdog's deadline; past it, ``Stalled(role, report)``."""
+        left = self.cfg.run.stall_timeout_s - (time.time() - self.last_progress)
+        fut = self._calls.submit(fn, *args)
+        try:
+            return fut.result(timeout=max(0.0, left))
+        except FutureTimeout:
+            raise Stalled(*self._blame(role)) from None
+
+    def _blame(self, role: str) -> tuple[str, dict]:
+        """Name what the run waits on: the coordinator says which of its roles it waits for."""
+        import ray
+
+        waited = round(time.time() - self.last_progress, 1)
+        if role != "coordinator":
+            return role, {"seconds_since_last_step": waited, "step": self.step}
+        try:
+            report = ray.get(self.coord.waiting_on.remote(), timeout=30)
+        except Exception as err:  # noqa: BLE001 - the coordinator itself does not answer
+            return "coordinator (not answering)", {"error": f"{type(err).__name__}: {err}",
+                                                   "seconds_since_last_step": waited}
+        return report.pop("role"), {**report, "seconds_since_last_step": waited}
+
+    def ray_get(self, role: str, ref):
+        import ray
+
+        return self.call(role, ray.get, ref)
+
     # -- weights -------------------------------------------------------------------------
     def publish(self) -> None:
         """Learner rank 0's weights -> every generator, in place; then the coordinator."""
         import ray
 
-        payload, refs = self.roles.learner.publish_weights(self.roles.generators, self.version)
+        payload, refs = self.call("learner (weight publish)", self.roles.learner.publish_weights,
+                                  self.roles.generators, self.version)
         self.roles.published = self.version
         for ref in refs:
             try:
@@ -59,21 +109,20 @@ class Trainer:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 # A generator died mid-update; the coordinator re-syncs it when Ray restarts it.
                 self.totals["generator_update_failures"] += 1
-        ray.get(self.coord.set_version.remote(self.version, payload))
+        self.ray_get("coordinator", self.coord.set_version.remote(self.version, payload))
 
     def save(self) -> None:
-        import ray
-
-        acct = ray.get(self.coord.summary.remote())
-        state = {"step": self.step, "data_pos": acct["data_pos"], "policy_version": self.version,
-                 "totals": self.totals, "accounting": acct}
-        self.roles.learner.save_checkpoint(str(self.ckpt_dir), state)
+        """A whole checkpoint or none (cluster/checkpoints.py): learner state with the
+        trainer's counters, and the coordinator's admitted, untrained prompts."""
+        state = {"step": self.step, "policy_version": self.version, "totals": self.totals}
+        self.call("learner (checkpoint)", self.ckpts.save, self.step, self.roles.learner,
+                  self.coord, state)
 
     def evaluate(self) -> dict:
         cfg = self.cfg.run
-        ev = evaluate(self.roles.generators, self.task, self.heldout, self.cfg.rollout.max_tokens,
-                      samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature,
-                      seed=cfg.seed)
+        ev = self.call("generators (evaluation)", functools.partial(
+            evaluate, self.roles.generators, self.task, self.heldout, self.cfg.rollout.max_tokens,
+            samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature, seed=cfg.seed))
         ev["eval_accuracy"] = ev.get(f"eval_{cfg.eval_metric}")
         ev["eval_accuracy_se"] = ev.get(f"eval_{cfg.eval_metric}_se")
         self.totals["eval_time_s"] += ev["eval_time_s"]
@@ -84,35 +133,47 @@ class Trainer:
         import ray
 
         cfg = self.cfg
-        self.writer = RunWriter(cfg.run_dir, dump_config(cfg), resume=cfg.run.resume,
+        self.writer = RunWriter(cfg.run_dir, dump_config(cfg),
+                                resume_step=self.step if self.state.resumed else None,
                                 tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
         self.heldout = self.task.heldout()[: cfg.run.eval_prompts]
-        initial = self.final = self.evaluate() if cfg.run.eval_every and not cfg.run.resume else {}
+        initial = self.final = self.evaluate() if cfg.run.eval_every and not self.state.resumed else {}
         self.totals["eval_time_s"] -= initial.get("eval_time_s", 0.0)  # before the clock starts
         if initial:
             self.writer.note(f"held-out {cfg.run.eval_metric} accuracy at the start: "
                              f"{initial['eval_accuracy']:.3f} +- {initial['eval_accuracy_se']:.3f}")
         peaks = self._measure_peaks() if cfg.generators.measure_peak else None
-        self.prompts_log = (cfg.run_dir / "prompts.jsonl").open("a" if cfg.run.resume else "w")
+        self.prompts_log = self.writer.prompts_path.open("a")
         self.t_start, gen0 = time.time(), self._gen_stats()
+        self.last_progress = self.t_start  # the watchdog counts from here
         try:
-            ray.get(self.coord.start.remote())
+            self.ray_get("coordinator", self.coord.start.remote())
             while self.step < cfg.run.max_steps:
                 self.one_step()
-            acct = ray.get(self.coord.stop.remote())
+            acct = self.ray_get("coordinator", self.coord.stop.remote())
+            self._log_end(acct)
             self.save()
             if cfg.run.save_final:  # the trained policy, loadable by transformers and vLLM
-                self.roles.learner.save_hf(str(cfg.run_dir / "final"))
+                self.call("learner (export)", self.roles.learner.save_hf,
+                          str(cfg.run_dir / "final"))
+        except Stalled as stall:
+            self.writer.summary({"status": "stalled", "stalled_on": stall.role,
+                                 "stall_report": stall.report, "steps": self.step,
+                                 "policy_version": self.version, **self.totals})
+            raise
         finally:
             ray.kill(self.coord)
             ray.kill(self.telemetry)
             self.prompts_log.close()
+            self._calls.shutdown(wait=False, cancel_futures=True)
             if self.recorder:
                 self.recorder.close()
         gen_end = self._gen_stats()
         summary = run_summary(cfg, acct, self.totals, self.step, self.version,
                               time.time() - self.t_start, initial, self.final,
                               {**generator_delta(gen0, gen_end), "t_start": self.t_start,
+                               "resumed_from": self.state.resumed_from,
+                               "skipped_checkpoints": self.state.skipped_checkpoints,
                                "generators": per_generator(gen0, gen_end, peaks),
                                "decode_peak_tokens_per_s": sum(peaks) if peaks else None})
         self.writer.summary(summary)
@@ -126,29 +187,29 @@ class Trainer:
         last = self.step == cfg.run.max_steps
         eval_due = bool(cfg.run.eval_every) and self.step % cfg.run.eval_every == 0
         t0, g0 = time.time(), self._gen_stats()
-        batch = ray.get(coord.next_batch.remote(cfg.rollout.batch_prompts))
+        batch = self.ray_get("coordinator", coord.next_batch.remote(cfg.rollout.batch_prompts))
         t1 = time.time()
-        lm = self.roles.learner.train_step(batch.samples)
+        lm = self.call("learner (train step)", self.roles.learner.train_step, batch.samples)
         t2 = time.time()
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
-            ray.get(coord.pause.remote())
+            self.ray_get("coordinator", coord.pause.remote())
         if not lm.get("skipped"):
             self.version += 1
             self.publish()
         else:  # the same version: the coordinator reopens its admission for it
-            ray.get(coord.set_version.remote(self.version))
-        t3 = time.time()
+            self.ray_get("coordinator", coord.set_version.remote(self.version))
+        self.last_progress = t3 = time.time()
         ev = self.evaluate() if eval_due else {}
         if ev:
             self.final = ev
             if not last:
-                ray.get(coord.resume.remote())
+                self.ray_get("coordinator", coord.resume.remote())
         m = step_metrics(self.step, self.version, batch, lm, StepTimes(t0, t1, t2, t3, time.time()),
                          generator_delta(g0, self._gen_stats()), self.k_init)
         self._account(batch, lm, m)
         m.update(ev, **self._rates())
         self.writer.step(m)
-        self._log_prompts(batch, t1)
+        self._log_prompts(batch, t1, bool(lm.get("skipped")))
         self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
         if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
             self.save()
@@ -188,7 +249,8 @@ class Trainer:
 
         prompt = self.heldout[0].prompt if self.heldout else "0"
         n = min(32, self.cfg.rollout.max_tokens)
-        return ray.get([g.measure_peak.remote(prompt, n) for g in self.roles.generators])
+        return self.call("generators (peak probe)", ray.get,
+                         [g.measure_peak.remote(prompt, n) for g in self.roles.generators])
 
     def _gen_stats(self) -> list:
         """Each generator's ``stats()`` (None while it is dead or restarting)."""
@@ -202,7 +264,26 @@ class Trainer:
                 out.append(None)
         return out
 
-    def _log_prompts(self, batch, t_trained: float) -> None:
+    def _log_end(self, acct: dict) -> None:
+        """Drops after the last hand-over to dropped.jsonl; the uids still in flight to
+        inflight_at_end.json (with prompts.jsonl: every admitted prompt's fate, by uid)."""
+        with self.writer.dropped_path.open("a") as drops:
+            for uid, why in acct.pop("dropped_since_last_batch"):
+                drops.write(json.dumps({"uid": uid, "reason": why, "step": self.step}) + "\n")
+        (self.cfg.run_dir / "inflight_at_end.json").write_text(
+            json.dumps({"step": self.step, "uids": acct.pop("inflight_uids")}) + "\n")
+
+    def _log_prompts(self, batch, t_trained: float, skipped: bool) -> None:
+        """prompts.jsonl: one line per trained prompt; dropped.jsonl: one per dropped prompt
+        with its reason (the prompts of a NaN-skipped step among them)."""
+        with self.writer.dropped_path.open("a") as drops:
+            for uid, why in batch.dropped:
+                drops.write(json.dumps({"uid": uid, "reason": why, "step": self.step}) + "\n")
+            if skipped:
+                for r in batch.records:
+                    drops.write(json.dumps({"uid": r.uid, "reason": "learner_nan_skip",
+                                            "step": self.step}) + "\n")
+                return
         for r in batch.records:
             self.prompts_log.write(json.dumps({**r.to_dict(), "step": self.step,
                                                "t_trained": t_trained}) + "\n")

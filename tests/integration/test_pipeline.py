@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 from cluster.config import build_config  # noqa: E402
-from cluster.metrics import read_metrics  # noqa: E402
+from cluster.metrics import prompt_fates, read_metrics  # noqa: E402
 from cluster.placement import plan  # noqa: E402
 
 METRIC_KEYS = {"step", "policy_version", "reward_mean", "rollouts", "tokens_generated",
@@ -227,3 +227,81 @@ def test_async_run_survives_a_dead_prior(fresh):
     prompts = prompts_of(cfg)
     assert all(p["fallback"] and p["k"] == 4 for p in prompts)
     assert_accounted(summary)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
+    """Async V0.5, a checkpoint every 2 steps, the driver dies after step 5 (after the step-4
+    checkpoint): resumed, the run continues the prompts that were in flight at step 4 and
+    drops the crashed run's records after it; every prompt in prompts.jsonl appears once."""
+    from cluster.checkpoints import Checkpoints
+
+    sections = dict(mode="async", algo={"name": "v05", "k_init": 4, "k_max": 16},
+                    rollout={"max_staleness": 1})
+    cfg = make_cfg(fresh["tmp"], "crash", **sections,
+                   run={"max_steps": 6, "eval_every": 0, "checkpoint_every": 2})
+
+    def crash_after_5(step, metrics):
+        if step == 5:
+            raise Crash("the driver died")
+
+    with pytest.raises(Crash):
+        run(fresh, cfg, after_step=crash_after_5)
+    assert Checkpoints(cfg.run_dir / "checkpoints").latest() == "step4"
+    assert len(prompts_of(cfg)) == 5 * 4  # the crashed run wrote step 5's records
+
+    cfg2 = make_cfg(fresh["tmp"], "crash", **sections,
+                    run={"max_steps": 8, "eval_every": 0, "resume": True})
+    summary = run(fresh, cfg2)
+    prompts = prompts_of(cfg2)
+    uids = [p["uid"] for p in prompts]
+    assert len(uids) == len(set(uids)) == 8 * 4          # each trained exactly once
+    assert [r["step"] for r in read_metrics(cfg2.run_dir)] == list(range(1, 9))
+    assert summary["resumed_from"] == "step4" and summary["steps"] == 8
+    assert "in_flight_at_checkpoint" not in summary["drop_reasons"]
+    assert_accounted(summary)
+    assert all(r["staleness_max"] <= 1 for r in read_metrics(cfg2.run_dir))
+    # By uid: every prompt the stream handed out is trained, dropped or in flight, once.
+    fates = prompt_fates(cfg2.run_dir)
+    assert fates["lost"] == fates["trained_twice"] == fates["unknown"] == []
+    assert fates["trained"] == 8 * 4 and fates["admitted"] == summary["prompts_admitted"]
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
+    from cluster.checkpoints import RUN_STATE, Checkpoints
+
+    cfg = make_cfg(fresh["tmp"], "corrupt", mode="sync",
+                   run={"max_steps": 4, "eval_every": 0, "checkpoint_every": 2,
+                        "keep_checkpoints": 3})
+    run(fresh, cfg)
+    ck = Checkpoints(cfg.run_dir / "checkpoints")
+    assert ck.tags() == ["step4", "step2"]   # step 4 saved twice (every 2, and at the end)
+    state = ck.root / "step4" / RUN_STATE
+    state.write_bytes(state.read_bytes()[: len(state.read_bytes()) // 2])  # truncated
+    cfg2 = make_cfg(fresh["tmp"], "corrupt", mode="sync",
+                    run={"max_steps": 5, "eval_every": 0, "resume": True})
+    summary = run(fresh, cfg2)
+    assert summary["resumed_from"] == "step2"
+    assert summary["skipped_checkpoints"] and summary["skipped_checkpoints"][0].startswith("step4")
+    assert [r["step"] for r in read_metrics(cfg2.run_dir)] == [1, 2, 3, 4, 5]
+    assert_accounted(summary)
+
+
+def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
+    """Admission paused for good after step 1: the prompts already admitted feed step 2, then
+    the hand-over waits forever. The watchdog stops the run and says on what."""
+    from cluster.trainer import Stalled, Trainer
+
+    cfg = make_cfg(fresh["tmp"], "stall", mode="async", rollout={"max_staleness": 1},
+                   run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 15})
+    trainer = Trainer(cfg, fresh["roles"], fresh["task"])
+    trainer.after_step = lambda step, m: step == 1 and ray.get(trainer.coord.pause.remote())
+    with pytest.raises(Stalled) as stall:
+        trainer.run()
+    assert stall.value.role == "coordinator (nothing in flight, no room to admit)"
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert summary["status"] == "stalled" and summary["stalled_on"] == stall.value.role
+    assert summary["stall_report"]["paused"] is True and summary["steps"] >= 2

@@ -34,7 +34,7 @@ def test_dotted_overrides_are_typed():
                                           "optim.lr=1e-3", "run.resume=true"])
     assert cfg.run.max_steps == 3 and cfg.run.name == "try1"
     assert cfg.optim.lr == pytest.approx(1e-3) and cfg.run.resume is True
-    assert cfg.run.output_dir == "runs" and cfg.run_dir == Path("runs/try1")
+    assert cfg.run.output_dir == "runs" and cfg.run_dir == Path("runs/try1").resolve()
 
 
 @pytest.mark.parametrize("override, message", [

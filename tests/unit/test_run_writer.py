@@ -16,3 +16,19 @@ def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
     assert "step    1" in err and "acc 0.500" in err and "k  4.5" in err and "busy  90%" in err
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"steps": 1}
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_resume_drops_lines_written_after_the_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    w = RunWriter(run, "a: 1\n", progress=False)
+    for step in (1, 2, 3, 4):
+        w.step({"step": step})
+    (run / "prompts.jsonl").write_text("".join(json.dumps({"uid": f"p{i}", "step": i}) + "\n"
+                                               for i in (1, 2, 3, 4)))
+    # The crashed run had written steps 3 and 4 after its checkpoint at step 2.
+    RunWriter(run, "a: 1\n", resume_step=2, progress=False)
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    assert [json.loads(x)["uid"] for x in (run / "prompts.jsonl").read_text().splitlines()] == \
+        ["p1", "p2"]
+    RunWriter(run, "a: 1\n", progress=False)  # a fresh run replaces both
+    assert not (run / "metrics.jsonl").exists() and not (run / "prompts.jsonl").exists()
