@@ -40,7 +40,8 @@ class Coordinator:
                  sampling: SamplingConfig, *, seed: int = 0, version: int = 0,
                  prior_timeout_s: float = 10.0, request_timeout_s: float = 600.0,
                  score_workers: int = 0, score_timeout_s: float = 10.0,
-                 overlong: Overlong | None = None, restore: str | None = None):
+                 overlong: Overlong | None = None, restore: str | None = None,
+                 score_fault: tuple[str, int] = ("none", 0)):
         from tasks import make_task_from_config
 
         self.gens = list(generators)
@@ -48,7 +49,7 @@ class Coordinator:
         self.request_timeout_s = request_timeout_s
         self.task = make_task_from_config(task_cfg)
         self.scorer = Scorer(self.task, functools.partial(make_task_from_config, task_cfg),
-                             score_workers, score_timeout_s, overlong)
+                             score_workers, score_timeout_s, overlong, *score_fault)
         self.sampling = sampling
         self.sampler = PromptSampler(self.task.train(), seed)
         self.sched = Scheduler(sched_cfg, estimator, len(self.gens), version, clock=time.time)

@@ -40,17 +40,32 @@ def shaped_range(rewards: tuple[float, float], overlong: Overlong) -> tuple[floa
     return (rewards[0] - (overlong.penalty if overlong.buffer > 0 else 0.0), rewards[1])
 
 
+FAULTS = ("none", "raise", "hang")
+
+
+def _verify(task, problem, text: str, fault: str):
+    """The task's verdict, or the injected fault (bench.chaos: a verifier that raises or
+    never returns)."""
+    if fault == "raise":
+        raise RuntimeError("injected verifier fault")
+    if fault == "hang":
+        import threading
+
+        threading.Event().wait()  # never returns: only the deadline and a kill end it
+    return task.score(problem, text)
+
+
 def _serve(conn, factory) -> None:
-    """A worker process: build the task once (``factory()``), then score (problem, text)
-    pairs until the pipe closes."""
+    """A worker process: build the task once (``factory()``), then score (problem, text,
+    fault) requests until the pipe closes."""
     task = factory()
     while True:
         try:
-            problem, text = conn.recv()
+            problem, text, fault = conn.recv()
         except EOFError:
             return
         try:
-            conn.send(("ok", task.score(problem, text)))
+            conn.send(("ok", _verify(task, problem, text, fault)))
         except Exception as err:  # noqa: BLE001 - reported to the caller
             conn.send(("error", f"{type(err).__name__}: {err}"))
 
@@ -62,10 +77,10 @@ class _Worker:
         self.proc.start()
         child.close()
 
-    def ask(self, problem, text, timeout_s: float):
+    def ask(self, problem, text, fault: str, timeout_s: float):
         """(status, value); status 'timeout' when no answer came in time (the caller then
         kills this worker)."""
-        self.conn.send((problem, text))
+        self.conn.send((problem, text, fault))
         if not self.conn.poll(timeout_s):
             return "timeout", None
         return self.conn.recv()
@@ -81,14 +96,22 @@ class Scorer:
     ``tasks.make_task_from_config``) builds the same task in each worker process."""
 
     def __init__(self, task, factory=None, workers: int = 0, timeout_s: float = 10.0,
-                 overlong: Overlong | None = None):
+                 overlong: Overlong | None = None, fault: str = "none", fault_every: int = 0):
+        """``fault``/``fault_every``: inject a verifier that raises or hangs on every
+        ``fault_every``-th answer (fault injection for ``bench.chaos``; off by default)."""
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if workers and factory is None:
             raise ValueError("scoring in worker processes needs a task factory")
+        if fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+        if fault == "hang" and not workers:
+            raise ValueError("an injected hang needs scoring workers (inline it would hang "
+                             "the coordinator)")
         self.task, self.factory, self.timeout_s = task, factory, timeout_s
+        self.fault, self.fault_every, self._n_seen = fault, fault_every, 0
         self.overlong = overlong or Overlong(max_tokens=1)
         self.counts: Counter = Counter()
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no Ray or asyncio state
@@ -104,24 +127,31 @@ class Scorer:
 
     async def score(self, problem, text: str, n_tokens: int) -> Verdict:
         """The verdict on one completion, with the overlong term added to its reward."""
-        v = await (self._pooled(problem, text) if self._n else self._inline(problem, text))
+        self._n_seen += 1
+        fault = self.fault if self.fault_every and self._n_seen % self.fault_every == 0 \
+            else "none"
+        if fault != "none":
+            self.counts["faults_injected"] += 1
+        v = await (self._pooled(problem, text, fault) if self._n
+                   else self._inline(problem, text, fault))
         self.counts["scored"] += 1
         shaped = v.reward + self.overlong(n_tokens)
         if shaped != v.reward:
             self.counts["overlong_shaped"] += 1
         return Verdict(shaped, v.parsed, v.extracted)
 
-    async def _inline(self, problem, text: str) -> Verdict:
+    async def _inline(self, problem, text: str, fault: str) -> Verdict:
         try:
-            return self.task.score(problem, text)
+            return _verify(self.task, problem, text, fault)
         except Exception:  # noqa: BLE001 - a broken verifier costs the answer, not the run
             return self._failed("error")
 
-    async def _pooled(self, problem, text: str) -> Verdict:
+    async def _pooled(self, problem, text: str, fault: str) -> Verdict:
         pool = self._pool()
         worker = await pool.get()
         try:
-            status, value = await asyncio.to_thread(worker.ask, problem, text, self.timeout_s)
+            status, value = await asyncio.to_thread(worker.ask, problem, text, fault,
+                                                    self.timeout_s)
         except (OSError, EOFError):  # the worker died under us
             status, value = "error", None
         if status in ("timeout",) or (status == "error" and value is None):

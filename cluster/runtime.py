@@ -261,7 +261,8 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
         roles.generators, roles.prior, cfg.task, est, sched, sampling, seed=cfg.run.seed,
         version=state.version, prior_timeout_s=cfg.prior.timeout_s,
         request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
-        score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state)
+        score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state,
+        score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every))
     telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
     return coord, telemetry
 

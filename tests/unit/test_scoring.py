@@ -68,3 +68,23 @@ def test_overlong_shaping_is_linear_in_the_buffer():
 def test_workers_need_a_factory():
     with pytest.raises(ValueError, match="factory"):
         Scorer(ArithmeticTask(), workers=1)
+
+
+def test_injected_faults_every_nth_answer():
+    s = Scorer(ArithmeticTask(), fault="raise", fault_every=2)
+    rewards = [run(s.score(P, "3", 1)).reward for _ in range(4)]
+    assert rewards == [1.0, -1.0, 1.0, -1.0]
+    assert s.counts["faults_injected"] == 2 == s.counts["score_error"]
+    with pytest.raises(ValueError, match="needs scoring workers"):
+        Scorer(ArithmeticTask(), fault="hang", fault_every=1)
+
+    async def go():
+        h = Scorer(ArithmeticTask(), functools.partial(ArithmeticTask), workers=1,
+                   timeout_s=1.0, fault="hang", fault_every=2)
+        try:
+            return h, [(await h.score(P, "3", 1)).reward for _ in range(3)]
+        finally:
+            h.close()
+
+    h, got = run(go())
+    assert got == [1.0, -1.0, 1.0] and h.counts["score_timeout"] == 1
