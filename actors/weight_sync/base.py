@@ -108,9 +108,15 @@ class GroupSpec:
     backend: str        # "nccl" | "gloo": the communicator (see group.COMMUNICATORS)
     address: str        # rank 0's rendezvous store
     port: int
-    epoch: int          # strictly increasing per sender; keys of the store are prefixed by it
+    epoch: int          # strictly increasing per sender
     world_size: int     # 1 + receiving workers
     timeout_s: float    # bound on each collective step
+    sender_id: str = ""  # unique per sender: epochs of two senders (a reconnect) never match
+
+    @property
+    def name(self) -> str:
+        """The group's identity (store keys are prefixed by it, payloads name it)."""
+        return group_name(self.sender_id, self.epoch)
 
     def to_dict(self) -> dict:
         """Plain values: what crosses vLLM's ``collective_rpc`` into the engine process."""
@@ -133,10 +139,20 @@ class CollectivePayload:
     epoch: int
     meta: tuple[tuple[str, str, tuple[int, ...]], ...]
     fallback: ObjectStorePayload | None = None
+    sender_id: str = ""
 
     @property
     def transport(self) -> str:
         return self.backend
+
+    @property
+    def group(self) -> str:
+        """The name of the group the tensors are broadcast in (``GroupSpec.name``)."""
+        return group_name(self.sender_id, self.epoch)
+
+
+def group_name(sender_id: str, epoch: int) -> str:
+    return f"{sender_id or 'sender'}/epoch{epoch}"
 
 
 # ---------------------------------------------------------------------------- interface

@@ -23,6 +23,7 @@ reconnects it, unless ``restart_fallback`` put the same version into the object 
 """
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,7 @@ class CollectiveSender(WeightSender):
         self.cfg = cfg
         self.backend = cfg.type
         self.epoch = 0  # 0: no group built yet
+        self.sender_id = uuid.uuid4().hex[:8]  # tells this sender's epochs from another's
         self.reports: list[SendReport] = []  # the last 100 sends
         self._group: BroadcastGroup | None = None
         self._members: tuple[tuple[str, str], ...] = ()  # (actor id, incarnation), rank order
@@ -160,7 +162,7 @@ class CollectiveSender(WeightSender):
         listener = Listener(self._address(), self.cfg.master_port)
         spec = GroupSpec(backend=self.backend, address=self._address(), port=listener.port,
                          epoch=self.epoch, world_size=1 + len(live) * wpg,
-                         timeout_s=self.cfg.timeout_s)
+                         timeout_s=self.cfg.timeout_s, sender_id=self.sender_id)
         refs = {i: gens[i].init_weight_sync.remote(spec, 1 + k * wpg)
                 for k, i in enumerate(live)}
         group = None
@@ -219,7 +221,7 @@ class CollectiveSender(WeightSender):
     # ------------------------------------------------------------------ helpers
     def _payload(self, version: int, meta: tuple, fallback: Any) -> CollectivePayload:
         return CollectivePayload(version=version, backend=self.backend, epoch=self.epoch,
-                                 meta=meta, fallback=fallback)
+                                 meta=meta, fallback=fallback, sender_id=self.sender_id)
 
     def _settle_s(self) -> float:
         # A receiver of a broken epoch fails at once (gloo: connection closed) or at its own
@@ -250,33 +252,32 @@ class CollectiveSender(WeightSender):
 
 
 class CollectiveReceiver(WeightReceiver):
-    """A generator's side: which epoch its workers joined; the workers hold the group."""
+    """A generator's side: which group its workers joined; the workers hold the group."""
 
     def __init__(self) -> None:
-        self.epoch: int | None = None
+        self.group: str | None = None  # GroupSpec.name
 
     async def join(self, engine: Any, spec: GroupSpec, rank_offset: int) -> None:
         """Every worker of ``engine`` joins ``spec`` (rank ``rank_offset`` + its local rank);
         returns once the whole group has joined."""
-        self.epoch = None
+        self.group = None
         await engine.collective_rpc("v05_join_group", args=(spec.to_dict(), rank_offset))
-        self.epoch = spec.epoch
+        self.group = spec.name
 
     async def load(self, engine: Any, payload: Any) -> int:
         check_payload(payload, CollectivePayload, "collective")
-        if payload.epoch != self.epoch:
+        if payload.group != self.group:
             if payload.fallback is not None:
                 return await ObjectStoreReceiver().load(engine, payload.fallback)
-            joined = "none" if self.epoch is None else self.epoch
             raise NotInGroupError(f"weight version {payload.version} was broadcast in group "
-                                  f"epoch {payload.epoch}, this generator joined: {joined} "
-                                  "(restarted or dropped); the sender reconnects it at its "
-                                  "next publish")
+                                  f"{payload.group}, this generator joined: "
+                                  f"{self.group or 'none'} (restarted or dropped); the sender "
+                                  "reconnects it at its next publish")
         try:
             counts = await engine.collective_rpc(
-                "v05_receive", args=(payload.epoch, [list(m) for m in payload.meta]))
+                "v05_receive", args=(payload.group, [list(m) for m in payload.meta]))
         except BaseException:
-            self.epoch = None  # the worker left the epoch on any failure
+            self.group = None  # the worker left the group on any failure
             raise
         return int(counts[0])
 

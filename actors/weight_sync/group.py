@@ -100,6 +100,9 @@ class NcclCommunicator(Communicator):
         # barrier just before, and a rank lost in between is caught here.
         self._comm = _bounded(lambda: PyNcclCommunicator(pg, device=self.device), timeout_s,
                               "NCCL communicator init")
+        if self._comm.disabled:  # no NCCL library: its broadcast would silently do nothing
+            raise RuntimeError("vLLM's PyNcclCommunicator is disabled (NCCL library not "
+                               "found, or VLLM_DISABLE_PYNCCL)")
 
     def broadcast(self, tensor: Any, timeout_s: float) -> None:
         stream = self._stream()
@@ -202,14 +205,14 @@ def rendezvous(spec: GroupSpec, rank: int, listen_fd: int | None = None) -> Any:
                         master_listen_fd=listen_fd, use_libuv=False)
     else:
         base = TCPStore(spec.address, spec.port, None, False, timeout, use_libuv=False)
-    store = PrefixStore(f"v05-weight-sync/epoch{spec.epoch}/", base)
+    store = PrefixStore(f"v05-weight-sync/{spec.name}/", base)
     store.set(f"joined/{rank}", b"1")
     keys = [f"joined/{r}" for r in range(spec.world_size)]
     try:
         store.wait(keys, timeout)
     except Exception as e:
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        raise BroadcastError(f"weight-sync group epoch {spec.epoch}: ranks {missing} of "
+        raise BroadcastError(f"weight-sync group {spec.name}: ranks {missing} of "
                              f"{spec.world_size} did not join within {spec.timeout_s:.1f}s "
                              f"(rank {rank} waited)") from e
     return store
@@ -311,8 +314,7 @@ class BroadcastGroup:
 
 
 def _where(spec: GroupSpec, rank: int) -> str:
-    return (f"weight-sync group epoch {spec.epoch} ({spec.backend}, rank {rank} of "
-            f"{spec.world_size})")
+    return f"weight-sync group {spec.name} ({spec.backend}, rank {rank} of {spec.world_size})"
 
 
 def _first_line(e: BaseException) -> str:
@@ -330,8 +332,9 @@ class GroupMember:
         self.group: BroadcastGroup | None = None
 
     @property
-    def epoch(self) -> int | None:
-        return None if self.group is None or self.group.closed else self.group.spec.epoch
+    def name(self) -> str | None:
+        """The group this member is in (``GroupSpec.name``), None outside any."""
+        return None if self.group is None or self.group.closed else self.group.spec.name
 
     def join(self, spec: GroupSpec, rank: int, device: Any = None) -> None:
         """Leave the current epoch (if any) and join ``spec``'s; returns once all ranks
@@ -341,16 +344,16 @@ class GroupMember:
         self.leave()
         self.group = BroadcastGroup.open(spec, rank, device)
 
-    def receive_into(self, epoch: int, meta: Meta,
+    def receive_into(self, group: str, meta: Meta,
                      load: Callable[[Iterator[tuple[str, Any]]], int]) -> int:
-        """Receive the broadcast announced by ``meta`` in ``epoch``, streaming each tensor
-        into ``load`` (returns how many it loaded), then acknowledge. On any failure this
-        member leaves its epoch (the sender rebuilds the group) and the error is raised."""
-        if self.epoch != epoch:
-            joined = "none" if self.epoch is None else self.epoch
-            raise NotInGroupError(f"not a member of weight-sync group epoch {epoch} (joined: "
-                                  f"{joined}); the sender reconnects this receiver at its "
-                                  "next publish")
+        """Receive the broadcast announced by ``meta`` in ``group`` (a ``GroupSpec.name``),
+        streaming each tensor into ``load`` (returns how many it loaded), then acknowledge.
+        On any failure this member leaves its epoch (the sender rebuilds the group) and the
+        error is raised."""
+        if self.name != group:
+            raise NotInGroupError(f"not a member of weight-sync group {group} (joined: "
+                                  f"{self.name or 'none'}); the sender reconnects this "
+                                  "receiver at its next publish")
         meta = list(meta)
         try:
             n = load(self.group.receive(meta))

@@ -24,13 +24,14 @@ class WeightSyncWorkerExtension:
         device = getattr(self, "device", None) if spec.backend == "nccl" else None
         self._v05_member().join(spec, rank_offset + self._v05_local_rank(), device)
 
-    def v05_receive(self, epoch: int, meta: list) -> int:
-        """Receive the tensors of ``meta`` broadcast in ``epoch`` straight into the model,
+    def v05_receive(self, group: str, meta: list) -> int:
+        """Receive the tensors of ``meta`` broadcast in ``group`` straight into the model,
         then acknowledge; returns how many were loaded."""
-        return self._v05_member().receive_into(epoch, meta, self._v05_load)
+        return self._v05_member().receive_into(group, meta, self._v05_load)
 
-    def v05_group_epoch(self) -> int | None:
-        return self._v05_member().epoch
+    def v05_group(self) -> str | None:
+        """The group this worker is in (``GroupSpec.name``), None outside any."""
+        return self._v05_member().name
 
     # ------------------------------------------------------------------ loading
     def _v05_local_rank(self) -> int:

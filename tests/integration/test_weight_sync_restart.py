@@ -213,7 +213,7 @@ def test_group_rebuilds_around_restarted_dead_and_hung_generators(gens):
     assert time.monotonic() - t0 < 4 * TIMEOUT_S
     report = sender.reports[-1]
     assert (p3.epoch, report.updated, report.failed, report.attempts) == (3, [0], [1], 2)
-    assert "weight-sync group epoch 2 (gloo, rank 0 of 3)" in report.errors[0]
+    assert f"group {sender.sender_id}/epoch2 (gloo, rank 0 of 3)" in report.errors[0]
     ray.get(refs[0])
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(refs[1])
@@ -238,7 +238,7 @@ def test_group_rebuilds_around_restarted_dead_and_hung_generators(gens):
     report = sender.reports[-1]
     assert TIMEOUT_S * 0.9 < elapsed < 6 * TIMEOUT_S
     assert (p5.epoch, report.updated, report.failed) == (5, [1], [0])
-    assert "epoch 4" in report.errors[0] and "(timeout 5.0s)" in report.errors[0]
+    assert "/epoch4 (gloo" in report.errors[0] and "(timeout 5.0s)" in report.errors[0]
     assert ray.wait([refs[0]], timeout=0)[0] == []  # pending: the caller's timeout counts it
     ray.get(refs[1])
     _assert_has(gens[1], _weights(5))

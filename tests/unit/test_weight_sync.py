@@ -142,10 +142,20 @@ def test_broadcast_plan_names_dtypes_shapes_and_order():
 
 
 def test_group_spec_crosses_collective_rpc_as_plain_values():
-    spec = GroupSpec("gloo", "127.0.0.1", 29500, epoch=3, world_size=3, timeout_s=5.0)
+    spec = GroupSpec("gloo", "127.0.0.1", 29500, epoch=3, world_size=3, timeout_s=5.0,
+                     sender_id="ab12")
     d = spec.to_dict()
     assert all(isinstance(v, (str, int, float)) for v in d.values())
-    assert GroupSpec.from_dict(d) == spec
+    assert GroupSpec.from_dict(d) == spec and spec.name == "ab12/epoch3"
+    payload = CollectivePayload(version=1, backend="gloo", epoch=3, meta=(), sender_id="ab12")
+    assert payload.group == spec.name
+    other = CollectivePayload(version=1, backend="gloo", epoch=3, meta=(), sender_id="cd34")
+    assert other.group != spec.name  # a reconnected learner's epoch 3 is another group
+
+
+def test_each_sender_names_its_own_groups():
+    a, b = make_sender("gloo"), make_sender("gloo")
+    assert a.sender_id != b.sender_id
 
 
 def test_sender_versions_must_increase():
@@ -185,14 +195,16 @@ class FakeRef:
 
 def test_collective_receiver_joins_then_receives_its_epoch():
     rx, eng = CollectiveReceiver(), FakeEngine()
-    spec = GroupSpec("gloo", "10.0.0.1", 29500, epoch=2, world_size=3, timeout_s=5.0)
+    spec = GroupSpec("gloo", "10.0.0.1", 29500, epoch=2, world_size=3, timeout_s=5.0,
+                     sender_id="s1")
     asyncio.run(rx.join(eng, spec, 2))
-    assert rx.epoch == 2 and eng.calls == [("v05_join_group", (spec.to_dict(), 2))]
+    assert rx.group == "s1/epoch2" and eng.calls == [("v05_join_group", (spec.to_dict(), 2))]
     meta = (("lm_head.weight", "bfloat16", (3, 4)), ("model.norm.weight", "float32", (4,)))
-    payload = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta)
+    payload = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta, sender_id="s1")
     assert asyncio.run(rx.load(eng, payload)) == 3
-    assert eng.calls[-1] == ("v05_receive", (2, [["lm_head.weight", "bfloat16", (3, 4)],
-                                                 ["model.norm.weight", "float32", (4,)]]))
+    assert eng.calls[-1] == ("v05_receive", ("s1/epoch2",
+                                             [["lm_head.weight", "bfloat16", (3, 4)],
+                                              ["model.norm.weight", "float32", (4,)]]))
 
 
 def test_collective_receiver_outside_the_epoch_fails_fast_or_uses_the_fallback():
@@ -201,7 +213,7 @@ def test_collective_receiver_outside_the_epoch_fails_fast_or_uses_the_fallback()
     rx, eng = CollectiveReceiver(), FakeEngine()
     meta = (("model.norm.weight", "float32", (4,)),)
     payload = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta)
-    with pytest.raises(NotInGroupError, match="epoch 2, this generator joined: none"):
+    with pytest.raises(NotInGroupError, match="group sender/epoch2, this generator joined: none"):
         asyncio.run(rx.load(eng, payload))
     assert eng.calls == []
     sd = {"model.norm.weight": np.arange(4, dtype=np.float32)}
@@ -225,7 +237,7 @@ def test_collective_receiver_forgets_its_epoch_when_a_receive_fails():
     payload = CollectivePayload(version=1, backend="gloo", epoch=4, meta=())
     with pytest.raises(RuntimeError, match="connection closed"):
         asyncio.run(rx.load(eng, payload))
-    assert rx.epoch is None  # the worker left the epoch; the next load fails fast
+    assert rx.group is None  # the worker left the group; the next load fails fast
 
 
 class FakeWorker(WeightSyncWorkerExtension):
@@ -245,9 +257,9 @@ def test_worker_extension_loads_a_directory_and_refuses_unjoined_epochs(tmp_path
     w = FakeWorker()
     assert w.v05_load_dir(str(tmp_path)) == 2
     assert sorted(w.loaded) == sorted(sd) and w.loaded["lm_head.weight"].dtype == torch.float16
-    assert w.v05_group_epoch() is None
-    with pytest.raises(NotInGroupError, match="epoch 1"):
-        w.v05_receive(1, [["model.norm.weight", "float32", [4]]])
+    assert w.v05_group() is None
+    with pytest.raises(NotInGroupError, match="group s/epoch1"):
+        w.v05_receive("s/epoch1", [["model.norm.weight", "float32", [4]]])
 
 
 # ---------------------------------------------------------------- CPU placement

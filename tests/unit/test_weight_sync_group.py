@@ -42,7 +42,7 @@ def _receiver_main(commands, replies) -> None:
         try:
             if cmd == "join":
                 member.join(GroupSpec.from_dict(args[0]), args[1])
-                replies.put(("joined", member.epoch))
+                replies.put(("joined", member.name))
             elif cmd == "receive":
                 got: dict = {}
                 member.receive_into(args[0], args[1], collect(got))
@@ -50,7 +50,7 @@ def _receiver_main(commands, replies) -> None:
             elif cmd == "exit":
                 return
         except Exception as e:  # reported to the test, which asserts on it
-            replies.put(("error", type(e).__name__, str(e), member.epoch))
+            replies.put(("error", type(e).__name__, str(e), member.name))
 
 
 class Receiver:
@@ -123,12 +123,12 @@ def _open(epoch: int, members: list[Receiver]) -> BroadcastGroup:
     """Rank 0 of a new epoch with ``members`` as ranks 1..; returns once all joined."""
     listener = Listener("127.0.0.1")
     spec = GroupSpec(backend="gloo", address="127.0.0.1", port=listener.port, epoch=epoch,
-                     world_size=1 + len(members), timeout_s=TIMEOUT_S)
+                     world_size=1 + len(members), timeout_s=TIMEOUT_S, sender_id="test")
     for rank, r in enumerate(members, start=1):
         r.tell("join", spec.to_dict(), rank)
     group = BroadcastGroup.open(spec, 0, listen_fd=listener.detach())
     for r in members:
-        assert r.reply() == ("joined", epoch)
+        assert r.reply() == ("joined", f"test/epoch{epoch}")
     return group
 
 
@@ -136,7 +136,7 @@ def _broadcast(group: BroadcastGroup, members: list[Receiver], weights: dict) ->
     """A successful broadcast: every member receives ``weights`` exactly."""
     meta, order = broadcast_plan(weights)
     for r in members:
-        r.tell("receive", group.spec.epoch, meta)
+        r.tell("receive", group.spec.name, meta)
     group.send(weights[k] for k in order)
     want = _expected(weights)
     for r in members:
@@ -158,20 +158,21 @@ def test_broadcast_survives_a_dead_receiver_and_its_restart(receivers):
 
     b.kill()
     meta, order = broadcast_plan(_weights(2))
-    a.tell("receive", 1, meta)
+    a.tell("receive", "test/epoch1", meta)
     t0 = time.monotonic()
-    with pytest.raises(BroadcastError, match=r"epoch 1 \(gloo, rank 0 of 3\).* failed after"):
+    with pytest.raises(BroadcastError, match=r"group test/epoch1 \(gloo, rank 0 of 3\).* "
+                                             "failed after"):
         group.send(_weights(2)[k] for k in order)
     assert time.monotonic() - t0 < 2 * TIMEOUT_S
     assert group.closed
     kind, name, msg, epoch = a.reply()  # rank 0's close ended A's receive too
-    assert (kind, name, epoch) == ("error", "BroadcastError", None) and "epoch 1" in msg
+    assert (kind, name, epoch) == ("error", "BroadcastError", None) and "test/epoch1" in msg
 
     group = _open(2, [a])
     _broadcast(group, [a], _weights(3))
 
     b = receivers()  # B "restarted": a new process, no group
-    b.tell("receive", 2, meta)
+    b.tell("receive", "test/epoch2", meta)
     assert b.reply()[:2] == ("error", "NotInGroupError")  # never receives an unjoined epoch
     group.close()
     group = _open(3, [a, b])
@@ -186,7 +187,7 @@ def test_a_receiver_that_stops_listening_fails_the_broadcast_after_the_timeout(r
     group = _open(1, [a, b])
     weights = _weights(5)
     meta, order = broadcast_plan(weights)
-    a.tell("receive", 1, meta)  # B is told nothing: it hangs
+    a.tell("receive", "test/epoch1", meta)  # B is told nothing: it hangs
     t0 = time.monotonic()
     with pytest.raises(BroadcastError, match=r"timeout 3\.0s"):
         group.send(weights[k] for k in order)
@@ -203,9 +204,10 @@ def test_join_fails_clearly_when_a_rank_never_comes(receivers):
     a = receivers()
     listener = Listener("127.0.0.1")
     spec = GroupSpec(backend="gloo", address="127.0.0.1", port=listener.port, epoch=7,
-                     world_size=3, timeout_s=TIMEOUT_S)
+                     world_size=3, timeout_s=TIMEOUT_S, sender_id="test")
     a.tell("join", spec.to_dict(), 1)  # rank 2 never joins
-    with pytest.raises(BroadcastError, match=r"epoch 7: ranks \[2\] of 3 did not join"):
+    with pytest.raises(BroadcastError, match=r"group test/epoch7: ranks \[2\] of 3 did not "
+                                             "join"):
         BroadcastGroup.open(spec, 0, listen_fd=listener.detach())
     kind, name, _, epoch = a.reply()
     assert (kind, name, epoch) == ("error", "BroadcastError", None)
@@ -213,10 +215,10 @@ def test_join_fails_clearly_when_a_rank_never_comes(receivers):
 
 def test_member_refuses_epochs_it_did_not_join():
     member = GroupMember()
-    assert member.epoch is None
-    with pytest.raises(NotInGroupError, match="not a member of weight-sync group epoch 4 "
+    assert member.name is None
+    with pytest.raises(NotInGroupError, match="not a member of weight-sync group s/epoch4 "
                                               r"\(joined: none\)"):
-        member.receive_into(4, [("w", "float32", (2,))], lambda it: 0)
+        member.receive_into("s/epoch4", [("w", "float32", (2,))], lambda it: 0)
     with pytest.raises(ValueError, match="ranks >= 1"):
         member.join(GroupSpec("gloo", "127.0.0.1", 1, 1, 2, 1.0), 0)
 
