@@ -11,6 +11,8 @@ they must be removed after every install.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,10 +29,41 @@ def pip(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def install_chromium() -> bool:
+    """Debian's ``chromium`` for the report's browser test (tests/integration/
+    test_report_browser.py), when missing and when this runs as root with apt; never fails
+    the install (without it that test skips, saying why). Returns whether one is on PATH."""
+    if any(shutil.which(name) for name in CHROMIUM):
+        return True
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        print("install: no chromium, and not root with apt-get: the report's browser test "
+              "will skip", flush=True)
+        return False
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "chromium"]
+    for attempt in (cmd, ["apt-get", "update", "-q"], cmd):  # a stale package list: update once
+        print("+", " ".join(attempt), flush=True)
+        try:
+            done = subprocess.run(attempt, env=env, check=False).returncode == 0
+        except OSError as err:
+            print(f"install: {err}", flush=True)
+            done = False
+        if done and attempt is cmd and shutil.which("chromium"):
+            return True
+    print("install: chromium could not be installed: the report's browser test will skip",
+          flush=True)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--gpu", action="store_true",
                     help="install the CUDA vLLM build and the v0 prior's tabpfn")
+    ap.add_argument("--no-chromium", action="store_true",
+                    help="skip Debian's chromium (the run report's browser test then skips)")
     args = ap.parse_args(argv)
     t0 = time.time()
     # The v0 prior (tabpfn) runs on the GPU its actor is given: GPU machines only.
@@ -42,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         pip("uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH)
     subprocess.run([sys.executable, "-c", CHECK + (", tabpfn" if args.gpu else "")],
                    check=True, cwd=ROOT)
+    if not args.no_chromium:
+        install_chromium()
     print(f"install: ok in {time.time() - t0:.0f}s", flush=True)
     return 0
 

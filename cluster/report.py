@@ -1,0 +1,252 @@
+"""One self-contained HTML page per run: ``<run>/report.html``.
+
+    python -m cluster.report runs/NAME [-o OUT.html] [--check]
+
+Reads only the run's files (``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``,
+``inflight_at_end.json``, ``summary.json``, ``config.yaml``; see docs/pipeline.md), so it
+needs no Ray and no torch, and renders in seconds: the trainer calls ``write_report`` at the
+end of every run. Figures are PNGs inlined as base64 (``cluster/report_plots.py``); no
+script, stylesheet or font is fetched, the page opens offline. Sections are built in
+``cluster/report_sections.py``; a section without data says "no data".
+
+Exit codes: 0 the page was written; 1 with ``--check``, written but an accounting check
+failed (admitted = trained + dropped + in flight, the files against summary.json); 2 the
+run directory or its ``metrics.jsonl`` is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Parse at most this many lines of prompts.jsonl: beyond, every m-th line of the older part
+# and the newest lines whole (the rollout timeline reads those), to stay within seconds.
+MAX_PROMPT_LINES = 20_000
+TAIL_PROMPT_LINES = 5_000
+_UID = re.compile(r'"uid": "((?:[^"\\]|\\.)*)"')
+
+
+class ReportError(RuntimeError):
+    """The run directory cannot be reported (it or its metrics.jsonl is missing)."""
+
+
+@dataclass
+class RunData:
+    """What the report reads of a run. Missing files are empty (or None where "absent" and
+    "empty" differ: ``dropped``, ``inflight``, ``summary``)."""
+
+    dir: Path
+    metrics: list[dict]                 # metrics.jsonl, one dict per step
+    summary: dict | None = None         # summary.json
+    config: dict = field(default_factory=dict)   # config.yaml, parsed
+    prompts: list[dict] = field(default_factory=list)  # prompts.jsonl (a sample when huge)
+    prompt_lines: int = 0               # lines of prompts.jsonl
+    prompt_uids: Counter | None = None  # every line's uid (all lines, also when sampled)
+    prompts_stride: int = 1             # 1: every line parsed; m: 1 in m of the older lines
+    tail_start: int = 0                 # prompts[tail_start:] are the newest lines, all parsed
+    dropped: list[dict] | None = None   # dropped.jsonl
+    inflight: list[str] | None = None   # inflight_at_end.json's uids
+    bad_lines: int = 0                  # lines that did not parse (a crash mid-write)
+
+    def col(self, key: str) -> np.ndarray:
+        """``key`` of every step as floats, NaN where absent, null or not a number."""
+        return np.array([as_float(m.get(key)) for m in self.metrics], dtype=float)
+
+    @property
+    def steps(self) -> np.ndarray:
+        return np.array([as_float(m.get("step", i + 1)) for i, m in enumerate(self.metrics)],
+                        dtype=float)
+
+    @property
+    def t0(self) -> float | None:
+        """The run's clock origin: the trainer's start (after the initial evaluation)."""
+        t = as_float((self.summary or {}).get("t_start"))
+        if math.isnan(t) and self.metrics:
+            t = as_float(self.metrics[0].get("t_start"))
+        return None if math.isnan(t) else t
+
+    @property
+    def status(self) -> str:
+        if self.summary is None:
+            return "unknown"
+        return str(self.summary.get("status", "finished"))
+
+
+def as_float(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return math.nan
+    return float(v)
+
+
+def _jsonl(path: Path) -> tuple[list[dict], int]:
+    """Parsed lines and how many did not parse."""
+    if not path.exists():
+        return [], 0
+    return _parse(path.read_text(errors="replace").splitlines())
+
+
+def _parse(lines: list[str]) -> tuple[list[dict], int]:
+    rows, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    if not (run_dir / "metrics.jsonl").exists():
+        raise ReportError(f"{run_dir}: no metrics.jsonl (not a run directory, or the run wrote "
+                          "no step yet)")
+    metrics, bad = _jsonl(run_dir / "metrics.jsonl")
+    run = RunData(run_dir, metrics, bad_lines=bad)
+    summary = _json(run_dir / "summary.json")
+    run.summary = summary if isinstance(summary, dict) else None
+    run.config = _config(run_dir / "config.yaml")
+    _load_prompts(run, run_dir / "prompts.jsonl")
+    if (run_dir / "dropped.jsonl").exists():
+        run.dropped, bad = _jsonl(run_dir / "dropped.jsonl")
+        run.bad_lines += bad
+    inflight = _json(run_dir / "inflight_at_end.json")
+    if isinstance(inflight, dict) and isinstance(inflight.get("uids"), list):
+        run.inflight = inflight["uids"]
+    return run
+
+
+def _config(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _load_prompts(run: RunData, path: Path) -> None:
+    if not path.exists():
+        return
+    text = path.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    run.prompt_lines = len(lines)
+    if len(lines) <= MAX_PROMPT_LINES:
+        run.prompts, bad = _parse(lines)
+        run.prompt_uids = Counter(str(p.get("uid")) for p in run.prompts if "uid" in p)
+    else:
+        head = len(lines) - TAIL_PROMPT_LINES
+        run.prompts_stride = m = math.ceil(head / (MAX_PROMPT_LINES - TAIL_PROMPT_LINES))
+        sampled, bad = _parse(lines[:head:m])
+        tail, bad2 = _parse(lines[head:])
+        run.prompts, run.tail_start, bad = sampled + tail, len(sampled), bad + bad2
+        run.prompt_uids = Counter(_UID.findall(text))  # every line's, without parsing them
+    run.bad_lines += bad
+
+
+# -- the page ------------------------------------------------------------------------------
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;
+max-width:1100px;padding:1em 2em;color:#222;line-height:1.4}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+nav a{margin-right:1em}img.plot{max-width:100%;height:auto;display:block;margin:.6em 0}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}th{background:#f4f4f4}
+td:first-child,th:first-child,table.checks td{text-align:left}tr.sub td:first-child{padding-left:2em}
+.ok{color:#1a7f37;font-weight:bold}.fail{color:#c62828;font-weight:bold}
+.banner{padding:.6em 1em;border-radius:4px;margin:.6em 0}
+.banner.ok{background:#e8f5e9;border:1px solid #1a7f37}
+.banner.fail{background:#ffebee;border:1px solid #c62828}
+.nodata{color:#777;font-style:italic;border:1px dashed #bbb;padding:.8em;margin:.6em 0}
+.caption{color:#555;font-size:.9em}pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
+"""
+
+
+def render(run: RunData) -> tuple[str, bool]:
+    """The page, and whether every accounting check the run's files allow holds."""
+    from cluster.report_sections import SECTIONS, accounting_checks
+
+    body, nav = [], []
+    for sid, title, build in SECTIONS:
+        try:
+            inner = build(run)
+        except Exception as err:  # noqa: BLE001 - one broken section must not lose the page
+            inner = (f'<p class="nodata fail">this section failed: '
+                     f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</p>")
+        nav.append(f'<a href="#{sid}">{html.escape(title)}</a>')
+        body.append(f'<section id="{sid}"><h2>{html.escape(title)}</h2>\n{inner}\n</section>')
+    name = html.escape(run.dir.resolve().name)
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>v05rl run report: {name}</title>\n<style>{CSS}</style></head>\n<body>\n"
+            f"<h1>Run report: {name}</h1>\n<nav>{' '.join(nav)}</nav>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+    return page, all(ok for _, ok, _ in accounting_checks(run) if ok is not None)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Render ``run_dir``'s report to ``out`` (default ``<run_dir>/report.html``) and return
+    its path. Raises ``ReportError`` when the directory or its metrics.jsonl is missing;
+    missing or partial data otherwise shows as "no data" in its section."""
+    return _write(load_run(run_dir), out)[0]
+
+
+def _write(run: RunData, out: str | Path | None) -> tuple[Path, bool]:
+    page, ok = render(run)
+    out = Path(out) if out is not None else run.dir / "report.html"
+    tmp = out.with_name(f".{out.name}.tmp")  # a reader never sees half a page
+    tmp.write_text(page)
+    tmp.replace(out)
+    return out, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cluster.report",
+                                 description="Write a run's self-contained HTML report.")
+    ap.add_argument("run_dir", type=Path, help="the run directory (runs/NAME)")
+    ap.add_argument("-o", "--out", type=Path, default=None,
+                    help="where to write the page (default: RUN_DIR/report.html)")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when the prompt accounting does not add up")
+    args = ap.parse_args(argv)
+    try:
+        run = load_run(args.run_dir)
+    except ReportError as err:
+        print(f"report: {err}", file=sys.stderr)
+        return 2
+    out, ok = _write(run, args.out)
+    print(out)
+    if not ok:
+        print("report: the prompt accounting does not add up (see the page's Accounting)",
+              file=sys.stderr)
+    return 1 if args.check and not ok else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,408 @@
+"""The report's sections: each a function ``RunData -> HTML`` (``cluster/report.py`` puts them
+on the page in the order of ``SECTIONS``). Every figure is an ``<img class="plot">`` whose
+``id`` is its key in ``PLOTS`` and whose ``alt`` is its title; a figure without data is a
+``<p class="nodata" id="<plot id>-nodata">`` that says why.
+"""
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+
+import numpy as np
+
+from cluster import report_plots as plots
+from cluster.report import RunData, as_float
+
+PLOTS = {
+    "plot-learning-steps": "Reward and held-out accuracy against steps",
+    "plot-learning-wall": "Reward and held-out accuracy against wall-clock",
+    "plot-k-heatmap": "k histogram per step (heatmap)",
+    "plot-prior-steps": "Prior acceptance rate and calibration error per step",
+    "plot-prior-reliability": "Prior reliability: predicted p against observed success",
+    "plot-generators-steps": "Generator utilisation and slot occupancy per step",
+    "plot-generators-per-gen": "Utilisation per generator (whole run)",
+    "plot-rollout-gantt": "Rollout spans per generator (timeline)",
+    "plot-staleness": "Staleness per step (mean and max)",
+    "plot-step-time": "Learner step time split: wait / train / sync / eval",
+}
+MAX_SPANS = 20_000  # the timeline draws at most this many (the newest) rollout spans
+
+
+def figure(plot_id: str, b64: str | None, why: str = "", caption: str = "") -> str:
+    title = html.escape(PLOTS[plot_id])
+    cap = f'<p class="caption">{caption}</p>' if caption else ""
+    if b64 is None:
+        return (f'<h3>{title}</h3><p class="nodata" id="{plot_id}-nodata">no data'
+                f"{': ' + html.escape(why) if why else ''}</p>")
+    return (f'<h3>{title}</h3><img class="plot" id="{plot_id}" alt="{title}" title="{title}" '
+            f'src="data:image/png;base64,{b64}">{cap}')
+
+
+def table(header: list[str], rows: list[list], cls: str = "", row_cls=None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = []
+    for i, r in enumerate(rows):
+        rc = f' class="{row_cls[i]}"' if row_cls and row_cls[i] else ""
+        body.append(f"<tr{rc}>" + "".join(f"<td>{_fmt(v)}</td>" for v in r) + "</tr>")
+    return f'<table class="{cls}"><tr>{head}</tr>{"".join(body)}</table>'
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "—"
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return html.escape(str(v))
+
+
+def _metric_name(run: RunData) -> str:
+    return str((run.summary or {}).get("eval_metric")
+               or (run.config.get("run") or {}).get("eval_metric") or "accuracy")
+
+
+# -- overview ------------------------------------------------------------------------------
+def overview(run: RunData) -> str:
+    s = run.summary or {}
+    out = []
+    if run.summary is None:
+        out.append('<p class="banner fail">no summary.json: the run is still going, crashed, or '
+                   "was killed before its end</p>")
+    elif run.status == "stalled":
+        rep = s.get("stall_report") if isinstance(s.get("stall_report"), dict) else {}
+        out.append(f'<div class="banner fail" id="status-stalled"><b>&#9888; status: stalled</b>: '
+                   f"no learner step within the watchdog's limit, waiting on "
+                   f"<b>{html.escape(str(s.get('stalled_on', '?')))}</b>"
+                   + (table(["stall report", "value"], [[k, v] for k, v in rep.items()]) if rep else "")
+                   + "</div>")
+    else:
+        out.append(f'<p>status: <b id="status">{html.escape(run.status)}</b></p>')
+    if not run.metrics:
+        out.append('<p class="nodata" id="metrics-nodata">no data: metrics.jsonl has no step</p>')
+    wall = s.get("wall_time_s")
+    rows = [["mode / algo", f"{s.get('mode', run.config.get('mode', '?'))} / "
+             f"{s.get('algo', (run.config.get('algo') or {}).get('name', '?'))}"],
+            ["steps (metrics.jsonl lines)", len(run.metrics)],
+            ["steps (summary)", s.get("steps")], ["wall time (s)", wall],
+            ["training wall time, evaluations excluded (s)", s.get("train_wall_time_s")],
+            ["prompts/s", s.get("prompts_per_s")], ["rollouts/s", s.get("rollouts_per_s")],
+            ["generator busy fraction", s.get("generator_busy_fraction")],
+            ["generator slot occupancy", s.get("generator_slot_occupancy")],
+            ["decode tokens/s", s.get("decode_tokens_per_s")],
+            ["learner idle fraction", s.get("learner_idle_fraction")],
+            [f"held-out {_metric_name(run)} at the start", _pm(s, "eval_accuracy_initial",
+                                                              "eval_accuracy_initial_se")],
+            [f"held-out {_metric_name(run)} at the end", _pm(s, "eval_accuracy_final",
+                                                            "eval_accuracy_se")]]
+    out.append(table(["", "value"], rows, cls="overview"))
+    if run.bad_lines:
+        out.append(f'<p class="fail">{run.bad_lines} line(s) of the run\'s JSONL files did not '
+                   "parse (skipped)</p>")
+    if s:
+        scalars = [[k, v] for k, v in s.items() if not isinstance(v, (dict, list))]
+        out.append("<details><summary>every scalar of summary.json</summary>"
+                   + table(["key", "value"], scalars) + "</details>")
+    cfg = run.dir / "config.yaml"
+    if cfg.exists():
+        out.append(f"<details><summary>config.yaml</summary><pre>{html.escape(cfg.read_text())}"
+                   "</pre></details>")
+    return "\n".join(out)
+
+
+def _pm(s: dict, key: str, se: str) -> str | None:
+    v, e = as_float(s.get(key)), as_float(s.get(se))
+    if math.isnan(v):
+        return None
+    return f"{v:.4f}" + ("" if math.isnan(e) else f" ± {e:.4f}")
+
+
+# -- learning curves -----------------------------------------------------------------------
+def wall_clock(run: RunData) -> np.ndarray:
+    """Seconds from the run's start to the end of each step (its evaluation included)."""
+    t0, end, ev = run.t0, run.col("t_step_end"), np.nan_to_num(run.col("eval_time_s"), nan=0.0)
+    if t0 is not None and np.isfinite(end).any():
+        return end + ev - t0
+    return np.cumsum(np.nan_to_num(run.col("step_time_s"), nan=0.0) + ev)
+
+
+def learning(run: RunData) -> str:
+    s, steps, metric = run.summary or {}, run.steps, _metric_name(run)
+    acc, se = run.col("eval_accuracy"), run.col("eval_accuracy_se")
+    other_name = {"sampled": "greedy", "greedy": "sampled"}.get(metric)
+    other = (other_name, run.col(f"eval_{other_name}")) if other_name else None
+    out = []
+    for pid, x, xlabel in (("plot-learning-steps", steps, "step"),
+                           ("plot-learning-wall", wall_clock(run), "wall-clock since the start (s)")):
+        start = end = None
+        if not math.isnan(as_float(s.get("eval_accuracy_initial"))):
+            start = (0.0, as_float(s["eval_accuracy_initial"]),
+                     as_float(s.get("eval_accuracy_initial_se")))
+        ok = np.flatnonzero(np.isfinite(acc))
+        if ok.size:
+            i = ok[-1]
+            end = (float(x[i]), float(acc[i]), float(se[i]))
+            if start is None:
+                start = (float(x[ok[0]]), float(acc[ok[0]]), float(se[ok[0]]))
+        elif not math.isnan(as_float(s.get("eval_accuracy_final"))) and len(x):
+            end = (float(x[-1]), as_float(s["eval_accuracy_final"]), as_float(s.get("eval_accuracy_se")))
+        b64 = plots.learning(x, run.col("reward_mean"), x, acc, se, other, metric, start, end, xlabel)
+        out.append(figure(pid, b64, "no reward_mean, eval_accuracy or initial accuracy",
+                          "Top: mean reward of each step's trained rollouts. Bottom: held-out "
+                          f"accuracy ({html.escape(metric)}) with a ±1 standard-error band; "
+                          "diamonds mark the start and the end."))
+    return "\n".join(out)
+
+
+# -- k -------------------------------------------------------------------------------------
+def k_section(run: RunData) -> str:
+    hists = [m.get("k_hist") if isinstance(m.get("k_hist"), list) else [] for m in run.metrics]
+    steps = run.steps
+    if not any(hists) and run.prompts:  # older runs: rebuild from prompts.jsonl
+        by_step: dict[int, Counter] = {}
+        for p in run.prompts:
+            if isinstance(p.get("k"), int) and isinstance(p.get("step"), int):
+                by_step.setdefault(p["step"], Counter())[p["k"]] += 1
+        steps = np.array(sorted(by_step), dtype=float)
+        hists = [[by_step[int(st)].get(k, 0) for k in range(max(by_step[int(st)]) + 1)]
+                 for st in steps]
+    width = max((len(h) for h in hists), default=0)
+    hist = np.zeros((len(hists), width))
+    for i, h in enumerate(hists):
+        hist[i, :len(h)] = [as_float(v) if not math.isnan(as_float(v)) else 0.0 for v in h]
+    k_mean = run.col("k_mean") if len(steps) == len(run.metrics) else np.full(len(steps), np.nan)
+    b64 = plots.k_heatmap(steps, hist, k_mean) if len(steps) else None
+    total = hist.sum(axis=0)
+    rows = [[k, int(n), n / total.sum()] for k, n in enumerate(total) if n]
+    return (figure("plot-k-heatmap", b64, "no k_hist in metrics.jsonl and no k in prompts.jsonl",
+                   "Colour: share of each step's trained prompts with that k; line: k_mean.")
+            + (table(["k", "prompts", "share"], rows, cls="k-total") if rows else ""))
+
+
+# -- the prior -----------------------------------------------------------------------------
+def reliability_bins(prompts: list[dict], reward_range: tuple[float, float] | None = None,
+                     nbins: int = 10) -> tuple[list[dict], str]:
+    """Predicted p against observed success of each prompt with a prior. Success: the mean
+    reward rescaled to [0, 1] by the task's reward range (``reward_range``, the config's
+    ``task.reward_low/high``; else the range the run's rewards span, as ``batch_metrics``)."""
+    pairs = []
+    for p in prompts:
+        prior_p, rewards = as_float(p.get("prior_p")), p.get("rewards")
+        if math.isnan(prior_p) or not isinstance(rewards, list) or not rewards:
+            continue
+        rewards = [as_float(r) for r in rewards]
+        if not any(math.isnan(r) for r in rewards):
+            pairs.append((prior_p, rewards))
+    if not pairs:
+        return [], "no prompt in prompts.jsonl has a prior_p and rewards"
+    lo, hi = reward_range or (min(min(r) for _, r in pairs), max(max(r) for _, r in pairs))
+    if hi <= lo:
+        return [], f"every reward is {lo:g}: success is undefined"
+    bins = [{"lo": i / nbins, "hi": (i + 1) / nbins, "ps": [], "os": []} for i in range(nbins)]
+    for p, r in pairs:
+        b = bins[min(nbins - 1, max(0, int(p * nbins)))]
+        b["ps"].append(p)
+        b["os"].append(min(1.0, max(0.0, (sum(r) / len(r) - lo) / (hi - lo))))
+    for b in bins:
+        ps, os_ = b.pop("ps"), b.pop("os")
+        b["n"] = len(ps)
+        b["p"] = float(np.mean(ps)) if ps else math.nan
+        b["obs"] = float(np.mean(os_)) if os_ else math.nan
+        b["se"] = float(np.std(os_, ddof=1) / math.sqrt(len(os_))) if len(os_) > 1 else 0.0
+    return bins, ""
+
+
+def prior(run: RunData) -> str:
+    steps = run.steps
+    out = [figure("plot-prior-steps", plots.prior_steps(steps, run.col("prior_accept_rate"),
+                                                        run.col("prior_abs_error")),
+                  "no prior_accept_rate or prior_abs_error (a run without a prior?)",
+                  "prior_accept_rate: share of prompts whose real-time test kept the prior; "
+                  "prior_abs_error: mean |p - observed success| over the step's prompts.")]
+    task = run.config.get("task") or {}
+    lo, hi = as_float(task.get("reward_low")), as_float(task.get("reward_high"))
+    bins, why = reliability_bins(run.prompts, None if math.isnan(lo + hi) or hi <= lo else (lo, hi))
+    full = [b for b in bins if b["n"]]
+    sample = (f" (a sample: 1 in {run.prompts_stride} of the older lines)"
+              if run.prompts_stride > 1 else "")
+    cap = ""
+    if full:
+        n = sum(b["n"] for b in full)
+        ece = sum(b["n"] * abs(b["p"] - b["obs"]) for b in full) / n
+        cap = (f"{n} prompts from prompts.jsonl{sample}; count-weighted mean |mean p - observed| "
+               f"over bins (ECE): {ece:.3f}.")
+    out.append(figure("plot-prior-reliability", plots.reliability(bins), why, cap))
+    if full:
+        out.append(table(["predicted p bin", "prompts", "mean predicted p", "observed success",
+                          "SE"], [[f"{b['lo']:.1f}–{b['hi']:.1f}", b["n"], b["p"], b["obs"],
+                                   b["se"]] for b in full], cls="reliability"))
+    return "\n".join(out)
+
+
+# -- generators ----------------------------------------------------------------------------
+def generators(run: RunData) -> str:
+    steps = run.steps
+    out = [figure("plot-generators-steps", plots.generators_steps(
+        steps, run.col("generator_busy_fraction"), run.col("generator_slot_occupancy"),
+        run.col("learner_idle_fraction"), run.col("decode_tokens_per_s")),
+        "no generator_busy_fraction / generator_slot_occupancy in metrics.jsonl",
+        "Slot occupancy: mean running sequences over the engines' max_num_seqs.")]
+    per = (run.summary or {}).get("generators")
+    per = [g for g in per if isinstance(g, dict)] if isinstance(per, list) else []
+    out.append(figure("plot-generators-per-gen", plots.generators_bars(per) if per else None,
+                      "no per-generator figures in summary.json"))
+    if per:
+        keys = ["alive", "busy_fraction", "slot_occupancy", "decode_tokens_per_s",
+                "peak_decode_tokens_per_s", "fraction_of_peak"]
+        out.append(table(["generator", *keys], [[g.get("index", i), *[g.get(k) for k in keys]]
+                                                for i, g in enumerate(per)], cls="per-generator"))
+    out.append(_gantt(run))
+    return "\n".join(out)
+
+
+def _gantt(run: RunData) -> str:
+    t0 = run.t0
+    spans = []
+    for p in run.prompts[run.tail_start:]:
+        for sp in p.get("spans") or []:
+            if isinstance(sp, (list, tuple)) and len(sp) == 3:
+                g, a, b = (as_float(v) for v in sp)
+                if all(math.isfinite(v) for v in (g, a, b)) and b >= a:
+                    spans.append((a, b, int(g)))
+    if not spans:
+        return figure("plot-rollout-gantt", None, "no rollout spans in prompts.jsonl")
+    spans.sort()
+    clipped = len(spans) > MAX_SPANS
+    spans = spans[-MAX_SPANS:]
+    t0 = t0 if t0 is not None else spans[0][0]
+    lanes: dict[int, list[tuple[float, float]]] = {}
+    for a, b, g in spans:
+        lanes.setdefault(g, []).append((a - t0, b - t0))
+    ends = run.col("t_step_end") - t0
+    lo, hi = spans[0][0] - t0, max(b for _, b, _ in spans) - t0
+    ends = ends[np.isfinite(ends) & (ends >= lo) & (ends <= hi)]
+    cap = (f"{len(spans)} sample spans of trained prompts"
+           + (f" (the newest {MAX_SPANS})" if clipped or run.prompts_stride > 1 else "")
+           + "; each row within a generator is one concurrently running sequence. "
+           "Prompts dropped or in flight at the end are not in prompts.jsonl.")
+    return figure("plot-rollout-gantt", plots.gantt(lanes, ends), "", cap)
+
+
+# -- staleness and step time ---------------------------------------------------------------
+def staleness(run: RunData) -> str:
+    bound = as_float((run.config.get("rollout") or {}).get("max_staleness"))
+    return figure("plot-staleness", plots.staleness(run.steps, run.col("staleness_mean"),
+                                                    run.col("staleness_max"),
+                                                    None if math.isnan(bound) else bound),
+                  "no staleness_mean / staleness_max in metrics.jsonl",
+                  "Age of the trained samples in policy versions (trained version minus the "
+                  "version that started the sample); dashed: the config's bound.")
+
+
+STEP_PARTS = {"wait for batch": "learner_wait_s", "train": "train_time_s",
+              "weight sync": "sync_time_s", "evaluation": "eval_time_s"}
+
+
+def step_time(run: RunData) -> str:
+    parts = {name: run.col(key) for name, key in STEP_PARTS.items()}
+    out = [figure("plot-step-time", plots.step_time(run.steps, parts),
+                  "no learner_wait_s / train_time_s / sync_time_s / eval_time_s in metrics.jsonl")]
+    totals = {n: float(np.nansum(v)) for n, v in parts.items() if np.isfinite(v).any()}
+    if totals:
+        whole = sum(totals.values()) or 1.0
+        out.append(table(["part", "seconds (all steps)", "share"],
+                         [[n, t, t / whole] for n, t in totals.items()], cls="step-time"))
+    return "\n".join(out)
+
+
+# -- accounting ----------------------------------------------------------------------------
+def accounting_checks(run: RunData) -> list[tuple[str, bool | None, str]]:
+    """(what, holds, detail) per check; holds None: not checkable from what the run wrote."""
+    s = run.summary or {}
+    keys = ("prompts_admitted", "prompts_trained", "prompts_dropped", "prompts_in_flight_at_end")
+    v = {k: s.get(k) for k in keys}
+    out = []
+    if all(isinstance(x, int) for x in v.values()):
+        a, t, d, f = (v[k] for k in keys)
+        out.append(("admitted = trained + dropped + in flight", a == t + d + f,
+                    f"{a} {'=' if a == t + d + f else '≠'} {t} + {d} + {f} = {t + d + f}"))
+    else:
+        out.append(("admitted = trained + dropped + in flight", None,
+                    "summary.json has no accounting" + (" (stalled run)" if run.status == "stalled"
+                                                        else "")))
+    reasons = s.get("drop_reasons")
+    if isinstance(reasons, dict) and isinstance(v["prompts_dropped"], int):
+        n = sum(x for x in reasons.values() if isinstance(x, int))
+        out.append(("drop reasons add up to dropped", n == v["prompts_dropped"],
+                    f"{n} by reason, {v['prompts_dropped']} dropped"))
+    for what, key, n in (("prompts.jsonl lines = trained", "prompts_trained",
+                          run.prompt_lines if (run.dir / "prompts.jsonl").exists() else None),
+                         ("dropped.jsonl lines = dropped", "prompts_dropped",
+                          None if run.dropped is None else len(run.dropped)),
+                         ("inflight_at_end.json uids = in flight", "prompts_in_flight_at_end",
+                          None if run.inflight is None else len(run.inflight))):
+        if n is not None and isinstance(v[key], int):
+            out.append((what, n == v[key], f"{n} in the file, {v[key]} in summary.json"))
+    if run.prompt_uids is not None:
+        twice = sorted(u for u, c in run.prompt_uids.items() if c > 1)
+        both = sorted(set(run.prompt_uids) & {str(d.get("uid")) for d in run.dropped or []})
+        out.append(("no prompt trained twice", not twice, ", ".join(twice[:10]) or "none"))
+        if run.dropped is not None:
+            out.append(("no prompt both trained and dropped", not both, ", ".join(both[:10]) or "none"))
+    return out
+
+
+def accounting(run: RunData) -> str:
+    s = run.summary or {}
+    checks = accounting_checks(run)
+    ident = checks[0]
+    if ident[1] is None:
+        head = f'<p class="banner nodata" id="accounting-identity">no data: {html.escape(ident[2])}</p>'
+    else:
+        cls, mark = ("ok", "&#10004;") if ident[1] else ("fail", "&#10008; identity fails:")
+        head = (f'<p class="banner {cls}" id="accounting-identity"><span class="{cls}">{mark}</span>'
+                f" admitted = trained + dropped + in flight at the end: {html.escape(ident[2])}</p>")
+    files = {"prompts_trained": run.prompt_lines if (run.dir / "prompts.jsonl").exists() else None,
+             "prompts_dropped": None if run.dropped is None else len(run.dropped),
+             "prompts_in_flight_at_end": None if run.inflight is None else len(run.inflight)}
+    rows, cls = [], []
+    for label, key in (("admitted", "prompts_admitted"), ("trained", "prompts_trained"),
+                       ("dropped", "prompts_dropped")):
+        rows.append([label, s.get(key), files.get(key)])
+        cls.append("")
+    by_file = Counter(str(d.get("reason")) for d in run.dropped or [])
+    reasons = s.get("drop_reasons") if isinstance(s.get("drop_reasons"), dict) else {}
+    for r in sorted(set(reasons) | set(by_file)):
+        rows.append([f"dropped: {r}", reasons.get(r), by_file.get(r, 0) if run.dropped is not None
+                     else None])
+        cls.append("sub")
+    rows.append(["in flight at the end", s.get("prompts_in_flight_at_end"),
+                 files["prompts_in_flight_at_end"]])
+    cls.append("")
+    out = [head, table(["prompts", "summary.json", "run files"], rows, cls="accounting",
+                       row_cls=cls)]
+    crows = [[("<span class='ok'>&#10004;</span>" if ok else "<span class='fail'>&#10008;</span>")
+              if ok is not None else "—", what, detail] for what, ok, detail in checks]
+    out.append('<table class="checks"><tr><th></th><th>check</th><th>detail</th></tr>'
+               + "".join(f"<tr><td>{m}</td><td>{html.escape(w)}</td><td>{html.escape(d)}</td></tr>"
+                         for m, w, d in crows) + "</table>")
+    if run.status == "stalled":
+        out.append(f'<p class="fail">status: stalled (waiting on '
+                   f"{html.escape(str(s.get('stalled_on', '?')))}): the coordinator's accounting "
+                   "was not collected.</p>")
+    return "\n".join(out)
+
+
+SECTIONS = [("section-overview", "Overview", overview),
+            ("section-accounting", "Prompt accounting", accounting),
+            ("section-learning", "Reward and held-out accuracy", learning),
+            ("section-k", "Rollouts per prompt (k)", k_section),
+            ("section-prior", "The prior: acceptance and calibration", prior),
+            ("section-generators", "Generators: utilisation and rollout timeline", generators),
+            ("section-staleness", "Staleness", staleness),
+            ("section-step-time", "Learner step time", step_time)]
