@@ -234,6 +234,7 @@ class Generator:
             if version <= self._version:
                 raise ValueError(f"generator {self.index}: weight version {version} is not "
                                  f"newer than the loaded version {self._version}")
+            receiver.check(payload)  # e.g. not in the payload's broadcast group: before pausing
             t0 = time.perf_counter()
             if pausable:  # between two steps; running requests are kept, not aborted
                 await eng.pause_generation(mode="keep", clear_cache=False)

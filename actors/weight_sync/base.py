@@ -190,6 +190,10 @@ class WeightReceiver(ABC):
     """Generator side: load a payload into a running vLLM ``AsyncLLM`` in place. One
     receiver per generator and transport (it may hold state, e.g. its group epoch)."""
 
+    def check(self, payload: Any) -> None:
+        """Raise now if ``payload`` cannot be loaded here (called before the engine is
+        paused, so a refused update costs the running requests nothing)."""
+
     @abstractmethod
     async def load(self, engine: Any, payload: Any) -> int:
         """Returns the number of tensors loaded."""

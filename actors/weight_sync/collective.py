@@ -264,15 +264,18 @@ class CollectiveReceiver(WeightReceiver):
         await engine.collective_rpc("v05_join_group", args=(spec.to_dict(), rank_offset))
         self.group = spec.name
 
-    async def load(self, engine: Any, payload: Any) -> int:
+    def check(self, payload: Any) -> None:
         check_payload(payload, CollectivePayload, "collective")
-        if payload.group != self.group:
-            if payload.fallback is not None:
-                return await ObjectStoreReceiver().load(engine, payload.fallback)
+        if payload.group != self.group and payload.fallback is None:
             raise NotInGroupError(f"weight version {payload.version} was broadcast in group "
                                   f"{payload.group}, this generator joined: "
                                   f"{self.group or 'none'} (restarted or dropped); the sender "
                                   "reconnects it at its next publish")
+
+    async def load(self, engine: Any, payload: Any) -> int:
+        self.check(payload)
+        if payload.group != self.group:  # not in its group: the object-store copy
+            return await ObjectStoreReceiver().load(engine, payload.fallback)
         try:
             counts = await engine.collective_rpc(
                 "v05_receive", args=(payload.group, [list(m) for m in payload.meta]))

@@ -35,8 +35,11 @@ class ObjectStoreSender(WeightSender):
 
 
 class ObjectStoreReceiver(WeightReceiver):
-    async def load(self, engine: Any, payload: Any) -> int:
+    def check(self, payload: Any) -> None:
         check_payload(payload, ObjectStorePayload, "object_store")
+
+    async def load(self, engine: Any, payload: Any) -> int:
+        self.check(payload)
         sd = await payload.ref  # awaitable ObjectRef: does not block the actor's loop
         directory = shm_tempdir(f"v{payload.version}")
         try:

@@ -63,9 +63,10 @@ class FakeEngine:
 
     def __init__(self):
         self.worker = RecordingWorker()
+        self.pauses = 0
 
     async def pause_generation(self, mode: str, clear_cache: bool) -> None:
-        pass
+        self.pauses += 1
 
     async def resume_generation(self) -> None:
         pass
@@ -97,6 +98,9 @@ class EngineFreeGenerator(Generator):
 
     def loaded(self) -> dict:
         return {n: (str(t.dtype), t.float().numpy()) for n, t in self._engine.worker.loaded.items()}
+
+    def pauses(self) -> int:
+        return self._engine.pauses
 
     def fail_next_receive(self, how: str) -> None:
         self._engine.worker.fault = how
@@ -198,6 +202,7 @@ def test_group_rebuilds_around_restarted_dead_and_hung_generators(gens):
     _kill_and_wait_restart(gens[1])
     with pytest.raises(ray.exceptions.RayTaskError, match="NotInGroupError.*joined: none"):
         ray.get(gens[1].update_weights.remote(p1, 1))
+    assert ray.get(gens[1].pauses.remote()) == 0  # refused before pausing the engine
     p2, refs = sender.send(gens, _weights(2), 2)
     ray.get(refs)
     assert (p2.epoch, sender.reports[-1].rebuilds, sender.reports[-1].failed) == (2, 1, [])

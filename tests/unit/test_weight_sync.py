@@ -214,12 +214,15 @@ def test_collective_receiver_outside_the_epoch_fails_fast_or_uses_the_fallback()
     meta = (("model.norm.weight", "float32", (4,)),)
     payload = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta)
     with pytest.raises(NotInGroupError, match="group sender/epoch2, this generator joined: none"):
+        rx.check(payload)  # what update_weights asks before it pauses the engine
+    with pytest.raises(NotInGroupError):
         asyncio.run(rx.load(eng, payload))
     assert eng.calls == []
     sd = {"model.norm.weight": np.arange(4, dtype=np.float32)}
     fallback = ObjectStorePayload(version=5, ref=FakeRef(sd), num_tensors=1)
     with_fb = CollectivePayload(version=5, backend="gloo", epoch=2, meta=meta,
                                 fallback=fallback)
+    rx.check(with_fb)
     assert asyncio.run(rx.load(eng, with_fb)) == 3
     assert [c[0] for c in eng.calls] == ["v05_load_dir"]
     np.testing.assert_array_equal(eng.files["model.norm.weight"].numpy(), sd["model.norm.weight"])
