@@ -1,8 +1,10 @@
 """CUDA-only: vLLM generation on a GPU and the NCCL weight sync into a generator.
 
-Skipped without CUDA. The NCCL test needs two GPUs: NCCL refuses two ranks of one
+Skipped without CUDA. The NCCL tests need two GPUs: NCCL refuses two ranks of one
 communicator on the same device, and the learner's rank 0 and the generator's worker are
 two ranks. Float32 on both sides so greedy decoding can be compared token for token.
+The same protocol over gloo runs on the CPU in tests/integration/test_weight_sync_vllm.py;
+these tests add the NCCL communicator (PyNccl, polled CUDA events, abort on close).
 """
 from __future__ import annotations
 
@@ -69,8 +71,8 @@ def gen(ray_gpu, tmp_path_factory):
     path = tmp_path_factory.mktemp("gpu_policy")
     save_policy(_hf_model(0), build_tokenizer(), path)
     cfg = GeneratorConfig(dtype="float32", gpu_memory_utilization=0.15, max_num_seqs=16)
-    actor = ray.remote(num_cpus=1, num_gpus=1, max_concurrency=64)(Generator).remote(
-        str(path), 0, cfg, 1, None)
+    actor = ray.remote(num_cpus=1, num_gpus=1, max_concurrency=64, max_restarts=1)(
+        Generator).remote(str(path), 0, cfg, 1, None)
     assert ray.get(actor.ready.remote())
     yield actor
     ray.get(actor.shutdown.remote())
@@ -122,3 +124,50 @@ def test_nccl_weight_sync_matches_transformers(ray_gpu, gen, tmp_path):
         assert r.version == 1
         assert r.token_ids == _hf_greedy(new, r.prompt_token_ids, 16)[:len(r.token_ids)]
     assert [r.token_ids for r in after] != before
+
+
+def test_nccl_reconnects_a_restarted_generator(ray_gpu, gen, tmp_path):
+    """Ray restarts the generator between two publishes: the published payload is refused
+    at once (the coordinator's re-sync: ``NotInGroupError``, not a hang), and the next
+    publish probes the new incarnation, builds a new NCCL group epoch with it and delivers.
+    Last in the module: it restarts the shared generator."""
+    if ray_gpu < 2:
+        pytest.skip("NCCL weight sync needs 2 GPUs (one per rank)")
+    import time
+
+    import ray
+
+    from cluster.runtime import wait_ready
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from tasks.policy_model import build_tokenizer, save_policy
+
+    path = tmp_path / "seed2"
+    save_policy(_hf_model(2), build_tokenizer(), path)
+    learner = LearnerGroup(str(path), 1, LearnerConfig(dtype="fp32"), num_gpus_per_rank=1)
+    try:
+        learner.connect_weight_sync({"type": "nccl", "timeout_s": 120}, [gen])
+        version = ray.get(gen.version.remote()) + 1
+        payload, refs = learner.publish_weights([gen], version)
+        ray.get(refs)
+        before = ray.get(gen.incarnation.remote())
+        ray.kill(gen, no_restart=False)
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            try:
+                if ray.get(gen.incarnation.remote(), timeout=900) != before:
+                    break
+            except ray.exceptions.RayActorError:  # being restarted
+                wait_ready([gen], timeout_s=900)
+        assert ray.get(gen.ready.remote()) and ray.get(gen.version.remote()) == 0
+        with pytest.raises(ray.exceptions.RayTaskError, match="NotInGroupError"):
+            ray.get(gen.update_weights.remote(payload, version))
+        payload2, refs = learner.publish_weights([gen], version + 1)
+        ray.get(refs)
+        assert payload2.transport == "nccl" and payload2.epoch == payload.epoch + 1
+    finally:
+        learner.shutdown()
+    new = _hf_model(2, "cuda")
+    for r in _greedy(gen, "nr-"):
+        assert r.version == version + 1
+        assert r.token_ids == _hf_greedy(new, r.prompt_token_ids, 16)[:len(r.token_ids)]
