@@ -69,13 +69,16 @@ class ModelConfig(Section):
         "(e.g. Qwen/Qwen3-4B-Instruct-2507; nothing is downloaded at run time), or "
         "'embedded' for the tiny policy built on first use."))
 
-    def resolve(self) -> str:
-        """The checkpoint directory; builds the embedded policy on first use. Checked here
-        (at launch, before any actor starts) rather than at parse time, so that a config for
-        another machine still parses."""
+    def resolve(self, task: str | None = None) -> str:
+        """The checkpoint directory; 'embedded' builds the embedded policy of ``task`` (the
+        default task's when None) on first use. Checked here (at launch, before any actor
+        starts) rather than at parse time, so that a config for another machine still parses."""
         if self.path == "embedded":
             from tasks.policy import ensure_default_policy
-            return str(ensure_default_policy())
+            try:
+                return str(ensure_default_policy(task=task))
+            except ValueError as err:  # no embedded policy for this task
+                raise ConfigError(f"model.path 'embedded': {err}") from None
         path = Path(self.path)
         if not path.exists() and _looks_like_model_id(self.path):
             path = _from_hf_cache(self.path)
@@ -295,6 +298,10 @@ class Config(Section):
                              f"in generators.engine.max_model_len "
                              f"({self.generators.engine.max_model_len})")
         return self
+
+    def model_path(self) -> str:
+        """The policy checkpoint for this run's task (see ModelConfig.resolve)."""
+        return self.model.resolve(self.task.name)
 
     def score_workers(self) -> int:
         if self.reward.workers is not None:

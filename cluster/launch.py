@@ -46,7 +46,7 @@ def run(cfg, checked=None) -> dict:
     from cluster.runtime import connect, start_roles
     from cluster.trainer import Trainer
 
-    p, task, model_path = checked or (*preflight(cfg), cfg.model.resolve())
+    p, task, model_path = checked or (*preflight(cfg), cfg.model_path())
     started = connect(cfg, p)
     roles = None
     try:
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             print(dump_config(cfg))
             print(f"# placement: {p.describe()} = {p.total_gpus:g} GPU, {p.total_cpus:g} CPU")
             return 0
-        model_path = cfg.model.resolve()
+        model_path = cfg.model_path()
     except (ValueError, FileNotFoundError) as err:  # ConfigError, PlacementError, task files
         print(f"error: {err}", file=sys.stderr)
         return 2

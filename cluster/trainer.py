@@ -54,12 +54,12 @@ class Trainer:
                        "tokens_generated": 0, "nan_skipped_steps": 0,
                        "generator_update_failures": 0, "learner_wait_s": 0.0, "eval_time_s": 0.0,
                        **state.totals}
+        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
+        self.last_progress = time.time()
         # The run's own roles, beside the long-lived ones: the coordinator and telemetry.
         self.coord, self.telemetry = start_run_roles(cfg, roles, task, state)
         if state.resumed:
             self.publish()  # generators serve the checkpoint's weights before any rollout
-        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
-        self.last_progress = time.time()
         self.recorder = None
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
@@ -160,6 +160,7 @@ class Trainer:
             self.writer.summary({"status": "stalled", "stalled_on": stall.role,
                                  "stall_report": stall.report, "steps": self.step,
                                  "policy_version": self.version, **self.totals})
+            self._report()
             raise
         finally:
             ray.kill(self.coord)
@@ -177,7 +178,17 @@ class Trainer:
                                "generators": per_generator(gen0, gen_end, peaks),
                                "decode_peak_tokens_per_s": sum(peaks) if peaks else None})
         self.writer.summary(summary)
+        self._report()
         return summary
+
+    def _report(self) -> None:
+        """report.html beside the run's outputs; a failed report never fails the run."""
+        from cluster.report import write_report  # lazy: matplotlib costs ~1 s of import
+
+        try:
+            self.writer.note(f"report: {write_report(self.cfg.run_dir)}")
+        except Exception as err:  # noqa: BLE001 - the run's outputs are already written
+            self.writer.note(f"report: not written ({type(err).__name__}: {err})")
 
     def one_step(self) -> None:
         import ray

@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     base = base_cfg.model_dump(mode="json")
     run_dir = Path(tempfile.mkdtemp(prefix="v05-throughput-"))
     shape = mode_config(base, "async_v05", run_dir)
-    model_path = shape.model.resolve()
+    model_path = shape.model_path()
     p = plan(shape)
     started = connect(shape, p)
     roles = start_roles(shape, p, model_path)

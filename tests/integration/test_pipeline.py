@@ -58,7 +58,7 @@ def system(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     cfg = make_cfg(tmp, "setup", mode="async", algo={"name": "v05"})  # the shape with a prior
     p = plan(cfg)
-    model_path = cfg.model.resolve()
+    model_path = cfg.model_path()
     started = connect(cfg, p)
     roles = start_roles(cfg, p, model_path)
     init = str(tmp / "init")
