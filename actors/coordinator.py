@@ -68,6 +68,7 @@ class Coordinator:
         self.t_start = time.time()
         self.last_prior_error = ""
         self._restored: list = []  # dispatches of the rollouts in flight at the checkpoint
+        self._drawing_from: int | None = None  # stream position of prompts awaiting the prior
         if restore is not None:
             self._restore(restore)
 
@@ -85,11 +86,17 @@ class Coordinator:
         import msgpack
 
         snap = {"scheduler": self.sched.snapshot(dataclasses.asdict, Rollout.to_dict),
-                "data_pos": self.sampler.position,
+                "data_pos": self.admitted_pos,
                 "counts": dict(self.counts), "events": list(self.events)}
         data = msgpack.packb(snap, use_bin_type=True)
         await asyncio.to_thread(_write_file, path, data)
         return len(snap["scheduler"]["groups"])
+
+    @property
+    def admitted_pos(self) -> int:
+        """The stream position up to which prompts were admitted: prompts drawn but still
+        waiting for the prior are not (a resumed run draws them again)."""
+        return self.sampler.position if self._drawing_from is None else self._drawing_from
 
     def _restore(self, path: str) -> None:
         import msgpack
@@ -147,7 +154,7 @@ class Coordinator:
     def summary(self) -> dict:
         acct = self.sched.accounting()
         acct["prompts_in_flight_at_end"] = acct.pop("prompts_in_flight")
-        data_pos = self.sampler.position
+        data_pos = self.admitted_pos
         acct["inflight_uids"] = sorted(self.sched.groups)
         acct["dropped_since_last_batch"] = list(self.sched.dropped)
         return {**acct,
@@ -215,9 +222,10 @@ class Coordinator:
         self._admitting = True
         try:
             while not self._stopped and (n := self.sched.room()) > 0:
-                start = self.sampler.position
+                start = self._drawing_from = self.sampler.position
                 problems = self.sampler.next(n)
-                priors = await self._priors(problems)
+                priors = await self._priors(problems)  # a snapshot may be taken meanwhile
+                self._drawing_from = None
                 # The room may have shrunk while the prior answered (a generator lost, a stop):
                 # admit what fits and give the rest back to the stream.
                 m = 0 if self._stopped else min(n, self.sched.room())

@@ -27,17 +27,22 @@ Rules (docs/pipeline.md, "The scheduler"):
 - **Cancellation.** When a prompt's plan shrinks, its least advanced outstanding rollouts
   (the most recently dispatched) are cancelled in the engine; their tokens are counted.
 - **Staleness by deadline.** Every admitted prompt takes a *deadline*: the policy version at
-  which it must be trained, at most ``max_staleness`` versions after its admission, with at
-  most ``batch_prompts`` prompts per deadline (a calendar). Every sample of the prompt
-  starts at a version >= its admission version, so a sample trained by its deadline is at
-  most ``max_staleness`` versions old. The hand-over at version V waits for every prompt
-  whose deadline is V, and fills the batch with the earliest-deadline finished prompts.
-  A sample older than the bound anyway (a resumed run, a lost generator) is re-generated,
-  and after ``max_regenerations`` the prompt is dropped (both counted).
+  which it must be trained, at most ``max_staleness`` versions after its admission. Each
+  deadline has a quota of ``batch_prompts`` admissions (a calendar), taken by the earliest
+  deadline in the window with quota left; a prompt trained early does not give its quota
+  back (a prompt admitted into it now would have little slack before the learner must wait
+  for it), a dropped one does (DAPO's refill). Every sample of a prompt starts at or after its
+  admission version, so a sample trained by its deadline is at most ``max_staleness``
+  versions old. The hand-over at version V is earliest deadline first: it waits for every
+  prompt due at V (at most B by the quota) and fills the batch with the finished prompts of
+  the earliest deadlines (streaming: a prompt due later can be trained as soon as it is
+  finished). In the steady state a new prompt is due ``max_staleness`` versions after its
+  admission. A sample older than the bound anyway (only after a resume or a lost generator)
+  is re-generated, and after ``max_regenerations`` the prompt is dropped (both counted).
 - **Synchronous mode is the same policy with a barrier**: ``max_staleness = 0`` leaves one
   deadline (the current version), so B prompts are admitted at a version boundary, the
   learner trains when all of them are finished, and nothing is admitted until the next
-  version is published. DAPO's filtered prompts free their calendar slot and are refilled.
+  version is published. DAPO's filtered prompts free their place and are refilled.
 - **Accounting.** Every admitted prompt ends exactly once: handed to the learner, dropped
   with a counted reason, or still in flight (or finished, waiting) at the end.
 """
@@ -165,8 +170,10 @@ class Scheduler:
         self.load = [0] * n_generators           # outstanding sequences per generator
         self.groups: dict[str, PromptGroup] = {}  # admitted, not yet handed or dropped
         self.ready: dict[str, PromptGroup] = {}   # the finished subset of ``groups``
-        self.calendar: Counter = Counter()        # deadline -> prompts holding it
-        self.unfinished: Counter = Counter()      # deadline -> of those, not finished yet
+        self.quota: Counter = Counter()           # deadline -> admissions given it (not
+                                                  # returned when trained early)
+        self.unfinished: Counter = Counter()      # deadline -> live prompts not finished yet
+        self._last_batch: list[int] = []          # deadlines of the last hand-over
         self._recheck: set[str] = set()           # finished prompts whose age to check
         self.requests: dict[str, _Request] = {}
         self.parked: list[Dispatch] = []          # waiting for a live generator
@@ -180,27 +187,26 @@ class Scheduler:
         self.paused = False
 
     # -- admission ---------------------------------------------------------------------------
-    def _free_deadline(self) -> int | None:
-        """The earliest version in [V, V + max_staleness] with a free calendar slot."""
-        for d in self._open_deadlines():
-            if self.calendar[d] < self.cfg.batch_prompts:
-                return d
-        return None
-
     def _open_deadlines(self) -> list[int]:
-        """Deadlines that take new prompts: the bound's window, less any deadline whose
-        filtered-and-refilled prompts ran past ``max_refill_factor`` x B (a policy that solves
-        or fails everything would refill forever; the batch then trains short)."""
+        """Deadlines that take new prompts: the window [V, V + max_staleness], less deadline V
+        once the learner took its batch there (until it reports back), less any deadline
+        whose filtered-and-refilled prompts ran over ``max_refill_factor`` x B (a policy that
+        solves or fails everything would refill forever; the batch then trains short)."""
         cap = self.cfg.max_refill_factor * self.cfg.batch_prompts
-        # Once the learner took its batch at version V, deadline V is spent until it reports
-        # back (set_version): a prompt admitted now would be trained at V + 1 at the earliest.
         first = self.version + (self._taken == self.version)
         return [d for d in range(first, self.version + self.cfg.max_staleness + 1)
                 if self.refills[d] < cap]
 
-    def _calendar_room(self) -> int:
+    def _free_deadline(self) -> int | None:
+        """The earliest open deadline with quota left (None: none)."""
+        for d in self._open_deadlines():
+            if self.quota[d] < self.cfg.batch_prompts:
+                return d
+        return None
+
+    def _quota_room(self) -> int:
         B = self.cfg.batch_prompts
-        return sum(max(0, B - self.calendar[d]) for d in self._open_deadlines())
+        return sum(max(0, B - self.quota[d]) for d in self._open_deadlines())
 
     def _slot_room(self) -> int:
         """Prompts whose k_init rollouts fit in free slots (all on one generator each)."""
@@ -212,7 +218,7 @@ class Scheduler:
         """How many new prompts may be admitted now."""
         if self.paused or self.parked or not any(self.alive):
             return 0
-        n = min(self._slot_room(), self._calendar_room())
+        n = min(self._slot_room(), self._quota_room())
         if self.cfg.max_inflight_prompts is not None:
             n = min(n, self.cfg.max_inflight_prompts - len(self.groups))
         return max(0, n)
@@ -234,7 +240,7 @@ class Scheduler:
             grp = PromptGroup(uid, problem, PromptState(self.est, prior), self.version, d, -1,
                               self.clock())
             self.groups[uid] = grp
-            self.calendar[d] += 1
+            self.quota[d] += 1
             self.unfinished[d] += 1
             self.counts["admitted"] += 1
             actions += self._plan(grp)
@@ -405,14 +411,14 @@ class Scheduler:
         self._recheck.add(grp.uid)
 
     def drop(self, uid: str, reason: str, refill: bool = False) -> list:
-        """Drop a prompt (counted under ``reason``); its calendar slot frees. Returns the
+        """Drop a prompt (counted under ``reason``); its place frees. Returns the
         cancels of its outstanding rollouts."""
         grp = self.groups.pop(uid, None)
         if grp is None:
             return []
         if self.ready.pop(uid, None) is None:
             self.unfinished[grp.deadline] -= 1
-        self.calendar[grp.deadline] -= 1
+        self.quota[grp.deadline] -= 1  # its place is free again (a refill may take it)
         if refill:
             self.refills[grp.deadline] += 1
         self.drops[reason] += 1
@@ -429,10 +435,16 @@ class Scheduler:
 
     # -- versions and the hand-over ------------------------------------------------------------
     def set_version(self, version: int) -> None:
-        """The learner finished a step and now trains ``version``: the calendar window moves
-        on (or, after a skipped step, stays and the current deadline reopens)."""
+        """The learner finished a step and now trains ``version`` (after a skipped step, the
+        same one: admission reopens for it)."""
         if version < self.version:
             raise ValueError(f"version went back from {self.version} to {version}")
+        if version == self.version and self._taken == version:
+            # The learner skipped its step (NaN): that batch was not trained. Its prompts are
+            # dropped by the trainer; their quota returns, so admission does not starve.
+            for d in self._last_batch:
+                self.quota[d] -= 1
+        self._last_batch = []
         self.version = version
         self._taken = None
         self._recheck.update(self.ready)  # finished samples grew a version older
@@ -447,18 +459,17 @@ class Scheduler:
         if any(c for d, c in self.unfinished.items() if d <= V):
             return wait  # a prompt due now is still generating
         if len(self.ready) < n:
-            # A closed deadline (see _open_deadlines) with nothing left running trains short.
+            # A closed deadline (see _open_deadlines) with nothing due running trains short.
             if not (self.ready and V not in self._open_deadlines()):
                 return wait
         batch = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))[:n]
         self._taken = V
+        self._last_batch = [g.deadline for g in batch]
         for g in batch:
             del self.groups[g.uid], self.ready[g.uid]
-            self.calendar[g.deadline] -= 1
             self.counts["handed"] += 1
-        # Deadlines in the past can hold nothing any more: forget them.
-        for d in [d for d in self.calendar if d < V and self.calendar[d] == 0]:
-            del self.calendar[d], self.unfinished[d]
+        for d in [d for d in self.quota if d < V and self.unfinished[d] == 0]:
+            del self.quota[d], self.unfinished[d]  # deadlines past: nothing is due there again
         return batch, actions
 
     def _regenerate_stale(self, V: int) -> list:
@@ -478,12 +489,10 @@ class Scheduler:
                 grp.state.expire(i)
                 grp.payloads.pop(i, None)
                 grp.start_version.pop(i, None)
-            # Its samples now start at V or later: a fresh deadline (possibly beyond the bound
-            # on this one prompt, which can only happen after a resume or a lost generator).
-            self.calendar[grp.deadline] -= 1
-            d = self._free_deadline()
-            grp.deadline = V + self.cfg.max_staleness if d is None else d
-            self.calendar[grp.deadline] += 1
+            # Its samples now start at V or later: a fresh deadline, with all the slack.
+            self.quota[grp.deadline] -= 1
+            grp.deadline = V + self.cfg.max_staleness
+            self.quota[grp.deadline] += 1
             self.unfinished[grp.deadline] += 1
             out += self._plan(grp)
         return out
@@ -504,7 +513,8 @@ class Scheduler:
                 "rollouts": [[i, g.start_version[i], encode_payload(p)]
                              for i, p in sorted(g.payloads.items())]})
         return {"version": self.version, "counts": dict(self.counts), "drops": dict(self.drops),
-                "refills": {str(d): n for d, n in self.refills.items()}, "groups": groups}
+                "refills": {str(d): n for d, n in self.refills.items()},
+                "quota": {str(d): n for d, n in self.quota.items()}, "groups": groups}
 
     def restore(self, snap: dict, decode_problem: Callable, decode_payload: Callable) -> list:
         """Load a ``snapshot`` into this (fresh) scheduler; returns the dispatches that ask
@@ -516,6 +526,7 @@ class Scheduler:
         self.counts.update(snap["counts"])
         self.drops.update(snap["drops"])
         self.refills.update({int(d): n for d, n in snap["refills"].items()})
+        self.quota.update({int(d): n for d, n in snap["quota"].items()})
         actions = []
         for d in snap["groups"]:
             grp = PromptGroup(d["uid"], decode_problem(d["problem"]),
@@ -527,7 +538,6 @@ class Scheduler:
             for i, v, payload in d["rollouts"]:
                 grp.payloads[int(i)], grp.start_version[int(i)] = decode_payload(payload), int(v)
             self.groups[grp.uid] = grp
-            self.calendar[grp.deadline] += 1
             if d["ready"]:
                 self.ready[grp.uid] = grp
                 self._recheck.add(grp.uid)

@@ -237,7 +237,9 @@ class ClusterConfig(Section):
         "Ray address to join; None: join a running cluster (RAY_ADDRESS or `ray start`) if any, "
         "else start a local one on 127.0.0.1; 'local': always start a private local one."))
     num_cpus: float | None = Field(None, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
-    weight_sync: Literal["object_store", "nccl"] = Field("object_store", description="Weight-sync transport.")
+    weight_sync: Literal["object_store", "nccl", "gloo"] = Field("object_store", description=(
+        "Weight-sync transport (docs/weight_sync.md): object_store (CPU default), nccl (GPU "
+        "broadcast from learner rank 0), gloo (the same broadcast protocol on CPUs)."))
     nodes: int | None = Field(None, ge=1, description=(
         "Nodes of the cluster this config is meant for. Only `--check-placement` reads it: "
         "with no cluster running it simulates nodes x gpus_per_node here (None: one node). "

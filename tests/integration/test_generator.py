@@ -73,10 +73,10 @@ def _load(gen, model) -> int:
     """Load ``model``'s weights into the engine as the next version; returns that version."""
     import ray
 
-    from actors.weight_sync import make_sender, sync_weights
+    from actors.weight_sync import make_sender
 
     version = ray.get(gen.version.remote()) + 1
-    ray.get(sync_weights(make_sender("object_store"), [gen], model.state_dict(), version))
+    ray.get(make_sender("object_store").send([gen], model.state_dict(), version)[1])
     return version
 
 
@@ -171,7 +171,7 @@ def test_weight_update_matches_transformers(gen):
     """THE proof that update_weights replaces the weights the engine samples from."""
     import ray
 
-    from actors.weight_sync import make_sender, sync_weights
+    from actors.weight_sync import make_sender
 
     old, new = _hf_model(0), _hf_model(1)
     v = _load(gen, old)
@@ -179,7 +179,7 @@ def test_weight_update_matches_transformers(gen):
     for r in before:
         assert r.token_ids == _hf_greedy(old, r.prompt_token_ids, 16)[:len(r.token_ids)]
     sender = make_sender("object_store")
-    (seconds,) = ray.get(sync_weights(sender, [gen], new.state_dict(), v + 1))
+    (seconds,) = ray.get(sender.send([gen], new.state_dict(), v + 1)[1])
     assert seconds > 0 and ray.get(gen.version.remote()) == v + 1
     after = _greedy(gen, f"ga{v}")
     for r in after:
@@ -189,9 +189,9 @@ def test_weight_update_matches_transformers(gen):
                                                             r.token_ids), atol=LOGPROB_ATOL)
     assert [r.token_ids for r in after] != [r.token_ids for r in before]
     with pytest.raises(ValueError, match="not newer than the last published"):
-        sync_weights(sender, [gen], new.state_dict(), v + 1)
+        sender.send([gen], new.state_dict(), v + 1)
     with pytest.raises(ValueError, match=f"not newer than the loaded version {v + 1}"):
-        ray.get(sync_weights(make_sender("object_store"), [gen], new.state_dict(), v + 1))
+        ray.get(make_sender("object_store").send([gen], new.state_dict(), v + 1)[1])
 
 
 def _switch_index(logprobs, old_ref, new_ref) -> int | None:
@@ -209,14 +209,14 @@ def test_update_during_generation_keeps_behaviour_logprobs(gen):
     the new policy's (old before one switch point, new after), and the versions say so."""
     import ray
 
-    from actors.weight_sync import make_sender, sync_weights
+    from actors.weight_sync import make_sender
 
     old, new = _hf_model(1), _hf_model(2)
     version = _load(gen, old)
     req = _request("inflight", "1+1=", 4, temperature=1.0, max_tokens=200, seed=7)
     pending = gen.generate.remote(req)
     # However far decoding got when the update lands, the check below holds.
-    ray.get(sync_weights(make_sender("object_store"), [gen], new.state_dict(), version + 1))
+    ray.get(make_sender("object_store").send([gen], new.state_dict(), version + 1)[1])
     for r in ray.get(pending):
         old_ref = _hf_logprobs(old, r.prompt_token_ids, r.token_ids)
         new_ref = _hf_logprobs(new, r.prompt_token_ids, r.token_ids)

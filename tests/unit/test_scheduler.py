@@ -122,14 +122,16 @@ def test_extra_rollouts_go_to_the_prompts_generator_ahead_of_new_prompts():
     s = Scheduler(cfg(batch_prompts=4, max_staleness=2), est, 3)
     f = Fake(s, reward=lambda uid, i: -1.0)
     [first] = f.admit(1, prior=1.0)
-    assert first.priority == priority(0, first=True) and first.round == 1
+    d = s.groups[first.uid].deadline
+    assert d == 0  # the first fill takes the earliest deadlines
+    assert first.priority == priority(d, first=True) and first.round == 1
     extra = f.complete(first.request_id)
     assert extra and all(isinstance(a, Dispatch) for a in extra)
-    assert all(a.priority == priority(0, first=False) < first.priority for a in extra)
+    assert all(a.priority == priority(d, first=False) < first.priority for a in extra)
     assert all(a.generator == first.generator for a in extra)
-    # A prompt admitted now is due later than this one: its rollouts queue behind the extras.
+    # A prompt admitted now, due at the same version: its rollouts queue behind the extras.
     [later] = f.admit(1, prior=0.5)
-    assert s.groups[later.uid].deadline == 0 and later.priority > extra[0].priority
+    assert s.groups[later.uid].deadline == d and later.priority > extra[0].priority
     assert min(a.indices[0] for a in extra) == 4 and all(a.round == 2 for a in extra)
 
 
@@ -432,3 +434,19 @@ def test_skipped_learner_steps_never_starve_admission():
         assert len(batch) == 2
         s.set_version(s.version)  # the learner skipped: same version
     assert s.version == 0
+
+
+def test_in_the_steady_state_a_new_prompt_has_all_the_slack():
+    """A prompt trained early does not give its deadline's quota back: prompts admitted
+    later go to the newest deadline (max_staleness versions ahead), never into an early one."""
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=2), grpo(), 1)
+    f = Fake(s)
+    f.admit()                                   # the first fill: deadlines 0, 0, 1, 1, 2, 2
+    assert sorted(g.deadline for g in s.groups.values()) == [0, 0, 1, 1, 2, 2]
+    f.complete_all()
+    batch, _ = s.take_batch(2)
+    assert [g.deadline for g in batch] == [0, 0]
+    s.set_version(1)
+    f.admit()
+    new = [g for g in s.groups.values() if g.admitted_version == 1]
+    assert [g.deadline for g in new] == [3, 3]  # 1 + max_staleness, not the freed 0
