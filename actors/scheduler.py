@@ -37,7 +37,9 @@ Rules (docs/pipeline.md, "The scheduler"):
   prompt due at V (at most B by the quota) and fills the batch with the finished prompts of
   the earliest deadlines (streaming: a prompt due later can be trained as soon as it is
   finished). In the steady state a new prompt is due ``max_staleness`` versions after its
-  admission. A sample older than the bound anyway (only after a resume or a lost generator)
+  admission. A prompt due now whose later rounds still run is cut there (its outstanding
+  rollouts cancelled, its baseline taken from the k >= k_init rewards in hand, counted as
+  ``deadline_cuts``): only a prompt's first round is ever waited for. A sample older than the bound anyway (only after a resume or a lost generator)
   is re-generated, and after ``max_regenerations`` the prompt is dropped (both counted).
 - **Synchronous mode is the same policy with a barrier**: ``max_staleness = 0`` leaves one
   deadline (the current version), so B prompts are admitted at a version boundary, the
@@ -295,22 +297,27 @@ class Scheduler:
 
     def _cancel_latest(self, grp: PromptGroup, n: int) -> list[Cancel]:
         """Cancel the ``n`` least advanced outstanding rollouts: the latest dispatched."""
-        out = []
-        live = sorted(((self.requests[rid].dispatch.indices[p], rid, p) for rid in grp.requests
-                       for p in self.requests[rid].live), reverse=True)
-        by_req: dict[str, list[int]] = {}
-        for index, rid, pos in live[:n]:
-            req = self.requests[rid]
+        latest = sorted(grp.state.outstanding_indices(), reverse=True)[:n]
+        for index in latest:
             grp.state.cancel(index)
-            req.live.discard(pos)
-            req.cancelled.add(pos)
-            self.load[req.dispatch.generator] -= 1  # the engine frees the slot on abort
-            grp.cancelled_rollouts += 1
-            by_req.setdefault(rid, []).append(pos)
-            self.counts["rollouts_cancelled"] += 1
-        for rid, pos in by_req.items():
-            out.append(Cancel(rid, grp.uid, tuple(sorted(pos)), self.requests[rid].dispatch.generator))
-        return out
+        return self._abort(grp, set(latest))
+
+    def _abort(self, grp: PromptGroup, indices: set[int]) -> list[Cancel]:
+        """The engine side of cancelling rollouts ``indices`` (the state already cancelled
+        them): their slots free at once, their reports are awaited as cancelled."""
+        by_req: dict[str, list[int]] = {}
+        for rid in grp.requests:
+            req = self.requests[rid]
+            for pos in [p for p in req.live if req.dispatch.indices[p] in indices]:
+                req.live.discard(pos)
+                req.cancelled.add(pos)
+                self.load[req.dispatch.generator] -= 1  # the engine frees the slot on abort
+                by_req.setdefault(rid, []).append(pos)
+        n = sum(map(len, by_req.values()))
+        grp.cancelled_rollouts += n
+        self.counts["rollouts_cancelled"] += n
+        return [Cancel(rid, grp.uid, tuple(sorted(pos)), self.requests[rid].dispatch.generator)
+                for rid, pos in sorted(by_req.items())]
 
     def _retire(self, rid: str) -> None:
         req = self.requests[rid]
@@ -455,9 +462,11 @@ class Scheduler:
         (groups, actions): actions re-generate stale samples found on the way."""
         V = self.version
         actions = self._regenerate_stale(V) if self._recheck else []
+        if any(c for d, c in self.unfinished.items() if d <= V):
+            actions += self._cut_due(V)
         wait = None if not actions else ([], actions)
         if any(c for d, c in self.unfinished.items() if d <= V):
-            return wait  # a prompt due now is still generating
+            return wait  # a prompt due now is still in its first round
         if len(self.ready) < n:
             # A closed deadline (see _open_deadlines) with nothing due running trains short.
             if not (self.ready and V not in self._open_deadlines()):
@@ -471,6 +480,19 @@ class Scheduler:
         for d in [d for d in self.quota if d < V and self.unfinished[d] == 0]:
             del self.quota[d], self.unfinished[d]  # deadlines past: nothing is due there again
         return batch, actions
+
+    def _cut_due(self, V: int) -> list:
+        """Prompts due now whose later rounds are still running: stop them with the rewards
+        in hand (at least k_init) rather than keep the learner waiting; the cancelled
+        rollouts are counted (``deadline_cuts``). Only a prompt's first round is waited for."""
+        out = []
+        for grp in [g for g in self.groups.values()
+                    if g.deadline <= V and g.uid not in self.ready
+                    and g.state.k >= self.k_init and g.state.outstanding]:
+            out += self._abort(grp, set(grp.state.cut()))
+            self.counts["deadline_cuts"] += 1
+            self._finish(grp)
+        return out
 
     def _regenerate_stale(self, V: int) -> list:
         out = []
@@ -577,4 +599,5 @@ class Scheduler:
                 "extra_rollouts_requested": c["extra_rollouts"],
                 "reissued_requests": c["reissued_requests"],
                 "stale_regenerated": c["stale_regenerated"],
+                "deadline_cuts": c["deadline_cuts"],
                 "generator_losses": c["generator_losses"]}

@@ -164,6 +164,20 @@ class PromptState:
         self._cancelled.add(index)
         self._changed()
 
+    def cut(self) -> list[int]:
+        """Stop here: every outstanding rollout is cancelled (returned, for the caller to
+        abort) and the prompt is done with the rewards in hand. For a prompt whose deadline
+        came while its last round still ran: its baseline is valid with any k >= k_init, a
+        little noisier than the plan wanted. ValueError below k_init rewards."""
+        if self.k < self.est.cfg.k_init:
+            raise ValueError(f"cut with {self.k} rewards: at least k_init="
+                             f"{self.est.cfg.k_init} are needed")
+        gone = sorted(self._outstanding)
+        for i in gone:
+            self.cancel(i)
+        self._finished = True
+        return gone
+
     def expire(self, index: int) -> None:
         """Forget observed reward ``index`` (too stale to train on); the state re-plans, so it
         may stop being done and ask for a replacement."""

@@ -610,3 +610,18 @@ def test_numpy_scalars_are_accepted_and_snapshots_stay_json_safe():
     assert json.loads(json.dumps(s.to_dict()))["cancelled"] == [3]
     with pytest.raises(ValueError, match="reward must be a finite number"):
         s.add(True, index=1)
+
+
+def test_cut_stops_a_prompt_with_the_rewards_in_hand():
+    st = PromptState(make_estimator("v05", k_init=4, k_max=16), prior_p=1.0)
+    assert st.to_request() == 4
+    with pytest.raises(ValueError, match="k_init"):
+        st.cut()
+    for i in range(4):
+        st.add(-1.0, index=i)  # the prior is rejected: the plan asks for more
+    n = st.to_request()
+    assert n > 0 and st.outstanding == n
+    assert st.cut() == list(range(4, 4 + n))
+    assert st.done and st.outstanding == 0 and st.k == 4 and st.to_request() == 0
+    # The fused baseline of the 4 in hand: w = 3.75 / 4 on their mean -1, the rest on V = 1.
+    assert st.baseline == pytest.approx(float(fuse(-1.0, 4, 1.0).baseline)) == pytest.approx(-0.875)

@@ -285,6 +285,9 @@ class ScriptedState:
     def round_of(self, i):
         return 1 if i < 4 else 2
 
+    def outstanding_indices(self):
+        return sorted(set(range(self.requested)) - set(self.obs) - self.gone)
+
     def to_request(self):
         self.now = self.script.pop(0) if self.script else (0, 0)
         self.requested += self.now[0]
@@ -379,8 +382,9 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
     rng = random.Random(0)
     est = make_estimator("v05", k_init=4, k_max=16)
 
-    def make():
-        return Scheduler(cfg(batch_prompts=3, max_staleness=1, slots_per_generator=24), est, 2)
+    def make(version=0):
+        return Scheduler(cfg(batch_prompts=3, max_staleness=1, slots_per_generator=24), est, 2,
+                         version=version)
 
     s = make()
     f = Fake(s, reward=lambda uid, i: rng.choice([1.0, -1.0]))
@@ -396,7 +400,7 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
     admitted = s.accounting()["prompts_admitted"]
     every_uid = set(trained) | set(s.groups)
 
-    s2 = make()
+    s2 = make(s.version)  # the resumed run starts at the checkpoint's version
     redo = s2.restore(snap, lambda p: p, lambda p: tuple(p))
     f2 = Fake(s2, reward=lambda uid, i: rng.choice([1.0, -1.0]))
     f2.apply(redo)
@@ -450,3 +454,32 @@ def test_in_the_steady_state_a_new_prompt_has_all_the_slack():
     f.admit()
     new = [g for g in s.groups.values() if g.admitted_version == 1]
     assert [g.deadline for g in new] == [3, 3]  # 1 + max_staleness, not the freed 0
+
+
+def test_a_due_prompt_still_in_a_later_round_is_cut_not_waited_for():
+    """The learner reaches a prompt's deadline while its extra rollouts still run: the prompt
+    is finished with the k_init rewards in hand and the extras are cancelled in the engine."""
+    est = make_estimator("v05", k_init=4, k_max=16)
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=1), est, 1)
+    f = Fake(s, reward=lambda uid, i: -1.0)
+    [first] = f.admit(1, prior=1.0)             # deadline 0; the prior will be rejected
+    extra = f.complete(first.request_id)        # round 2 asked for, still running
+    assert extra and s.groups[first.uid].state.outstanding
+    got = s.take_batch(1)
+    assert got is not None
+    batch, cancels = got
+    assert [g.uid for g in batch] == [first.uid] and batch[0].state.k == 4
+    assert cancels and all(isinstance(c, Cancel) for c in cancels)
+    assert s.counts["deadline_cuts"] == 1 and s.load == [0]
+    f.apply(cancels)
+    f.complete(extra[0].request_id)             # the aborted rollouts report back, counted
+    assert s.counts["cancelled_tokens"] > 0
+
+
+def test_a_due_prompt_in_its_first_round_is_waited_for():
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=0), grpo(), 1)
+    f = Fake(s)
+    [d] = f.admit(1)
+    assert s.take_batch(1) is None and s.counts["deadline_cuts"] == 0
+    f.complete(d.request_id)
+    assert [g.uid for g in s.take_batch(1)[0]] == [d.uid]
