@@ -32,16 +32,21 @@ def by_role(reservations):
     return {r.role: r for r in reservations}
 
 
-def test_paper_plan_learner_on_one_node_generators_one_gpu_each():
-    cfg = paper()
+@pytest.mark.parametrize("overrides", [(), ("learner.ranks=8", "generators.count=23")])
+def test_paper_plan_learner_on_fewest_nodes_generators_one_gpu_each(overrides):
+    """The shipped split (14 learner ranks: two nodes of 7) and an 8-rank one (one node)."""
+    cfg = paper(*overrides)
     p = plan(cfg)
     res = by_role(layout(p, node_list(cfg)))
     assert list(res) == ["learner", "prior", "generator", "coordinator"]  # most constrained first
     lrn = res["learner"]
-    assert cfg.learner.ranks * cfg.learner.gpus <= 8, "the shipped learner fits one 8-GPU node"
-    assert lrn.strategy == "STRICT_PACK"
-    assert lrn.bundles == ({"CPU": cfg.learner.cpus, "GPU": cfg.learner.gpus},) * cfg.learner.ranks
-    assert lrn.slots == tuple(range(cfg.learner.ranks))
+    if cfg.learner.ranks * cfg.learner.gpus <= 8:  # fits one 8-GPU node
+        assert lrn.strategy == "STRICT_PACK"
+        assert lrn.bundles == ({"CPU": cfg.learner.cpus, "GPU": cfg.learner.gpus},) * cfg.learner.ranks
+        assert lrn.slots == tuple(range(cfg.learner.ranks))
+    else:
+        assert lrn.strategy == "STRICT_SPREAD" and len(lrn.bundles) == 2
+        assert sum(b["GPU"] for b in lrn.bundles) == cfg.learner.ranks * cfg.learner.gpus
     gen = res["generator"]
     assert gen.strategy == "PACK" and len(gen.bundles) == cfg.generators.count
     assert all(b == {"CPU": cfg.generators.cpus, "GPU": 1} for b in gen.bundles)
@@ -120,7 +125,7 @@ def _landings(cfg, res):
 
 
 def test_checker_accepts_a_good_placement_and_names_faults():
-    cfg = paper()
+    cfg = paper("learner.ranks=8", "generators.count=23")  # a learner on one node
     p = plan(cfg)
     res = layout(p, node_list(cfg))
     good = _landings(cfg, res)
