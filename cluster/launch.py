@@ -3,7 +3,10 @@
 Starts a local Ray cluster on 127.0.0.1 when none is running, joins the running one otherwise
 (so ``ray job submit -- python -m cluster.launch v05.yaml`` works against ``ray start --head``).
 The config is parsed and checked (keys, model path, dataset file, placement) before any actor
-starts. Outputs go to ``<run.output_dir>/<run.name>/``.
+starts (the model loads, the tokenizer encodes the prompts). Outputs go to the absolute run
+directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end.
+Exit status: 0 done, 2 a bad request (config, model, data, placement), 3 the watchdog stopped
+a stalled run, 1 anything else.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import time
 
 from cluster.config import dump_config, load_config
 from cluster.placement import plan
+from cluster.preflight import check_model, check_prompts
 
 
 def parse_args(argv):
@@ -76,14 +80,31 @@ def main(argv=None) -> int:
             print(f"# placement: {p.describe()} = {p.total_gpus:g} GPU, {p.total_cpus:g} CPU")
             return 0
         model_path = cfg.model_path()
-    except (ValueError, FileNotFoundError) as err:  # ConfigError, PlacementError, task files
+        check_model(model_path)
+        check_prompts(model_path, task, cfg.generators.engine, cfg.rollout.max_tokens)
+    except (ValueError, FileNotFoundError) as err:  # Config/Placement/Preflight errors, files
         print(f"error: {err}", file=sys.stderr)
         return 2
     from cluster.runtime import prefer_loopback
+    from cluster.trainer import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
-    summary = run(cfg, (p, task, model_path))
-    print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s -> {cfg.run_dir}")
+    print(f"run directory: {cfg.run_dir}", flush=True)
+    try:
+        summary = run(cfg, (p, task, model_path))
+    except Stalled as stall:
+        print(f"error: {stall}; see {cfg.run_dir / 'summary.json'} (stall_report)",
+              file=sys.stderr, flush=True)
+        return 3
+    print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s "
+          f"({summary['train_wall_time_s']:.0f}s training, {summary['eval_time_s']:.0f}s "
+          f"evaluating); {summary['prompts_trained']} prompts trained")
+    if summary.get("eval_accuracy_final") is not None:
+        a0, a1 = summary["eval_accuracy_initial"], summary["eval_accuracy_final"]
+        print(f"held-out {summary['eval_metric']} accuracy: "
+              + (f"{a0:.3f} -> " if a0 is not None else "")
+              + f"{a1:.3f} +- {summary['eval_accuracy_se']:.3f}")
+    print(f"run directory: {cfg.run_dir}", flush=True)
     return 0
 
 
