@@ -462,8 +462,8 @@ class Scheduler:
         (groups, actions): actions re-generate stale samples found on the way."""
         V = self.version
         actions = self._regenerate_stale(V) if self._recheck else []
-        if any(c for d, c in self.unfinished.items() if d <= V):
-            actions += self._cut_due(V)
+        if self.cfg.max_staleness and any(c for d, c in self.unfinished.items() if d <= V):
+            actions += self._cut_due(V)  # not behind the barrier: there the batch waits
         wait = None if not actions else ([], actions)
         if any(c for d, c in self.unfinished.items() if d <= V):
             return wait  # a prompt due now is still in its first round

@@ -218,9 +218,14 @@ class PriorPlacement(Section):
         "The server's fallback backend when its own raises, answers garbage or exceeds "
         "budget_s ('auto': embedded for backends other than embedded/constant; None: off)."))
     fallback_options: dict[str, Any] = Field(default_factory=dict, description="Fallback backend options.")
-    budget_s: float | None = Field(5.0, gt=0, description=(
-        "The server's budget per prediction before its fallback answers; must be below "
-        "timeout_s so that the fallback answers before the coordinator gives up."))
+    budget_s: float | None = Field(None, gt=0, description=(
+        "The server's budget per prediction before its fallback answers (None: half of "
+        "timeout_s); below timeout_s, so that the fallback answers before the coordinator "
+        "gives up."))
+
+    @property
+    def server_budget_s(self) -> float:
+        return self.timeout_s / 2 if self.budget_s is None else self.budget_s
 
     @model_validator(mode="after")
     def _budget_below_timeout(self) -> "PriorPlacement":

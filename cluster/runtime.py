@@ -129,7 +129,7 @@ def start_prior(cfg, pg):
         num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
         scheduling_strategy=pg_strategy(pg, 0),
     ).remote(p.backend, p.options, p.window, threads_for(p.cpus), fallback=p.fallback,
-             fallback_options=p.fallback_options, budget_s=p.budget_s)
+             fallback_options=p.fallback_options, budget_s=p.server_budget_s)
     return handle
 
 

@@ -483,3 +483,15 @@ def test_a_due_prompt_in_its_first_round_is_waited_for():
     assert s.take_batch(1) is None and s.counts["deadline_cuts"] == 0
     f.complete(d.request_id)
     assert [g.uid for g in s.take_batch(1)[0]] == [d.uid]
+
+
+def test_behind_the_barrier_extra_rounds_are_waited_for_not_cut():
+    est = make_estimator("v05", k_init=4, k_max=16)
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=0), est, 1)
+    f = Fake(s, reward=lambda uid, i: -1.0)
+    [first] = f.admit(1, prior=1.0)
+    f.complete(first.request_id)                 # round 2 asked for
+    assert s.take_batch(1) is None and s.counts["deadline_cuts"] == 0
+    f.complete_all()
+    batch, _ = s.take_batch(1)
+    assert batch[0].state.k > 4                  # the sync batch waited for its extras
