@@ -9,6 +9,8 @@ the environment).
 """
 from __future__ import annotations
 
+import math
+
 
 def parse_cpu_list(spec: str) -> list[int]:
     """``"0,2-4"`` -> ``[0, 2, 3, 4]`` (the syntax of ``VLLM_CPU_OMP_THREADS_BIND``)."""
@@ -93,3 +95,8 @@ def cpu_engine_env(index: int, cpu_threads: int, cpu_bind: str | None, allowed: 
             env["OMP_PLACES"] = ",".join(f"{{{c}}}" for c in cores)
             env["OMP_PROC_BIND"] = "close"
     return env
+
+
+def threads_for(cpus: float, threads: int | None = None) -> int:
+    """CPU threads an actor uses: its explicit setting, else its CPU share rounded up (>= 1)."""
+    return threads if threads else max(1, math.ceil(cpus))

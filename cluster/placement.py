@@ -251,8 +251,3 @@ def free_per_node(groups: dict, nodes: list[dict], skip: str = "") -> str:
     left = [free[n["NodeID"]] for n in nodes]
     return "; ".join(f"node {i + 1} ({n['NodeManagerAddress']}): {f.get('GPU', 0):g} GPU, "
                      f"{f.get('CPU', 0):g} CPU" for i, (n, f) in enumerate(zip(nodes, left)))
-
-
-def threads_for(cpus: float, threads: int | None = None) -> int:
-    """CPU threads an actor uses: its explicit setting, else its share rounded up (>= 1)."""
-    return threads if threads else max(1, math.ceil(cpus))

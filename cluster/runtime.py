@@ -10,7 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, NoReturn
 
-from cluster.placement import Plan, reserve, threads_for
+from actors.threads import threads_for
+from cluster.placement import Plan, reserve
 
 
 LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -116,7 +117,7 @@ def start_learner(cfg, model_path: str, pg):
 
     lp = cfg.learner
     return LearnerGroup(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
-                        placement_group=pg, num_gpus_per_rank=lp.gpus)
+                        placement_group=pg, num_gpus_per_rank=lp.gpus, threads=lp.threads)
 
 
 def start_prior(cfg, pg):

@@ -5,6 +5,7 @@ import socket
 from dataclasses import dataclass
 from typing import Sequence
 
+from actors.threads import threads_for
 from actors.types import TrainSample
 from learner.batch import shard_samples
 from learner.config import LearnerConfig
@@ -78,7 +79,7 @@ class LearnerGroup:
 
     def __init__(self, model_path: str, n_ranks: int, cfg: LearnerConfig,
                  num_cpus_per_rank: float = 1.0, placement_group=None, bundle_offset: int = 0,
-                 num_gpus_per_rank: float = 0.0):
+                 num_gpus_per_rank: float = 0.0, threads: int | None = None):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -95,8 +96,8 @@ class LearnerGroup:
         if placement_group is None:
             opts[0]["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self.rendezvous.node_id, soft=False)
-        # torch threads follow the CPU share; a fractional share still needs one thread.
-        threads = max(1, int(num_cpus_per_rank))
+        # torch threads: as given, else the CPU share (a fractional one still needs a thread).
+        threads = threads_for(num_cpus_per_rank, threads)
         actor_cls = ray.remote(LearnerWorker)
         r = self.rendezvous
         self.workers = [actor_cls.options(**o).remote(
