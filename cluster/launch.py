@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as err:  # Config/Placement/Preflight errors, files
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from cluster.runtime import prefer_loopback
+    from actors.rayproc import prefer_loopback
     from cluster.trainer import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
@@ -109,6 +109,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from cluster.runtime import run_main
+    from actors.rayproc import run_main
 
     run_main(main)  # exits without C++ static destructors: see exit_process

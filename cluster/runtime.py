@@ -6,34 +6,11 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass, field
-from typing import Callable, NoReturn
 
+from actors.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from actors.threads import threads_for
 from cluster.placement import Plan, reserve
-
-
-LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def prefer_loopback(address: str | None = None) -> bool:
-    """Make a Ray cluster this process starts listen on 127.0.0.1 only. Call before ray is
-    imported; returns whether the switch is now on.
-
-    Why: on Linux Ray rewrites a loopback node address (``_node_ip_address="127.0.0.1"``,
-    ``ray start --node-ip-address=127.0.0.1``) to the machine's primary address
-    (``services.resolve_ip_for_localhost``). Ray's switch for single-machine clusters on
-    macOS/Windows, read when ray is imported, keeps every process on loopback instead; such a
-    driver still joins a cluster already running on this machine. Left off when a cluster
-    address is given (``RAY_ADDRESS``, which ``ray job submit`` sets, or ``cluster.address``):
-    the nodes of a real cluster must be able to reach the driver."""
-    if os.environ.get("RAY_ADDRESS") or address not in (None, "local"):
-        return False
-    if "ray" in sys.modules:  # too late: Ray read the switch at import
-        return os.environ.get(LOOPBACK_SWITCH) == "0"
-    os.environ.setdefault(LOOPBACK_SWITCH, "0")
-    return os.environ[LOOPBACK_SWITCH] == "0"
 
 
 def connect(cfg, plan: Plan) -> bool:
@@ -266,55 +243,3 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
         score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every))
     telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
     return coord, telemetry
-
-
-def exit_process(code: int) -> NoReturn:
-    """End a Ray driver process: Python's cleanup, then ``os._exit`` (no C++ static destructors).
-
-    Why: Ray 2.60's OpenTelemetry metric reader makes a last export while the process's C++
-    static objects are being destroyed. When the metrics agent is already gone (the driver
-    stopped its local cluster), that export logs an error through spdlog, whose registry
-    has already been destroyed: SIGSEGV, exit 139, after a run that succeeded (seen in CI and
-    reproduced here with gdb on the core: ``OpenTelemetryMetricExporter::Export`` ->
-    ``RayLog::~RayLog`` -> ``spdlog::details::registry::initialize_logger``). Everything
-    Python would do still happens: Ray is shut down, atexit handlers run, streams flushed.
-    """
-    import atexit
-    import logging
-
-    if "ray" in sys.modules:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or broken pipe: nothing left to save
-            pass
-    os._exit(code)
-
-
-def run_main(main: Callable[[], int | None]) -> NoReturn:
-    """``raise SystemExit(main())`` for entry points that use Ray, ending in ``exit_process``.
-    An exception prints its traceback and exits 1, as Python itself would."""
-    import traceback
-
-    try:
-        code = main()
-    except SystemExit as e:
-        code = e.code
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = 130
-    except BaseException:  # noqa: BLE001 - reported, then the same exit status as Python's
-        traceback.print_exc()
-        code = 1
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    exit_process(code)

@@ -107,7 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace, out=None) -> dict:
     """Train from the file; prints per-step JSON lines and returns the summary dict."""
     out = out or sys.stdout  # looked up per call: a default bound at import goes stale
-    from cluster.runtime import prefer_loopback
+    from actors.rayproc import prefer_loopback
 
     prefer_loopback()  # before ray is imported, for the local cluster started below
     import ray
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from cluster.runtime import run_main
+    from actors.rayproc import run_main
 
     def _cli() -> int:
         main()  # prints its own report

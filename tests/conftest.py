@@ -1,7 +1,7 @@
 """Suite-wide hooks: Ray on loopback, and the exit path of a Ray driver.
 
 The pytest process is a Ray driver (integration tests start and stop local clusters in it),
-so it ends the way our Ray entry points do, through ``cluster.runtime.exit_process``: pytest
+so it ends the way our Ray entry points do, through ``actors.rayproc.exit_process``: pytest
 finishes its report, Python's cleanup runs, and the process exits with pytest's status
 without running C++ static destructors, where Ray 2.60's metrics exporter can crash
 (SIGSEGV, exit 139, after every test passed; see ``exit_process``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from cluster.runtime import prefer_loopback
+from actors.rayproc import prefer_loopback
 
 # Every test cluster (and `ray start` in test_job_submit) listens on 127.0.0.1 only; set
 # before any test imports ray (see prefer_loopback).
@@ -27,6 +27,6 @@ def pytest_unconfigure(config):
     # Only a whole run of this process, and only once Ray was imported: a pytest embedded in
     # another program (or a run without Ray) ends normally.
     if _status and "ray" in sys.modules and not hasattr(config, "workerinput"):
-        from cluster.runtime import exit_process
+        from actors.rayproc import exit_process
 
         exit_process(_status[-1])

@@ -189,7 +189,7 @@ def ratios(summary: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from cluster.runtime import prefer_loopback
+    from actors.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     import ray
@@ -269,6 +269,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from cluster.runtime import run_main
+    from actors.rayproc import run_main
 
     run_main(main)  # exits without C++ static destructors: see exit_process
