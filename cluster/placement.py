@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from learner.bundles import EPS, fill_bundles, holds  # noqa: F401 (used by the tests too)
+
 
 COORDINATOR_CPUS = 0.1
 
@@ -96,7 +98,6 @@ def check_fits(p: Plan, available: dict[str, float]) -> None:
 # Reservation order: the most constrained role first, so that the generators' soft PACK
 # fills what the learner (one node) and the prior leave, not the other way round.
 ORDER = ("learner", "prior", "generator", "coordinator")
-EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -115,24 +116,6 @@ class Reservation:
             shapes[tuple(b.items())] = shapes.get(tuple(b.items()), 0) + 1
         body = " + ".join(f"{n}x{dict(sh)}" for sh, n in shapes.items())
         return f"{self.role}: {len(self.slots)} actor(s) in {body} {self.strategy} ({self.why})"
-
-
-def holds(capacity: dict[str, float], need: dict[str, float]) -> int:
-    """How many copies of ``need`` fit in ``capacity`` (every resource it asks for)."""
-    counts = [math.floor((capacity.get(k, 0.0) + EPS) / v) for k, v in need.items() if v > 0]
-    return min(counts) if counts else 0
-
-
-def fill_bundles(bundles, per_actor: dict[str, float], count: int, start: int = 0) -> list[int]:
-    """Bundle index of each of ``count`` actors: they fill the bundles from ``start`` in
-    order, each bundle taking as many as it holds (one per bundle for per-actor bundles)."""
-    slots = []
-    for i, b in enumerate(list(bundles)[start:], start):
-        slots += [i] * min(holds(b, per_actor), count - len(slots))
-        if len(slots) == count:
-            return slots
-    raise PlacementError(f"{count} actor(s) of {per_actor} do not fit in bundles "
-                         f"{list(bundles)[start:]}")
 
 
 def _scaled(bundle: dict[str, float], n: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from actors.threads import threads_for
 from actors.types import TrainSample
+from learner.bundles import fill_bundles
 from learner.batch import shard_samples
 from learner.config import LearnerConfig
 
@@ -37,8 +38,6 @@ def rank_options(n_ranks: int, num_cpus: float, num_gpus: float = 0.0, placement
     if placement_group is None:
         return opts
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from cluster.placement import fill_bundles
 
     per_rank = {"CPU": num_cpus, "GPU": num_gpus}
     slots = fill_bundles(placement_group.bundle_specs, per_rank, n_ranks, bundle_offset)

@@ -96,7 +96,7 @@ def test_fill_bundles_one_per_bundle_or_a_nodes_share():
     assert fill_bundles(node, {"CPU": 4, "GPU": 1}, 13) == [0] * 7 + [1] * 6
     assert fill_bundles([{"CPU": 0.5}, {"CPU": 0.25}] * 2, {"CPU": 0.25, "GPU": 0}, 3,
                         start=1) == [1, 2, 2]  # CPU-only ranks; an offset into the group
-    with pytest.raises(PlacementError, match="do not fit"):
+    with pytest.raises(ValueError, match="do not fit"):
         fill_bundles([{"CPU": 4, "GPU": 1}], {"CPU": 4, "GPU": 1}, 2)
 
 
