@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from actors.scheduler import PromptGroup
+from actors.scheduler import PromptInFlight
 from actors.types import PromptRecord, Rollout, TrainSample
 from estimator.core import reward_to_prob
 
@@ -45,12 +45,12 @@ def checked_priors(ps, n: int) -> list[float]:
     return [float(p) for p in ps]
 
 
-def success_rate(grp: PromptGroup, rewards: tuple[float, float]) -> float:
+def success_rate(grp: PromptInFlight, rewards: tuple[float, float]) -> float:
     """Mean reward on the [0, 1] scale: the observed success rate the prior learns from."""
     return float(reward_to_prob(grp.state.vbar, rewards))
 
 
-def group_samples(grp: PromptGroup) -> list[TrainSample]:
+def group_samples(grp: PromptInFlight) -> list[TrainSample]:
     """One TrainSample per observed rollout, advantages from the estimator state."""
     adv = grp.state.advantages()  # (k,) in grp.state.indices() order
     out = []
@@ -61,7 +61,7 @@ def group_samples(grp: PromptGroup) -> list[TrainSample]:
     return out
 
 
-def make_record(grp: PromptGroup) -> PromptRecord:
+def make_record(grp: PromptInFlight) -> PromptRecord:
     """The run's record of a finished prompt (estimator evaluated once)."""
     st = grp.state
     res = st.result()

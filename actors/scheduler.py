@@ -127,7 +127,7 @@ class Finished:
 # -- what the scheduler keeps ------------------------------------------------------------------
 
 @dataclass
-class PromptGroup:
+class PromptInFlight:
     """A prompt in flight: its estimator state, its rollouts by index, when and where."""
 
     uid: str
@@ -170,8 +170,8 @@ class Scheduler:
         self.k_init = estimator.cfg.k_init
         self.alive = [True] * n_generators
         self.load = [0] * n_generators           # outstanding sequences per generator
-        self.groups: dict[str, PromptGroup] = {}  # admitted, not yet handed or dropped
-        self.ready: dict[str, PromptGroup] = {}   # the finished subset of ``groups``
+        self.groups: dict[str, PromptInFlight] = {}  # admitted, not yet handed or dropped
+        self.ready: dict[str, PromptInFlight] = {}   # the finished subset of ``groups``
         self.quota: Counter = Counter()           # deadline -> admissions given it (not
                                                   # returned when trained early)
         self.unfinished: Counter = Counter()      # deadline -> live prompts not finished yet
@@ -183,7 +183,7 @@ class Scheduler:
         self.drops: Counter = Counter()
         self.refills: Counter = Counter()         # deadline -> prompts dropped at it
         self._ids = itertools.count()
-        self._finished: list[PromptGroup] = []    # finished since the last drain_finished()
+        self._finished: list[PromptInFlight] = []    # finished since the last drain_finished()
         self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
         self._taken: int | None = None            # version whose batch the learner took
         self.paused = False
@@ -239,7 +239,7 @@ class Scheduler:
             uid = uids[i] if uids is not None else f"p{next(self._ids)}"
             if uid in self.groups:
                 raise ValueError(f"prompt uid {uid!r} is already in flight")
-            grp = PromptGroup(uid, problem, PromptState(self.est, prior), self.version, d, -1,
+            grp = PromptInFlight(uid, problem, PromptState(self.est, prior), self.version, d, -1,
                               self.clock())
             self.groups[uid] = grp
             self.quota[d] += 1
@@ -249,7 +249,7 @@ class Scheduler:
         return actions
 
     # -- planning ----------------------------------------------------------------------------
-    def _plan(self, grp: PromptGroup) -> list:
+    def _plan(self, grp: PromptInFlight) -> list:
         """Ask the prompt's state what to do now: dispatch, cancel, or finish."""
         st, actions = grp.state, []
         n = st.to_request()
@@ -267,7 +267,7 @@ class Scheduler:
             self._finish(grp)
         return [a for a in actions if a is not None]
 
-    def _pick(self, grp: PromptGroup, n: int, prefer_home: bool) -> int | None:
+    def _pick(self, grp: PromptInFlight, n: int, prefer_home: bool) -> int | None:
         live = [g for g, a in enumerate(self.alive) if a]
         if not live:
             return None
@@ -276,7 +276,7 @@ class Scheduler:
             return grp.home
         return min(live, key=lambda g: (self.load[g], g))
 
-    def _dispatch(self, grp: PromptGroup, indices: tuple[int, ...], priority: int, rnd: int,
+    def _dispatch(self, grp: PromptInFlight, indices: tuple[int, ...], priority: int, rnd: int,
                   prefer_home: bool = True) -> Dispatch | None:
         g = self._pick(grp, len(indices), prefer_home)
         d = Dispatch(f"{grp.uid}/r{next(self._ids)}", grp.uid, indices,
@@ -295,14 +295,14 @@ class Scheduler:
         self.counts["rollouts_dispatched"] += len(d.indices)
         return d
 
-    def _cancel_latest(self, grp: PromptGroup, n: int) -> list[Cancel]:
+    def _cancel_latest(self, grp: PromptInFlight, n: int) -> list[Cancel]:
         """Cancel the ``n`` least advanced outstanding rollouts: the latest dispatched."""
         latest = sorted(grp.state.outstanding_indices(), reverse=True)[:n]
         for index in latest:
             grp.state.cancel(index)
         return self._abort(grp, set(latest))
 
-    def _abort(self, grp: PromptGroup, indices: set[int]) -> list[Cancel]:
+    def _abort(self, grp: PromptInFlight, indices: set[int]) -> list[Cancel]:
         """The engine side of cancelling rollouts ``indices`` (the state already cancelled
         them): their slots free at once, their reports are awaited as cancelled."""
         by_req: dict[str, list[int]] = {}
@@ -407,7 +407,7 @@ class Scheduler:
         return out
 
     # -- finishing and dropping --------------------------------------------------------------
-    def _finish(self, grp: PromptGroup) -> None:
+    def _finish(self, grp: PromptInFlight) -> None:
         grp.t_done = self.clock()
         self._finished.append(grp)
         if not grp.state.keep:
@@ -456,7 +456,7 @@ class Scheduler:
         self._taken = None
         self._recheck.update(self.ready)  # finished samples grew a version older
 
-    def take_batch(self, n: int) -> tuple[list[PromptGroup], list] | None:
+    def take_batch(self, n: int) -> tuple[list[PromptInFlight], list] | None:
         """Prompts to train on at the current version, or None when the learner must wait:
         while a prompt due now is unfinished, or fewer than ``n`` are finished. Returns
         (groups, actions): actions re-generate stale samples found on the way."""
@@ -551,7 +551,7 @@ class Scheduler:
         self.quota.update({int(d): n for d, n in snap["quota"].items()})
         actions = []
         for d in snap["groups"]:
-            grp = PromptGroup(d["uid"], decode_problem(d["problem"]),
+            grp = PromptInFlight(d["uid"], decode_problem(d["problem"]),
                               PromptState.from_dict(self.est, d["state"]),
                               d["admitted_version"], d["deadline"], -1, d["t_admit"],
                               t_done=d["t_done"], regenerations=d["regenerations"],
@@ -577,7 +577,7 @@ class Scheduler:
         return actions
 
     # -- reading -----------------------------------------------------------------------------
-    def drain_finished(self) -> list[PromptGroup]:
+    def drain_finished(self) -> list[PromptInFlight]:
         """Prompts whose rollouts finished since the last call, kept or filtered (the prior
         learns from both)."""
         out, self._finished = self._finished, []

@@ -9,7 +9,7 @@ config's cluster here: ``cluster.nodes`` Ray nodes of ``cluster.gpus_per_node`` 
 groups exactly as a launch does (``cluster.placement.reserve``), starts one tiny probe actor
 per role actor with that actor's resources and bundle (the learner's through
 ``learner.group.rank_options``, the learner's own code), finds the learner's rendezvous the
-way ``LearnerGroup`` does, and reports the node and GPU ids of each. No probe touches a GPU:
+way ``Learner`` does, and reports the node and GPU ids of each. No probe touches a GPU:
 they read Ray's node id and ``ray.get_gpu_ids()``; no vLLM, no DeepSpeed.
 """
 from __future__ import annotations
@@ -120,7 +120,7 @@ class _Probe:
 
 def actor_options(p: Plan, groups: dict, reservations: tuple[Reservation, ...]) -> dict:
     """{role: [Ray options of each actor]}, as the launch starts them (cluster/runtime.py);
-    the learner's from ``learner.group.rank_options``, which ``LearnerGroup`` uses."""
+    the learner's from ``learner.group.rank_options``, which ``Learner`` uses."""
     from cluster.runtime import pg_strategy
     from learner.group import rank_options
 

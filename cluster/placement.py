@@ -137,7 +137,7 @@ def _learner(r: RolePlan, nodes: list[dict[str, float]] | None) -> Reservation:
             f"learner: {r.count} ranks of {r.bundle} need {n} nodes ({sizes} ranks each) but "
             f"only {able} node(s) hold {bundles[0]} (nodes: {_shapes(nodes)}); use fewer ranks "
             "or fewer GPUs per rank")
-    slots = tuple(fill_bundles(bundles, r.bundle, r.count))  # LearnerGroup's rank -> bundle
+    slots = tuple(fill_bundles(bundles, r.bundle, r.count))  # Learner's rank -> bundle
     return Reservation("learner", bundles, "STRICT_SPREAD", slots,
                        f"{r.count} ranks exceed one node: split {sizes} over {n} nodes")
 

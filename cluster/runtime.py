@@ -47,7 +47,7 @@ class Roles:
     generators: list
     learner: object
     prior: object | None = None
-    groups: dict = field(default_factory=dict)
+    placement_groups: dict = field(default_factory=dict)  # role -> Ray placement group
     published: int = 0   # the newest weight version the learner published to the generators
 
     def shutdown(self) -> None:
@@ -57,7 +57,7 @@ class Roles:
             self.learner.shutdown()
         for h in self.generators + ([self.prior] if self.prior is not None else []):
             ray.kill(h, no_restart=True)
-        for pg in self.groups.values():
+        for pg in self.placement_groups.values():
             ray.util.remove_placement_group(pg)
 
 
@@ -90,10 +90,10 @@ def start_generators(cfg, model_path: str, pg) -> list:
 
 
 def start_learner(cfg, model_path: str, pg):
-    from learner.group import LearnerGroup
+    from learner.group import Learner
 
     lp = cfg.learner
-    return LearnerGroup(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
+    return Learner(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
                         placement_group=pg, num_gpus_per_rank=lp.gpus, threads=lp.threads)
 
 
@@ -117,7 +117,7 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
     import ray
 
     groups = reserve(plan)
-    roles = Roles(generators=[], learner=None, groups=groups)
+    roles = Roles(generators=[], learner=None, placement_groups=groups)
     try:
         # Actor constructors run concurrently: engines, prior and DeepSpeed start together.
         roles.generators = start_generators(cfg, model_path, groups["generator"])
@@ -187,7 +187,7 @@ def reset_roles(cfg, roles: Roles, init_dir: str) -> None:
     ray.get(refs)
     if roles.prior is not None:
         ray.kill(roles.prior)
-        roles.prior = start_prior(cfg, roles.groups["prior"])
+        roles.prior = start_prior(cfg, roles.placement_groups["prior"])
         ray.get(roles.prior.ready.remote())
 
 
@@ -235,7 +235,7 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
     sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
     coord = ray.remote(Coordinator).options(
         num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
-        scheduling_strategy=pg_strategy(roles.groups["coordinator"], 0)).remote(
+        scheduling_strategy=pg_strategy(roles.placement_groups["coordinator"], 0)).remote(
         roles.generators, roles.prior, cfg.task, est, sched, sampling, seed=cfg.run.seed,
         version=state.version, prior_timeout_s=cfg.prior.timeout_s,
         request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),

@@ -1,4 +1,4 @@
-"""The V0.5 baseline estimator (pure NumPy). See shared/design/estimator.md and docs/estimator.md."""
+"""The V0.5 baseline estimator (pure NumPy). See docs/estimator.md."""
 from estimator.core import (DEFAULT_COST, DEFAULT_REWARDS, Fusion, bernoulli_sigma2, fuse,
                             noise_bound, plan_batched, prob_to_reward, reward_to_prob,
                             should_continue)

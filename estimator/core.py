@@ -1,6 +1,6 @@
 """The V0.5 baseline estimator: shrinkage fusion, real-time test and OSLA budget.
 
-Implements ``shared/design/estimator.md`` to the letter. Pure NumPy, vectorised: every
+Implements the contract restated in ``docs/estimator.md`` to the letter. Pure NumPy, vectorised: every
 function takes scalars or arrays of one (broadcastable) shape and returns the same shape.
 Notation (per prompt): ``vbar`` empirical mean of ``k`` rewards, ``prior`` the V0 prior on the
 reward scale, ``sigma2`` the per-reward noise variance (bound: (r_hi - r_lo)^2 / 4).

@@ -68,7 +68,7 @@ def rendezvous(rank0: dict) -> Rendezvous:
     return ray.get(ray.remote(_rank0_here).options(**opts).remote())
 
 
-class LearnerGroup:
+class Learner:
     """Creates ``n_ranks`` DeepSpeed ranks as Ray actors and drives them in lockstep.
 
     The ranks meet at rank 0's node (``rendezvous``): with a placement group (the launcher's,

@@ -7,7 +7,7 @@ File format: a stream of msgpack maps, one per finished prompt group::
 
     python -m learner.replay FILE [--model PATH] [--batch-prompts B] [--ranks R] [--steps N]
 
-trains a ``LearnerGroup`` on batches of B consecutive groups (cycling through the file if N
+trains a ``Learner`` on batches of B consecutive groups (cycling through the file if N
 asks for more batches than it holds) and prints one JSON line per step and a summary.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, out=None) -> dict:
     import ray
 
     from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
+    from learner.group import Learner
 
     cfg = LearnerConfig(**json.loads(args.config))
     groups = list(read_groups(args.file))
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace, out=None) -> dict:
     group = None
     try:
         t_init = time.perf_counter()
-        group = LearnerGroup(model, args.ranks, cfg, num_cpus_per_rank=args.cpus_per_rank)
+        group = Learner(model, args.ranks, cfg, num_cpus_per_rank=args.cpus_per_rank)
         init_s = time.perf_counter() - t_init
         history, n_samples, t0 = [], 0, time.perf_counter()
         for batch in batches(groups, args.batch_prompts, steps):

@@ -27,16 +27,18 @@ from bench.sim.metrics import ratios
 from bench.sim.models import SimConfig, from_dict, load_file, parse_overrides
 from bench.sim.study import aims, run_modes, run_sweeps
 
-MAIN = SimConfig(steps=40)
-QUICK = SimConfig(steps=14)
-SWEEP_STEPS = 24
+MAIN = SimConfig(steps=30)
+# A smaller cluster of the same shape (a smoke test of the whole benchmark in about a minute).
+QUICK = SimConfig(steps=12, n_gpus=8, n_generators=4, batch_prompts=256, max_staleness=2)
+SWEEP_STEPS = 20
 PRIOR_SWEEP = ("prompts.prior", ["sd0.05", "sd0.1", "sd0.2", "sd0.3"],
                ["async_v05", "async_grpo_equal_mse"])
 SWEEPS = {
     "prior_quality": PRIOR_SWEEP,
-    "max_staleness": ("max_staleness", [1, 2, 3, 4], ["async_v05", "async_grpo_equal_mse"]),
-    "generator_split": ("n_generators", [12, 16, 20, 24], ["async_v05", "async_grpo_equal_mse"]),
-    "length_sigma": ("length.sigma", [0.5, 0.7, 0.9], list(MODES)),
+    "batch_prompts": ("batch_prompts", [512, 1024, 2048, 4096],
+                      ["sync_grpo16_colocated", "async_v05"]),
+    "max_staleness": ("max_staleness", [2, 4, 6, 8], ["async_v05"]),
+    "generator_split": ("n_generators", [13, 15, 17, 19, 21], ["async_v05"]),
     "plan": ("plan", ["sequential", "batched"], ["sync_v05", "async_v05"]),
 }
 QUICK_SWEEPS = {"prior_quality": ("prompts.prior", ["sd0.1", "sd0.3"], PRIOR_SWEEP[2])}

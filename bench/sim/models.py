@@ -33,7 +33,8 @@ class DecodeModel:
 
     a_s: float = 0.006            # per-step cost independent of batch (weights read, launch)
     b_s: float = 0.0001           # per-sequence cost per step (KV read at ~3k context, compute)
-    max_num_seqs: int = 256       # vLLM's cap on concurrently running sequences per engine
+    max_num_seqs: int = 256       # running sequences per engine: what an H200's KV cache holds
+                                  # at ~2.9k tokens of average context (docs/simulator.md)
     table: tuple | None = None    # ((n, seconds), ...) measured points, n ascending
 
     def __post_init__(self):
@@ -85,7 +86,7 @@ class LengthModel:
     median: float = 2500.0
     sigma: float = 0.7
     prompt_share: float = 0.5
-    max_tokens: int = 8192
+    max_tokens: int = 20480       # DAPO's response length (configs/qwen3-4b-dapo-32gpu.yaml)
     min_tokens: int = 16
     prompt_tokens: int = 256      # trained (not generated) tokens per rollout; prefill is ignored
     file: str | None = None
@@ -205,14 +206,14 @@ class SimConfig:
     prior_gpus: int = 1               # V0.5 only: the V0 prior server's GPU (GRPO has none)
     n_generators: int = 17            # one engine each; learner GPUs = the rest
     gpus_per_generator: int = 1
-    batch_prompts: int = 128          # B: prompts per learner step
+    batch_prompts: int = 2048         # B: prompts per learner step (the shipped 32-GPU config)
     group_size: int = 16              # G of GRPO
     k_init: int = 4                   # V0.5
     k_max: int = 16
     cost: float = 0.0039              # OSLA cost per rollout on the {-1, +1} reward scale
     plan: str = "batched"             # V0.5's rollout plan: "batched" or "sequential"
     max_rounds: int | None = 3        # batched plan: most generation rounds per prompt
-    max_staleness: int = 1            # async: no trained sample older than this (versions)
+    max_staleness: int = 6            # async: no trained sample older than this (versions)
     max_inflight_prompts: int | None = None
     equal_mse_group: int | None = None  # G of async_grpo_equal_mse (set from a V0.5 run)
     steps: int = 40                   # budget: learner steps per mode ...

@@ -103,13 +103,13 @@ def test_nccl_weight_sync_matches_transformers(ray_gpu, gen, tmp_path):
     import ray
 
     from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
+    from learner.group import Learner
     from tasks.policy_model import build_tokenizer, save_policy
 
     before = [r.token_ids for r in _greedy(gen, "nb-")]
     path = tmp_path / "seed1"
     save_policy(_hf_model(1), build_tokenizer(), path)
-    learner = LearnerGroup(str(path), 1, LearnerConfig(dtype="fp32"), num_gpus_per_rank=1)
+    learner = Learner(str(path), 1, LearnerConfig(dtype="fp32"), num_gpus_per_rank=1)
     try:
         learner.connect_weight_sync("nccl", [gen])
         payload, refs = learner.publish_weights([gen], 1)
@@ -139,12 +139,12 @@ def test_nccl_reconnects_a_restarted_generator(ray_gpu, gen, tmp_path):
 
     from cluster.runtime import wait_ready
     from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
+    from learner.group import Learner
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path / "seed2"
     save_policy(_hf_model(2), build_tokenizer(), path)
-    learner = LearnerGroup(str(path), 1, LearnerConfig(dtype="fp32"), num_gpus_per_rank=1)
+    learner = Learner(str(path), 1, LearnerConfig(dtype="fp32"), num_gpus_per_rank=1)
     try:
         learner.connect_weight_sync({"type": "nccl", "timeout_s": 120}, [gen])
         version = ray.get(gen.version.remote()) + 1

@@ -73,13 +73,13 @@ def cfg():
 def groups(ray_cluster, policy_dir, cfg, tmp_path_factory):
     """{'two': 2-rank group, 'one': 1-rank group, 'z3': 2 ranks at ZeRO-3,
     'init': step-0 checkpoint dir}."""
-    from learner.group import LearnerGroup
+    from learner.group import Learner
 
     made = {}
     try:
-        made["two"] = LearnerGroup(policy_dir, 2, cfg, num_cpus_per_rank=CPUS_PER_RANK)
-        made["one"] = LearnerGroup(policy_dir, 1, cfg, num_cpus_per_rank=CPUS_PER_RANK)
-        made["z3"] = LearnerGroup(policy_dir, 2, cfg.model_copy(update={"zero_stage": 3}),
+        made["two"] = Learner(policy_dir, 2, cfg, num_cpus_per_rank=CPUS_PER_RANK)
+        made["one"] = Learner(policy_dir, 1, cfg, num_cpus_per_rank=CPUS_PER_RANK)
+        made["z3"] = Learner(policy_dir, 2, cfg.model_copy(update={"zero_stage": 3}),
                                   num_cpus_per_rank=CPUS_PER_RANK)
         init = tmp_path_factory.mktemp("init_ckpt")
         for name in ("two", "one"):

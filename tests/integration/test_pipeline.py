@@ -155,7 +155,7 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
                    prior={"backend": "constant", "options": {"prior_mean": 1.0}},
                    run={"max_steps": 6, "eval_every": 0}, rollout={"max_staleness": 1})
     ray.kill(fresh["roles"].prior)
-    fresh["roles"].prior = start_prior(cfg, fresh["roles"].groups["prior"])
+    fresh["roles"].prior = start_prior(cfg, fresh["roles"].placement_groups["prior"])
     summary = run(fresh, cfg)
     rows = read_metrics(cfg.run_dir)
     assert METRIC_KEYS <= set(rows[0])

@@ -116,7 +116,7 @@ def test_learner_group_spanning_two_nodes_trains(cluster, tmp_path):
 
     from actors.types import TrainSample
     from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
+    from learner.group import Learner
     from tasks.policy_model import save_random_policy
 
     cfg = paper("learner.ranks=3", "learner.cpus=0.25", "learner.gpus=1")
@@ -129,7 +129,7 @@ def test_learner_group_spanning_two_nodes_trains(cluster, tmp_path):
     try:
         policy = save_random_policy(tmp_path / "policy", seed=0, hidden_size=32,
                                     intermediate_size=64, num_hidden_layers=1)
-        group = LearnerGroup(policy, 3, LearnerConfig(lr=1e-3), num_cpus_per_rank=0.25,
+        group = Learner(policy, 3, LearnerConfig(lr=1e-3), num_cpus_per_rank=0.25,
                              placement_group=pg, num_gpus_per_rank=1)
         where = placement_group_table(pg)["bundles_to_node_id"]
         assert where[0] != where[1]

@@ -119,12 +119,12 @@ def test_learner_rank0_broadcasts_over_gloo(gen, tmp_path):
     import ray
 
     from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
+    from learner.group import Learner
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path / "seed3"
     save_policy(_hf_model(3), build_tokenizer(), path)
-    learner = LearnerGroup(str(path), 1, LearnerConfig(dtype="fp32"), num_cpus_per_rank=0.25)
+    learner = Learner(str(path), 1, LearnerConfig(dtype="fp32"), num_cpus_per_rank=0.25)
     try:
         learner.connect_weight_sync(CFG, [gen])  # a new sender: the worker changes group
         version = ray.get(gen.version.remote()) + 1

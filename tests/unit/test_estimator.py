@@ -1,4 +1,4 @@
-"""The estimator contract (shared/design/estimator.md): sanity facts, properties, slow references."""
+"""The estimator contract (docs/estimator.md): sanity facts, properties, slow references."""
 import itertools
 import json
 import math
