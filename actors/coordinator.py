@@ -41,9 +41,11 @@ class Coordinator:
                  prior_timeout_s: float = 10.0, request_timeout_s: float = 600.0,
                  score_workers: int = 0, score_timeout_s: float = 10.0,
                  overlong: Overlong | None = None, restore: str | None = None,
-                 score_fault: tuple[str, int] = ("none", 0)):
+                 score_fault: tuple[str, int] = ("none", 0), log_path: str | None = None):
+        from actors.logs import to_file
         from tasks import make_task_from_config
 
+        to_file(log_path)
         self.gens = list(generators)
         self.prior, self.prior_timeout_s = prior, prior_timeout_s
         self.request_timeout_s = request_timeout_s

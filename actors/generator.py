@@ -137,7 +137,10 @@ class Generator:
     """A vLLM engine with versioned, in-place weight updates. See the module docstring."""
 
     def __init__(self, model_path: str, index: int, cfg: GeneratorConfig,
-                 cpu_threads: int = 1, cpu_bind: str | None = None):
+                 cpu_threads: int = 1, cpu_bind: str | None = None, log_path: str | None = None):
+        from actors.logs import to_file
+
+        to_file(log_path)  # before vLLM starts: its engine process inherits the redirect
         if not Path(model_path).is_dir():
             raise ValueError(f"generator {index}: model path {model_path!r} is not a directory")
         self.index = index

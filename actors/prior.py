@@ -102,7 +102,11 @@ class PriorServer:
 
     def __init__(self, backend: str = "embedded", options: dict | None = None,
                  window: int = 256, cpu_threads: int = 1, fallback: str | None = "auto",
-                 fallback_options: dict | None = None, budget_s: float | None = DEFAULT_BUDGET_S):
+                 fallback_options: dict | None = None, budget_s: float | None = DEFAULT_BUDGET_S,
+                 log_path: str | None = None):
+        from actors.logs import to_file
+
+        to_file(log_path)
         if int(window) < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
         if int(cpu_threads) < 1:

@@ -258,7 +258,12 @@ class ClusterConfig(Section):
 
 
 class LoggingConfig(Section):
+    """What the run shows and writes besides its outputs."""
+
     tensorboard: bool = Field(False, description="Also write TensorBoard scalars to <run>/tb/.")
+    verbose: bool = Field(False, description=(
+        "Every role's output on the console; by default it goes to <run>/logs/<role>.log and "
+        "the console shows one progress line per step, warnings and errors (with the role)."))
 
 
 class Config(Section):

@@ -7,10 +7,22 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from actors.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from actors.threads import threads_for
 from cluster.placement import Plan, reserve
+
+
+def log_dir(cfg) -> Path | None:
+    """Where the roles' output goes: <run dir>/logs/ (None with logging.verbose: the console,
+    as Ray forwards it)."""
+    return None if cfg.logging.verbose else cfg.run_dir / "logs"
+
+
+def log_path(cfg, role: str) -> str | None:
+    d = log_dir(cfg)
+    return None if d is None else str(d / f"{role}.log")
 
 
 def connect(cfg, plan: Plan) -> bool:
@@ -85,7 +97,7 @@ def start_generators(cfg, model_path: str, pg) -> list:
         handles.append(cls.options(
             num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
             max_concurrency=1024, scheduling_strategy=pg_strategy(pg, i),
-        ).remote(model_path, i, engine_cfg, threads, bind))
+        ).remote(model_path, i, engine_cfg, threads, bind, log_path(cfg, f"generator-{i}")))
     return handles  # not waited for: engines start while the learner starts
 
 
@@ -93,8 +105,10 @@ def start_learner(cfg, model_path: str, pg):
     from learner.group import Learner
 
     lp = cfg.learner
+    logs = log_dir(cfg)
     return Learner(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
-                        placement_group=pg, num_gpus_per_rank=lp.gpus, threads=lp.threads)
+                   placement_group=pg, num_gpus_per_rank=lp.gpus, threads=lp.threads,
+                   log_dir=None if logs is None else str(logs))
 
 
 def start_prior(cfg, pg):
@@ -107,7 +121,8 @@ def start_prior(cfg, pg):
         num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
         scheduling_strategy=pg_strategy(pg, 0),
     ).remote(p.backend, p.options, p.window, threads_for(p.cpus), fallback=p.fallback,
-             fallback_options=p.fallback_options, budget_s=p.server_budget_s)
+             fallback_options=p.fallback_options, budget_s=p.server_budget_s,
+             log_path=log_path(cfg, "prior"))
     return handle
 
 
@@ -240,6 +255,7 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
         version=state.version, prior_timeout_s=cfg.prior.timeout_s,
         request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
         score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state,
-        score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every))
+        score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every),
+        log_path=log_path(cfg, "coordinator"))
     telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
     return coord, telemetry

@@ -78,7 +78,8 @@ class Learner:
 
     def __init__(self, model_path: str, n_ranks: int, cfg: LearnerConfig,
                  num_cpus_per_rank: float = 1.0, placement_group=None, bundle_offset: int = 0,
-                 num_gpus_per_rank: float = 0.0, threads: int | None = None):
+                 num_gpus_per_rank: float = 0.0, threads: int | None = None,
+                 log_dir: str | None = None):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -100,7 +101,8 @@ class Learner:
         actor_cls = ray.remote(LearnerWorker)
         r = self.rendezvous
         self.workers = [actor_cls.options(**o).remote(
-            str(model_path), cfg, rank, n_ranks, r.port, threads, master_addr=r.addr)
+            str(model_path), cfg, rank, n_ranks, r.port, threads, master_addr=r.addr,
+            log_path=None if log_dir is None else f"{log_dir}/learner-{rank}.log")
             for rank, o in enumerate(opts)]
         try:
             ray.get([w.ready.remote() for w in self.workers])

@@ -38,7 +38,11 @@ _SUMS = ("loss", "clip", "approx_kl", "kl", "entropy", "is_weight", "truncated",
 
 class LearnerWorker:
     def __init__(self, model_path: str, cfg: LearnerConfig | dict, rank: int, world_size: int,
-                 master_port: int, num_threads: int = 1, master_addr: str = "127.0.0.1"):
+                 master_port: int, num_threads: int = 1, master_addr: str = "127.0.0.1",
+                 log_path: str | None = None):
+        from actors.logs import to_file
+
+        to_file(log_path)  # DeepSpeed's and torch's chatter: the rank's log file
         import torch
 
         if not isinstance(num_threads, int) or num_threads < 1:
