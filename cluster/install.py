@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--gpu", action="store_true",
                     help="install the CUDA vLLM build and the v0 prior's tabpfn")
+    ap.add_argument("--no-build", action="store_true",
+                    help="skip the one-time builds (DeepSpeed's CPU op, the embedded policy); "
+                         "the first run then does them")
     ap.add_argument("--no-chromium", action="store_true",
                     help="skip Debian's chromium (the run report's browser test then skips)")
     args = ap.parse_args(argv)
@@ -77,8 +80,29 @@ def main(argv: list[str] | None = None) -> int:
                    check=True, cwd=ROOT)
     if not args.no_chromium:
         install_chromium()
+    if not args.no_build:
+        build_once(gpu=args.gpu)
     print(f"install: ok in {time.time() - t0:.0f}s", flush=True)
     return 0
+
+
+BUILDS = {
+    # DeepSpeed's CPU communication op is JIT-compiled on the first gloo run (~1 min).
+    "deepspeed shm comm op": "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; "
+                             "ShareMemCommBuilder().load(verbose=False)",
+    # The embedded policy of the default task (a short supervised warm start, cached).
+    "embedded policy": "from tasks.policy import ensure_default_policy; ensure_default_policy()",
+}
+
+
+def build_once(gpu: bool) -> None:
+    """What a first run would otherwise build, built now (each cached; seconds when done)."""
+    for name, code in BUILDS.items():
+        if gpu and name == "deepspeed shm comm op":
+            continue  # NCCL on GPUs: the CPU op is not used
+        t = time.time()
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+        print(f"install: {name} ready in {time.time() - t:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

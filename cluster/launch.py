@@ -57,7 +57,10 @@ def run(cfg, checked=None) -> dict:
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
         t0 = time.time()
         roles = start_roles(cfg, p, model_path)
-        print(f"actors up in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        up = roles.startup
+        print(f"actors up in {time.time() - t0:.0f}s (learner {up['learner_s']:.0f}s, generators "
+              f"{up['generators_s']:.0f}s" + (f", prior {up['prior_s']:.0f}s" if "prior_s" in up
+                                              else "") + ")", file=sys.stderr, flush=True)
         return Trainer(cfg, roles, task).run()
     finally:
         if roles is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class Roles:
     prior: object | None = None
     placement_groups: dict = field(default_factory=dict)  # role -> Ray placement group
     published: int = 0   # the newest weight version the learner published to the generators
+    startup: dict = field(default_factory=dict)  # seconds from the start to each role's ready
 
     def shutdown(self) -> None:
         import ray
@@ -131,18 +133,29 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
     own roles (coordinator, telemetry) come from ``start_run_roles``."""
     import ray
 
+    t0 = time.perf_counter()
     groups = reserve(plan)
     roles = Roles(generators=[], learner=None, placement_groups=groups)
     try:
-        # Actor constructors run concurrently: engines, prior and DeepSpeed start together.
+        # Actor constructors run concurrently: engines, prior and DeepSpeed start together;
+        # each role's time is measured to its ready answer (the split goes to summary.json).
+        roles.startup["placement_s"] = time.perf_counter() - t0
         roles.generators = start_generators(cfg, model_path, groups["generator"])
         if "prior" in groups:
             roles.prior = start_prior(cfg, groups["prior"])
+        waits = {"generators": [h.ready.remote() for h in roles.generators]}
+        if roles.prior is not None:
+            waits["prior"] = [roles.prior.ready.remote()]
         roles.learner = start_learner(cfg, model_path, groups["learner"])
-        ray.get([h.ready.remote() for h in roles.generators]
-                + ([roles.prior.ready.remote()] if roles.prior is not None else []))
+        roles.startup["learner_s"] = time.perf_counter() - t0
+        for role, refs in waits.items():
+            ray.get(refs)
+            roles.startup[f"{role}_s"] = time.perf_counter() - t0
         # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
         roles.learner.connect_weight_sync(cfg.cluster.weight_sync, roles.generators)
+        roles.startup["engines_s"] = [s["engine_start_s"] for s in
+                                      ray.get([g.stats.remote() for g in roles.generators])]
+        roles.startup["total_s"] = time.perf_counter() - t0
     except BaseException:
         roles.shutdown()
         raise

@@ -174,6 +174,7 @@ class Trainer:
                               time.time() - self.t_start, initial, self.final,
                               {**generator_delta(gen0, gen_end), "t_start": self.t_start,
                                "resumed_from": self.state.resumed_from,
+                               "startup": dict(self.roles.startup),
                                "skipped_checkpoints": self.state.skipped_checkpoints,
                                "generators": per_generator(gen0, gen_end, peaks),
                                "decode_peak_tokens_per_s": sum(peaks) if peaks else None})
