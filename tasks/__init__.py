@@ -56,7 +56,7 @@ class TaskConfig(BaseModel):
     reward_high: float = Field(1.0, description="Reward of a correct answer (r_hi).")
     difficulties: list[int] = Field(default_factory=lambda: [1, 2, 3, 4], description=(
         "stepwise and arithmetic: difficulty levels to draw problems from, spread evenly "
-        "(1 = easiest). stepwise: the number of steps, 1: 1-2, 2: 3-5, 3: 6-10, 4: 11-20; "
+        "(1 = easiest). stepwise: the number of steps, 1: 1-2, 2: 3-4, 3: 5-10, 4: 11-20; "
         "arithmetic: operand digits and operators (tasks/arithmetic.py LEVELS)."))
     path: str | None = Field(None, description="math_jsonl: the JSONL dataset (train split).")
     heldout_path: str | None = Field(None, description=(

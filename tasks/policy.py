@@ -1,55 +1,79 @@
-"""The embedded default policy: a tiny char-level Llama warm-started on arithmetic.
+"""The embedded policies: tiny char-level Llamas warm-started on a task, built offline.
 
-No download: ``ensure_default_policy()`` builds it deterministically the first time (random
-init of ``tasks.policy_model.build_config()``, then a short supervised warm start on the
-arithmetic train split) and caches it under ``<cache>/policy/<recipe-hash>/``. The warm start
-is deliberately short, so that held-out accuracy starts in a middle range that varies with
-difficulty: RL then has signal to learn from and a prior has something to predict.
+No download: ``ensure_default_policy(task=...)`` builds a task's policy deterministically the
+first time (random init of ``tasks.policy_model.build_config(**arch)``, then a short
+supervised warm start) and caches it under ``<cache>/policy/<recipe-hash>/``. ``POLICIES``
+maps a task name to its recipe; without ``task`` the default task's (``tasks.DEFAULT_TASK``,
+the stepwise reasoning task of ``tasks/stepwise_policy.py``) is built. The arithmetic policy
+(``tasks/arithmetic_policy.py``) answers bare arithmetic in 2-5 tokens.
 
-``python -m tasks.policy`` builds (or finds) it and prints held-out accuracy by difficulty.
+Each warm start is deliberately imperfect, so that sampled accuracy starts in a middle range
+that varies with difficulty: RL then has signal to learn from and a prior has something to
+predict.
+
+``python -m tasks.policy [--task NAME]`` builds (or finds) a policy and measures it
+(``tasks/policy_eval.py``).
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import arithmetic
-from tasks.base import Problem, Task
-from tasks.policy_model import CHARS, DEFAULT_ARCH, EOS, PAD, SPECIALS, vocab
+from tasks import DEFAULT_TASK, arithmetic, arithmetic_policy, stepwise, stepwise_policy
+from tasks.policy_model import CHARS, SPECIALS
 
 
-# Every constant that changes the built weights. Any change here (or in the architecture,
-# vocabulary, difficulty levels or split) changes the hash, so the cache rebuilds. Bump
-# `version` when the training code itself changes.
-RECIPE = dict(
-    version=1,
-    seed=1,
-    steps=1500,
-    batch_size=64,
-    lr=1e-3,
-    min_lr=1e-4,
-    warmup_steps=50,
-    weight_decay=0.01,
-    difficulties=[1, 2, 3, 4],
-    # One thread: bitwise-reproducible on a given torch build, and much faster than two OpenMP
-    # threads when the two cores are shared with other processes (measured 3-8x).
-    threads=1,
-)
+@dataclass(frozen=True)
+class PolicyRecipe:
+    """How one task's embedded policy is built.
+
+    ``recipe``: the training constants (hashed; ``ensure_default_policy(recipe=...)``
+    replaces them); ``arch``: ``build_config`` overrides; ``facts``: the task's definition
+    that the weights depend on (levels, split, trace format; hashed); ``warm_start(model,
+    recipe, log) -> final loss``; ``max_tokens``: the response budget a generator should
+    allow this policy.
+    """
+
+    task: str
+    recipe: dict
+    arch: dict
+    facts: Callable[[], dict]
+    warm_start: Callable
+    max_tokens: int
 
 
-def recipe_hash(recipe: dict = RECIPE) -> str:
-    spec = dict(recipe=recipe, arch=DEFAULT_ARCH, vocab=SPECIALS + CHARS,
-                levels={k: asdict(v) for k, v in arithmetic.LEVELS.items()},
-                split=[arithmetic.SPLIT_SALT, arithmetic.HELDOUT_FRACTION])
+def _registered(module, task: str) -> PolicyRecipe:
+    return PolicyRecipe(task=task, recipe=module.RECIPE, arch=module.ARCH, facts=module.facts,
+                        warm_start=module.warm_start, max_tokens=module.MAX_TOKENS)
+
+
+ARITHMETIC = _registered(arithmetic_policy, arithmetic.ArithmeticTask.name)
+STEPWISE = _registered(stepwise_policy, stepwise.StepwiseTask.name)
+POLICIES: dict[str, PolicyRecipe] = {p.task: p for p in (ARITHMETIC, STEPWISE)}
+
+
+def policy_recipe(task: str | None = None) -> PolicyRecipe:
+    """The registered recipe of ``task`` (default: ``tasks.DEFAULT_TASK``)."""
+    task = DEFAULT_TASK if task is None else task
+    if task not in POLICIES:
+        raise ValueError(f"no embedded policy for task {task!r}; tasks with one: {sorted(POLICIES)}")
+    return POLICIES[task]
+
+
+def recipe_hash(recipe: dict | None = None, *, task: str | None = None) -> str:
+    """The cache key of ``task``'s policy built with ``recipe`` (default: the registered one)."""
+    pr = policy_recipe(task)
+    recipe = pr.recipe if recipe is None else recipe
+    # The arithmetic spec is the one of the single-policy days, so its cached builds stay valid.
+    spec = dict(recipe=recipe, arch=pr.arch, vocab=SPECIALS + CHARS, **pr.facts())
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -59,17 +83,21 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("V05_CACHE") or Path.home() / ".cache" / "v05rl")
 
 
-def ensure_default_policy(cache_dir: str | Path | None = None, *, recipe: dict | None = None,
+def ensure_default_policy(cache_dir: str | Path | None = None, *, task: str | None = None,
+                          recipe: dict | None = None,
                           log: Callable[[str], None] | None = None) -> Path:
-    """Path of the cached default policy checkpoint, building it first if needed.
+    """Path of ``task``'s cached embedded policy checkpoint, building it first if needed.
 
+    ``task`` defaults to ``tasks.DEFAULT_TASK``; the path is
+    ``<cache_dir or $V05_CACHE or ~/.cache/v05rl>/policy/<recipe_hash(recipe, task=task)>``.
     Safe under concurrency: one caller builds while the others wait on a file lock, and the
     checkpoint appears atomically (built in a temporary directory, then renamed). ``recipe``
-    overrides ``RECIPE`` (tests build tiny variants; the hash keeps them apart).
+    replaces the registered recipe (tests build tiny variants; the hash keeps them apart).
     """
-    recipe = RECIPE if recipe is None else recipe
+    pr = policy_recipe(task)
+    recipe = pr.recipe if recipe is None else recipe
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / "policy" / recipe_hash(recipe)
+    final = root / "policy" / recipe_hash(recipe, task=pr.task)
     if (final / "recipe.json").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +108,7 @@ def ensure_default_policy(cache_dir: str | Path | None = None, *, recipe: dict |
         tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            build_policy(tmp, recipe, log=log or _print)
+            build_policy(tmp, recipe, task=pr.task, log=log or _print)
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -91,146 +119,40 @@ def _print(msg: str) -> None:
     print(f"[tasks.policy] {msg}", file=sys.stderr, flush=True)
 
 
-def build_policy(out_dir: Path, recipe: dict = RECIPE,
+def build_policy(out_dir: Path, recipe: dict | None = None, *, task: str | None = None,
                  log: Callable[[str], None] = _print) -> dict:
-    """Random init + supervised warm start, saved to ``out_dir``. Returns the build stats."""
+    """Random init + supervised warm start of ``task``'s policy, saved to ``out_dir``.
+    Returns the build stats (also written to ``recipe.json``, last: the build is complete)."""
     import torch
     from transformers import LlamaForCausalLM
 
     from tasks.policy_model import build_config, build_tokenizer, save_policy
 
+    pr = policy_recipe(task)
+    recipe = pr.recipe if recipe is None else recipe
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe["threads"])
     try:
         t0 = time.time()
         torch.manual_seed(recipe["seed"])
-        model = LlamaForCausalLM(build_config())
-        final_loss = warm_start(model, recipe, log)
+        model = LlamaForCausalLM(build_config(**pr.arch))
+        final_loss = pr.warm_start(model, recipe, log)
         elapsed = time.time() - t0
     finally:
         torch.set_num_threads(threads)
-    save_policy(model, build_tokenizer(), out_dir)
-    stats = dict(recipe=recipe, recipe_hash=recipe_hash(recipe), final_loss=final_loss,
-                 train_seconds=round(elapsed, 1))
+    save_policy(model, build_tokenizer(pr.arch["max_position_embeddings"]), out_dir)
+    stats = dict(task=pr.task, recipe=recipe, recipe_hash=recipe_hash(recipe, task=pr.task),
+                 final_loss=final_loss, train_seconds=round(elapsed, 1),
+                 max_tokens=pr.max_tokens)
     (out_dir / "recipe.json").write_text(json.dumps(stats, indent=2))  # written last: "complete"
     log(f"saved {out_dir} ({elapsed:.1f}s)")
     return stats
 
 
-def encode_batch(problems: Sequence[Problem]):
-    """Teacher-forcing tensors for prompt + answer + EOS, loss on the answer and EOS only.
-
-    Returns input_ids, attention_mask, labels, each (B, T) with right padding; labels are
-    -100 on the prompt and the padding.
-    """
-    import torch
-
-    v = vocab()
-    seqs, labels = [], []
-    for p in problems:
-        prompt = [v[c] for c in p.prompt]
-        answer = [v[c] for c in p.answer] + [v[EOS]]
-        seqs.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
-    t = max(map(len, seqs))
-    ids = torch.tensor([s + [v[PAD]] * (t - len(s)) for s in seqs])
-    lab = torch.tensor([s + [-100] * (t - len(s)) for s in labels])
-    mask = (torch.arange(t)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
-    return ids, mask, lab
-
-
-def _lr_at(step: int, recipe: dict) -> float:
-    """Linear warmup, then cosine decay from lr to min_lr."""
-    if step < recipe["warmup_steps"]:
-        return recipe["lr"] * (step + 1) / recipe["warmup_steps"]
-    frac = (step - recipe["warmup_steps"]) / max(1, recipe["steps"] - recipe["warmup_steps"])
-    return recipe["min_lr"] + 0.5 * (recipe["lr"] - recipe["min_lr"]) * (1 + math.cos(math.pi * frac))
-
-
-def warm_start(model, recipe: dict, log: Callable[[str], None]) -> float:
-    """AdamW with teacher forcing on the arithmetic train stream; returns the last loss."""
-    import torch
-
-    stream = arithmetic.train_stream(recipe["seed"], recipe["difficulties"])
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"],
-                            weight_decay=recipe["weight_decay"])
-    model.train()
-    t0, loss_avg = time.time(), None
-    for step in range(recipe["steps"]):
-        ids, mask, labels = encode_batch([next(stream) for _ in range(recipe["batch_size"])])
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, recipe)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
-        if step % 100 == 0 or step == recipe["steps"] - 1:
-            log(f"step {step + 1}/{recipe['steps']} loss {loss_avg:.3f} "
-                f"elapsed {time.time() - t0:.1f}s")
-    model.eval()
-    return float(loss_avg)
-
-
-def generate(model, tokenizer, prompts: Sequence[str], *, temperature: float = 0.0,
-             max_new_tokens: int = 8, batch_size: int = 256) -> list[str]:
-    """Completions (special tokens stripped) with transformers' ``generate``; greedy at T=0."""
-    import torch
-
-    tokenizer.padding_side = "left"  # decoder-only batch generation needs left padding
-    out: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        enc = tokenizer(list(prompts[i:i + batch_size]), return_tensors="pt", padding=True,
-                        add_special_tokens=False)
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) \
-            if temperature > 0 else dict(do_sample=False)
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id, **sampling)
-        new = gen[:, enc["input_ids"].shape[1]:]  # (B, <= max_new_tokens)
-        out += tokenizer.batch_decode(new, skip_special_tokens=True)
-    return out
-
-
-def evaluate_accuracy(model_path: str | Path, problems: Sequence[Problem], *,
-                      task: Task | None = None, temperature: float = 0.0, seed: int = 0,
-                      max_new_tokens: int = 8) -> dict:
-    """Fraction of ``problems`` solved, overall and by difficulty.
-
-    Returns ``{"overall": float, "by_difficulty": {level: float}, "unparsed": float}``.
-    ``task`` scores the completions (default: arithmetic).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    task = task or arithmetic.ArithmeticTask()
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    torch.manual_seed(seed)
-    texts = generate(model, tokenizer, [p.prompt for p in problems],
-                     temperature=temperature, max_new_tokens=max_new_tokens)
-    verdicts = [task.score(p, t) for p, t in zip(problems, texts)]
-    solved: dict[int, list[bool]] = {}
-    for p, v in zip(problems, verdicts):
-        solved.setdefault(p.difficulty, []).append(v.reward == task.rewards[1])
-    n = max(1, len(problems))
-    return dict(overall=sum(sum(s) for s in solved.values()) / n,
-                by_difficulty={d: sum(s) / len(s) for d, s in sorted(solved.items())},
-                unparsed=sum(not v.parsed for v in verdicts) / n)
-
-
 def main() -> None:
-    t0 = time.time()
-    path = ensure_default_policy()
-    print(f"policy: {path} (ready in {time.time() - t0:.1f}s)")
-    heldout = arithmetic.ArithmeticTask(n_heldout=200).heldout()  # 50 per level
-    for temperature in (0.0, 1.0):
-        acc = evaluate_accuracy(path, heldout, temperature=temperature)
-        levels = "  ".join(f"L{d}={a:.2f}" for d, a in acc["by_difficulty"].items())
-        print(f"held-out accuracy T={temperature:.0f}: overall={acc['overall']:.3f}  {levels}  "
-              f"unparsed={acc['unparsed']:.3f}")
+    from tasks.policy_eval import main as measure
+
+    measure()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""The embedded default policy's shape: a character tokenizer and a tiny Llama config.
+"""The embedded policies' shape: a character tokenizer and a tiny Llama config.
 
 Kept apart from the warm-start code (``tasks/policy.py``) so that tests and actors can build
 a random policy of the same shape in a second, without training. Heavy imports are local.
+Each task's recipe may override ``DEFAULT_ARCH`` (the stepwise policy needs more positions).
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
 
 
-def build_tokenizer():
-    """A ``PreTrainedTokenizerFast`` with one token per character (vLLM and HF both load it)."""
+def build_tokenizer(max_length: int = DEFAULT_ARCH["max_position_embeddings"]):
+    """A ``PreTrainedTokenizerFast`` with one token per character (vLLM and HF both load it);
+    ``max_length`` is the model's context (its ``max_position_embeddings``)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -34,7 +36,7 @@ def build_tokenizer():
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
                                    unk_token=UNK, pad_token=PAD)
-    fast.model_max_length = DEFAULT_ARCH["max_position_embeddings"]
+    fast.model_max_length = max_length
     return fast
 
 

@@ -43,12 +43,12 @@ class LevelSpec:
 
 
 # Step counts grow about geometrically, so that with levels spread evenly the response
-# lengths have a long tail (the longest 5% about 3.3x the median; tests/unit/test_stepwise.py).
+# lengths have a long tail (the longest 5% about 3.8x the median; tests/unit/test_stepwise.py).
 LEVELS: dict[int, LevelSpec] = {
-    1: LevelSpec(steps=(1, 2)),     # 20-32 characters; 3,200 problems in all
-    2: LevelSpec(steps=(3, 5)),     # 42-65
-    3: LevelSpec(steps=(6, 10)),    # 76-131
-    4: LevelSpec(steps=(11, 20)),   # 142-241; 16,000 problems
+    1: LevelSpec(steps=(1, 2)),     # 21-32 characters; 3,200 problems in all
+    2: LevelSpec(steps=(3, 4)),     # 43-54; 3,200
+    3: LevelSpec(steps=(5, 10)),    # 65-131; 9,600
+    4: LevelSpec(steps=(11, 20)),   # 142-241; 16,000
 }
 MODULUS = 100        # two-digit values that wrap around: 97+8=05, 03-8=95
 STEP_SIZES = range(2, 10)
