@@ -38,29 +38,61 @@ def head(tmp_path):
     url = f"http://127.0.0.1:{dash}"
     deadline = time.time() + 120
     while time.time() < deadline:
-        ok = subprocess.run(["ray", "job", "list", "--address", url], capture_output=True,
-                            env=env).returncode == 0
+        # Ready when a trivial job runs: the job agent can lag the dashboard by seconds
+        # ("No available agent to submit job"), and Ray answers at once rather than waiting.
+        ok = subprocess.run(["ray", "job", "submit", "--address", url, "--", "true"],
+                            capture_output=True, env=env).returncode == 0
         if ok:
             break
         time.sleep(2)
     else:
         os.killpg(proc.pid, signal.SIGTERM)
         pytest.fail("ray head did not come up: " + (tmp_path / "head.log").read_text()[-2000:])
-    yield url, env
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    def stop():
+        """Stop the cluster we started (its process group), once."""
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        shutil.rmtree(ray_tmp, ignore_errors=True)  # Ray's session files go with it
+
+    yield url, env, stop
+    stop()
 
 
-def test_job_submit_runs_a_short_training(head, tmp_path):
-    url, env = head
-    out = tmp_path / "runs"
-    cmd = ["ray", "job", "submit", "--address", url, "--working-dir", str(ROOT), "--",
+PROMISED = ("config.yaml", "metrics.jsonl", "prompts.jsonl", "dropped.jsonl", "summary.json",
+            "inflight_at_end.json", "report.html", "checkpoints/latest", "final/config.json",
+            "logs/coordinator.log", "logs/generator-0.log", "logs/learner-0.log")
+
+
+def test_a_job_keeps_its_outputs_at_the_printed_path_after_the_cluster_stops(head, tmp_path):
+    """The user's own path: a relative run.output_dir under `ray job submit --working-dir`
+    must not land in Ray's temporary copy of the working directory but under the durable
+    output root (here V05_OUTPUT_ROOT, a test directory; without it ~/v05rl-runs, unit-tested
+    in test_paths). The cluster is then stopped and every promised output is found where the
+    job said it would be."""
+    url, env, stop = head
+    root = tmp_path / "outputs"
+    runtime_env = json.dumps({"env_vars": {"V05_OUTPUT_ROOT": str(root)}})
+    cmd = ["ray", "job", "submit", "--address", url, "--working-dir", str(ROOT),
+           "--runtime-env-json", runtime_env, "--",
            sys.executable, "-m", "cluster.launch", "v05.yaml", "run.max_steps=1",
-           "run.name=job", f"run.output_dir={out}", "run.eval_every=0",
-           "generators.count=1", "rollout.batch_prompts=2", "algo.k_init=2", "algo.k_max=2"]
+           "run.name=job", "run.eval_every=0", "generators.count=1",
+           "rollout.batch_prompts=2", "algo.k_init=2", "algo.k_max=2"]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "succeeded" in (res.stdout + res.stderr).lower()
-    summary = json.loads((out / "job" / "summary.json").read_text())
+    logs = res.stdout + res.stderr
+    assert res.returncode == 0, logs[-3000:]
+    assert "succeeded" in logs.lower()
+    printed = {line.split("run directory: ", 1)[1].strip() for line in logs.splitlines()
+               if "run directory: " in line}
+    assert len(printed) == 1, printed  # printed at the start and at the end, the same path
+    run_dir = Path(printed.pop())
+    assert run_dir == root / "runs" / "job"
+    assert "working_dir_files" not in str(run_dir)
+    # The console stayed quiet: engine start-up went to the log files.
+    assert "Loading safetensors checkpoint shards" not in logs
+    stop()  # the cluster and its session files are gone; the outputs must not be
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["policy_version"] == 1
+    missing = [name for name in PROMISED if not (run_dir / name).exists()]
+    assert missing == [], missing
