@@ -1,8 +1,10 @@
-"""python -m bench.gpu_check [--tiny] [--memory-cpu] [--out DIR] [--deadline-s S]
+"""python -m bench.gpu_check [--tiny] [--memory-cpu] [--plan CONFIG] [--out DIR] [--deadline-s S]
 
 Default: on CUDA, the Qwen3-4B checks (writes gpu_check.json); without CUDA the tiny ones.
 --memory-cpu: the CPU memory measurements and the memory plan projected from them (writes
 gpu_check_memory_cpu.json); with --tiny, small sizes (a smoke test of that code path).
+--plan CONFIG: the projected per-GPU memory of CONFIG's learner on the Qwen3-4B shape, from
+the measurements already in DIR/gpu_check_memory_cpu.json (prints it; measures nothing).
 A failed check is recorded in the JSON (``errors``) and makes the exit status 1.
 """
 from __future__ import annotations
@@ -69,8 +71,11 @@ def device_checks(mode: str, deadline_s: float) -> dict:
             _log(f"{name} ...")
             t = time.perf_counter()
             try:
-                out[name] = isolated(fn, *args)
+                out[name] = isolated(checks.noting_imports, fn, *args)
                 _log(f"{name}: {json.dumps(out[name])}")
+                if out[name]["loaded_not_needed"]:
+                    out["errors"][name] = (f"loaded {out[name]['loaded_not_needed']}: the check "
+                                           f"must need only torch, transformers and DeepSpeed")
             except Exception as err:  # recorded, the run goes on to the next check
                 out["errors"][name] = "".join(traceback.format_exception_only(err)).strip()
                 _log(f"{name} FAILED: {out['errors'][name]}")
@@ -140,9 +145,28 @@ def memory_cpu(size: str) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    import torch
+def plan_config(config: str, measured: Path) -> dict:
+    """The projected peak memory of one GPU of ``config``'s learner (``plan.config_memory``)
+    on the Qwen3-4B shape, the width the CPU measurements in ``measured`` were taken at."""
+    from bench.gpu_check.plan import config_memory
+    from bench.gpu_learner import SHAPES
+    from cluster.config import load_config
 
+    cfg = load_config(config)
+    inputs = json.loads(measured.read_text())["plan_inputs"]
+    qwen = SHAPES["qwen3-4b"]
+    gib = config_memory(cfg, qwen, count_params(qwen), inputs["layer_work_bytes_per_token_bf16"],
+                        inputs["logprob_bytes_per_chunk_element_bf16_assumed"])
+    o = cfg.optim
+    return {"projection": True, "measured_inputs": str(measured), "config": config,
+            "shape": "qwen3-4b", "ranks": cfg.learner.ranks, "zero_stage": o.zero_stage,
+            "micro_batch_tokens": o.micro_batch_tokens,
+            "max_model_len": cfg.generators.engine.max_model_len,
+            "logprob_chunk_tokens": o.logprob_chunk_tokens,
+            "gib": {k: round(v, 2) for k, v in gib.items()}}
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results")
@@ -151,7 +175,16 @@ def main(argv: list[str] | None = None) -> dict:
                     help="CPU memory measurements and the memory plan, instead of the checks")
     ap.add_argument("--deadline-s", type=float, default=480.0,
                     help="skip checks not started within this many seconds")
+    ap.add_argument("--plan", metavar="CONFIG",
+                    help="print the projected learner memory of CONFIG (a run config) from "
+                         "OUT/gpu_check_memory_cpu.json; measures nothing")
     a = ap.parse_args(argv)
+    if a.plan:
+        out = plan_config(a.plan, Path(a.out) / "gpu_check_memory_cpu.json")
+        print(json.dumps(out, indent=1))
+        return out
+    import torch
+
     argv_used = argv if argv is not None else sys.argv[1:]
     out = {**_env(), "command": "python -m bench.gpu_check " + " ".join(argv_used)}
     if a.memory_cpu:

@@ -19,6 +19,18 @@ import time
 from pathlib import Path
 
 GIB = 2 ** 30
+# The device check needs PyTorch, transformers and DeepSpeed only: it must run on a lent GPU
+# machine where no Ray cluster or vLLM build is set up.
+NOT_NEEDED = ("ray", "vllm")
+
+
+def noting_imports(fn, *args) -> dict:
+    """fn(*args), and which modules of ``NOT_NEEDED`` its process had loaded by the end
+    (``loaded_not_needed``; ``python -m bench.gpu_check`` counts any as a failed check)."""
+    import sys
+
+    out = fn(*args)
+    return {**out, "loaded_not_needed": sorted(m for m in NOT_NEEDED if m in sys.modules)}
 
 
 def _device():

@@ -1,6 +1,7 @@
 """The learner's memory plan: a per-GPU peak-memory projection from arithmetic and measurements.
 
     learner_memory(shape, n_params, gpus=8, zero_stage=3, tokens=20480, ...) -> {term: GiB}
+    config_memory(cfg, shape, n_params, layer_work_bytes_per_token) -> the same, for a run config
 
 A PROJECTION, not a measurement: every term is a formula (written next to it) whose only
 measured inputs are the per-token working memory of one decoder layer (measured on the CPU,
@@ -87,3 +88,22 @@ def memory_plan(shape: dict, n_params: int, layer_work_bytes_per_token: float,
                 rows.append({"tokens": tokens, "zero_stage": stage, "packed": packed,
                              "gpus": 8, **{k: round(v, 2) for k, v in m.items()}})
     return rows
+
+
+def config_memory(cfg, shape: dict, n_params: int, layer_work_bytes_per_token: float,
+                  logprob_bytes_per_element: float = 10.0) -> dict:
+    """``learner_memory`` for the learner of a run config (``cluster.config.Config``): ZeRO
+    shards the states over ``learner.ranks``; the micro-batch is the most tokens one can hold:
+    ``optim.micro_batch_tokens``, or one sample of ``generators.engine.max_model_len`` tokens
+    when that is longer (a sample over the budget trains alone), or without a budget
+    ``micro_batch_size`` such samples; packed when the budget holds more than one response."""
+    o, max_len = cfg.optim, cfg.generators.engine.max_model_len
+    if not o.gradient_checkpointing:
+        raise ValueError("the plan assumes gradient checkpointing (optim.gradient_checkpointing)")
+    budget = o.micro_batch_tokens if o.micro_batch_tokens is not None else (
+        o.micro_batch_size * max_len)
+    return learner_memory(shape, n_params, gpus=cfg.learner.ranks, zero_stage=o.zero_stage,
+                          tokens=max(budget, max_len), chunk=o.logprob_chunk_tokens,
+                          packed=o.micro_batch_size > 1,
+                          layer_work_bytes_per_token=layer_work_bytes_per_token,
+                          logprob_bytes_per_element=logprob_bytes_per_element)

@@ -38,6 +38,8 @@ def test_gpu_check_tiny_runs_every_check(tmp_path):
     out = main(["--tiny", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "gpu_check_tiny.json").read_text())
     assert saved["errors"] == {} and saved["mode"] == "tiny"
+    for check in ("learner", "logprob", "decoupled"):  # torch, transformers, DeepSpeed only
+        assert saved[check]["loaded_not_needed"] == [], check
     runs = saved["learner"]["runs"]
     assert [r["resp_len"] for r in runs] == saved["sizes"]["resp_lens"]
     for r in runs:  # one response per micro-batch: the token budget is one response
