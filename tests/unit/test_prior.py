@@ -319,6 +319,23 @@ def test_auto_fallback_is_the_embedded_prior_when_it_can_be_built(encoder):
         u.predict(["q"])
 
 
+def test_a_backend_past_its_budget_is_answered_by_the_embedded_prior(encoder):
+    """The published V0 stuck on its GPU (here a backend that never answers) past the server's
+    budget: with the default fallback the embedded prior answers, counted as a timeout."""
+    s = PriorServer("test-stuck", {}, fallback_options={"encoder": encoder}, budget_s=0.2)
+    try:
+        assert s.stats()["fallback"] == "embedded"
+        s.observe([(p, 0.9, 0) for p in EASY[:-4]] + [(p, 0.1, 0) for p in HARD[:-4]])
+        p = s.predict(EASY[-4:] + HARD[-4:])
+        assert auc(p, [1] * 4 + [0] * 4) == 1.0             # the embedded prior's ranking
+        st = s.stats()
+        assert st["fallbacks"] == {"timeout": 1, "error": 0}
+        assert "test-stuck: no answer within 0.2 s" in st["last_fallback"]
+    finally:
+        s.backend.release.set()
+    s._job.result(timeout=60)
+
+
 # -- the CLI -----------------------------------------------------------------------------------
 def _cli(*args, cwd=REPO, module="actors.prior"):
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
