@@ -29,6 +29,21 @@ def _replace_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
+    """The checkpoints ``run.resume=true`` continues from, or FileNotFoundError saying where
+    none was found. The run directory is absolute (``cluster.paths``): on a cluster, shared
+    storage mounted at the same path on the driver's node and on the learner ranks' nodes,
+    which wrote the checkpoints."""
+    ckpts = Checkpoints(Path(run_dir) / "checkpoints", keep)
+    if not ckpts.tags():
+        why = ("the run directory does not exist" if not Path(run_dir).is_dir() else
+               "no whole checkpoint in it" + (" (only an interrupted save)"
+                                              if (ckpts.root / ".staging").is_dir() else ""))
+        raise FileNotFoundError(f"run.resume=true but {why}: {ckpts.root} (run.output_dir and "
+                                "run.name must name the stopped run's directory)")
+    return ckpts
+
+
 class Checkpoints:
     def __init__(self, root: Path, keep: int = 2):
         if keep < 1:

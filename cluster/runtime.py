@@ -225,14 +225,12 @@ def resume_state(cfg, roles: Roles) -> RunState:
     the run continues its counters and its admitted prompts."""
     import ray
 
-    from cluster.checkpoints import Checkpoints
+    from cluster.checkpoints import resumable
 
     served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
     if not cfg.run.resume:
         return RunState(version=served)
-    ckpts = Checkpoints(cfg.run_dir / "checkpoints", cfg.run.keep_checkpoints)
-    if not ckpts.tags():
-        raise FileNotFoundError(f"run.resume=true but no checkpoint under {ckpts.root}")
+    ckpts = resumable(cfg.run_dir, cfg.run.keep_checkpoints)
     tag, st, run_state, skipped = ckpts.load(roles.learner)
     # Generators that outlived the run hold a newer version: publish over theirs.
     version = max(st["policy_version"], served + 1)
