@@ -36,8 +36,18 @@ class RunConfig(Section):
     save_final: bool = Field(True, description=(
         "At the end, save the trained policy in Hugging Face format to <run dir>/final."))
     max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
+    max_train_s: float | None = Field(None, gt=0, description=(
+        "Also stop at the end of the step that brings training wall-clock (evaluations "
+        "excluded) to this many seconds; None: max_steps alone decides. Runs compared on the "
+        "same wall-clock budget (bench.learning) use it."))
     seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
-    eval_every: int = Field(5, ge=0, description="Held-out evaluation every N steps (0: never).")
+    eval_every: int = Field(5, ge=0, description=(
+        "Held-out evaluation every N steps, and after the last step (0: never, unless "
+        "eval_every_s)."))
+    eval_every_s: float = Field(0.0, ge=0, description=(
+        "Also evaluate after the step that brings training wall-clock since the last "
+        "evaluation to this many seconds (0: by steps only): curves against time with even "
+        "spacing whatever a step costs."))
     eval_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation.")
     eval_samples: int = Field(4, ge=0, description=(
         "Sampled answers per held-out prompt (at rollout.temperature) besides the greedy one; "

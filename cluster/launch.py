@@ -102,13 +102,28 @@ def main(argv=None) -> int:
     print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s "
           f"({summary['train_wall_time_s']:.0f}s training, {summary['eval_time_s']:.0f}s "
           f"evaluating); {summary['prompts_trained']} prompts trained")
-    if summary.get("eval_accuracy_final") is not None:
-        a0, a1 = summary["eval_accuracy_initial"], summary["eval_accuracy_final"]
-        print(f"held-out {summary['eval_metric']} accuracy: "
-              + (f"{a0:.3f} -> " if a0 is not None else "")
-              + f"{a1:.3f} +- {summary['eval_accuracy_se']:.3f}")
+    for line in accuracy_lines(summary):
+        print(line)
     print(f"run directory: {cfg.run_dir}", flush=True)
     return 0
+
+
+def accuracy_lines(summary: dict) -> list[str]:
+    """'held-out <metric> accuracy: start +- se -> end +- se (+n SE)' for the headline metric
+    first, then the other one."""
+    metric = summary.get("eval_metric")
+    out = []
+    for kind in sorted(("sampled", "greedy"), key=lambda k: k != metric):
+        a1, se1 = summary.get(f"eval_{kind}_final"), summary.get(f"eval_{kind}_final_se")
+        if a1 is None:
+            continue
+        a0, se0 = summary.get(f"eval_{kind}_initial"), summary.get(f"eval_{kind}_initial_se")
+        start = f"{a0:.3f} +- {se0:.3f} -> " if a0 is not None else ""
+        gain = f" ({(a1 - a0) / se1:+.1f} SE)" if a0 is not None and se1 else ""
+        what = " (the headline)" if kind == metric else ""
+        out.append(f"held-out {kind} accuracy{what}, {summary.get('eval_prompts')} prompts: "
+                   f"{start}{a1:.3f} +- {se1:.3f}{gain}")
+    return out
 
 
 if __name__ == "__main__":

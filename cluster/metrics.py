@@ -70,6 +70,18 @@ def generator_delta(before: list[dict | None], after: list[dict | None]) -> dict
             if span > 0 else 0.0}
 
 
+def pair_auc(score, label) -> float:
+    """P(score_i > score_j | label_i > label_j), ties in score count 1/2; pairs with equal
+    labels are skipped (for binary labels this is the ROC AUC). NaN when no pair differs."""
+    s = np.asarray(score, dtype=np.float64)
+    y = np.asarray(label, dtype=np.float64)
+    ds = np.sign(s[:, None] - s[None, :])
+    mask = y[:, None] > y[None, :]
+    if not mask.any():
+        return math.nan
+    return float(((ds[mask] + 1.0) / 2.0).mean())
+
+
 def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
     """What the trained prompts looked like: rewards, k, rounds, the prior's calibration."""
     if not records:
@@ -95,6 +107,9 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
         # The prior's running error: |p - observed success rate| over this step's prompts.
         obs = [(np.mean(r.rewards) - r_lo) / (r_hi - r_lo) for r in with_prior]
         out["prior_abs_error"] = float(np.mean([abs(r.prior_p - o) for r, o in zip(with_prior, obs)]))
+        # Within-step ranking: does the prior order this step's prompts by success rate?
+        out["prior_auc"] = pair_auc([r.prior_p for r in with_prior], obs)
+        out["prior_prompts"] = len(with_prior)
     return out
 
 
@@ -218,7 +233,12 @@ def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: f
             "eval_accuracy_initial": initial.get("eval_accuracy"),
             "eval_accuracy_initial_se": initial.get("eval_accuracy_se"),
             "eval_accuracy_final": final.get("eval_accuracy"),
-            "eval_accuracy_se": final.get("eval_accuracy_se")}
+            "eval_accuracy_se": final.get("eval_accuracy_se"),
+            **{f"eval_{kind}_{when}{se}": ev.get(f"eval_{kind}{se}")  # both metrics, both ends
+               for kind in ("greedy", "sampled") for when, ev in (("initial", initial),
+                                                                  ("final", final))
+               for se in ("", "_se")},
+            "eval_prompts": final.get("eval_prompts"), "eval_samples": final.get("eval_samples")}
 
 
 def prompt_fates(run_dir: Path) -> dict:

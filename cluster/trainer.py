@@ -24,6 +24,18 @@ from cluster.metrics import (RunWriter, StepTimes, generator_delta, per_generato
                              step_metrics)
 
 
+def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
+    """After step ``step``'s update, ``train_s`` seconds of training into the run (the last
+    evaluation at ``last_eval_at``): is it the last step (``run.max_steps``, or the
+    ``run.max_train_s`` budget spent), and is an evaluation due (every ``eval_every`` steps,
+    every ``eval_every_s`` seconds of training, and after the last step when evaluating)?"""
+    last = step >= run.max_steps or (run.max_train_s is not None and train_s >= run.max_train_s)
+    due = bool(run.eval_every or run.eval_every_s) and (
+        last or (bool(run.eval_every) and step % run.eval_every == 0)
+        or (bool(run.eval_every_s) and train_s - last_eval_at >= run.eval_every_s))
+    return last, due
+
+
 class Stalled(RuntimeError):
     """No learner step completed for ``run.stall_timeout_s``: ``role`` is what the run was
     waiting on, ``report`` what that role last reported."""
@@ -137,8 +149,9 @@ class Trainer:
                                 resume_step=self.step if self.state.resumed else None,
                                 tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
         self.heldout = self.task.heldout()[: cfg.run.eval_prompts]
-        initial = self.final = self.evaluate() if cfg.run.eval_every and not self.state.resumed else {}
+        initial = self.final = self.evaluate() if self.evaluating and not self.state.resumed else {}
         self.totals["eval_time_s"] -= initial.get("eval_time_s", 0.0)  # before the clock starts
+        self.eval_s = self.last_eval_at = 0.0  # this run's evaluation time; train clock then
         if initial:
             self.writer.note(f"held-out {cfg.run.eval_metric} accuracy at the start: "
                              f"{initial['eval_accuracy']:.3f} +- {initial['eval_accuracy_se']:.3f}")
@@ -148,8 +161,9 @@ class Trainer:
         self.last_progress = self.t_start  # the watchdog counts from here
         try:
             self.ray_get("coordinator", self.coord.start.remote())
-            while self.step < cfg.run.max_steps:
-                self.one_step()
+            self.finished = self.step >= cfg.run.max_steps
+            while not self.finished:
+                self.finished = self.one_step()
             acct = self.ray_get("coordinator", self.coord.stop.remote())
             self._log_end(acct)
             self.save()
@@ -191,18 +205,28 @@ class Trainer:
         except Exception as err:  # noqa: BLE001 - the run's outputs are already written
             self.writer.note(f"report: not written ({type(err).__name__}: {err})")
 
-    def one_step(self) -> None:
+    @property
+    def evaluating(self) -> bool:
+        return bool(self.cfg.run.eval_every or self.cfg.run.eval_every_s)
+
+    def train_wall(self) -> float:
+        """Seconds of training wall-clock in this run so far (evaluations excluded)."""
+        return time.time() - self.t_start - self.eval_s
+
+    def one_step(self) -> bool:
+        """One learner step (batch, train, publish, maybe evaluate, record); True when it was
+        the last."""
         import ray
 
         cfg, coord = self.cfg, self.coord
         self.step += 1
-        last = self.step == cfg.run.max_steps
-        eval_due = bool(cfg.run.eval_every) and self.step % cfg.run.eval_every == 0
         t0, g0 = time.time(), self._gen_stats()
         batch = self.ray_get("coordinator", coord.next_batch.remote(cfg.rollout.batch_prompts))
         t1 = time.time()
         lm = self.call("learner (train step)", self.roles.learner.train_step, batch.samples)
         t2 = time.time()
+        last, eval_due = last_and_eval_due(cfg.run, self.step, self.train_wall(),
+                                           self.last_eval_at)
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
             self.ray_get("coordinator", coord.pause.remote())
         if not lm.get("skipped"):
@@ -214,6 +238,8 @@ class Trainer:
         ev = self.evaluate() if eval_due else {}
         if ev:
             self.final = ev
+            self.eval_s += ev["eval_time_s"]
+            self.last_eval_at = self.train_wall()
             if not last:
                 self.ray_get("coordinator", coord.resume.remote())
         m = step_metrics(self.step, self.version, batch, lm, StepTimes(t0, t1, t2, t3, time.time()),
@@ -227,6 +253,7 @@ class Trainer:
             self.save()
         if self.after_step is not None:
             self.after_step(self.step, m)
+        return last
 
     @property
     def k_init(self) -> int:
@@ -240,6 +267,11 @@ class Trainer:
         t["rollouts"] += m["rollouts"]
         t["tokens_generated"] += m["tokens_generated"]
         t["learner_wait_s"] += m["learner_wait_s"]
+        if m.get("prior_abs_error") is not None:  # the prior's running error over the run
+            n = m["prior_prompts"]
+            t["prior_error_sum"] = t.get("prior_error_sum", 0.0) + m["prior_abs_error"] * n
+            t["prior_error_prompts"] = t.get("prior_error_prompts", 0) + n
+            m["prior_abs_error_running"] = t["prior_error_sum"] / t["prior_error_prompts"]
         if self.recorder is not None:
             it = iter(batch.samples)
             for r in batch.records:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cluster.metrics import pair_auc  # noqa: F401 - public here too (bench.prior)
+
 WRAP = ("Solve the following math problem step by step. The last line of your response should "
         "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "
         "problem.\n\n{}\n\nRemember to put your answer on its own line after \"Answer:\".")
@@ -156,13 +158,3 @@ def simulate_run(pool: list[ProxyPrompt], steps: int, batch: int, k: int = 8, se
     return out
 
 
-def pair_auc(score: np.ndarray, label: np.ndarray) -> float:
-    """P(score_i > score_j | label_i > label_j), ties in score count 1/2; pairs with equal
-    labels are skipped (for binary labels this is the ROC AUC). NaN when no pair differs."""
-    s = np.asarray(score, dtype=np.float64)
-    y = np.asarray(label, dtype=np.float64)
-    ds = np.sign(s[:, None] - s[None, :])
-    mask = y[:, None] > y[None, :]
-    if not mask.any():
-        return math.nan
-    return float(((ds[mask] + 1.0) / 2.0).mean())
