@@ -1,0 +1,171 @@
+"""Does it learn, and for how much compute? Held-out accuracy of five training modes on the
+default task, each for several seeds on the same wall-clock budget:
+
+    python -m bench.learning [--quick] [--budget-s S] [--seeds N] [--modes a,b] [overrides ...]
+
+    async_v05     V0.5, k_init 4 (up to 16), asynchronous: the product
+    sync_grpo16   GRPO, G = 16, synchronous (generate, then train: the colocated baseline on
+                  this machine, where every role shares the same cores)
+    async_grpo16  GRPO, G = 16, asynchronous
+    async_grpo4   GRPO, G = 4, asynchronous: V0.5's starting budget without the prior
+    sync_dapo16   DAPO, G = 16 (all-equal groups dropped and refilled), synchronous
+
+Same task, same initial policy (one set of long-lived actors, reset to the same weights and
+an empty prior before every run, as in bench.throughput), same learner settings (v05.yaml's),
+the same held-out prompts. Each run trains for ``--budget-s`` seconds of training wall-clock
+(evaluations excluded: ``run.max_train_s``) and is evaluated every ``budget / evals`` seconds
+of it (``run.eval_every_s``) and at its end. Runs go round-robin over modes within each seed,
+so that drift in the machine's load spreads over the modes.
+
+Writes bench/results/learning.json (every run's curve; ``summary``: final accuracy per mode,
+V0.5's rollouts and wall-clock to reach GRPO-16's final accuracy, V0.5 against GRPO-4 at equal
+rollouts, gradient-norm variance and zero-advantage share per mode, the prior's quality) and
+learning.png (accuracy against wall-clock, rollouts and trained tokens; seeds' spread shaded)
+with learning_stats.png (gradient-norm variance, zero-advantage share, the prior's
+reliability).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.learning.analysis import mean_curve, read_curve, summarise
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+MODES = {
+    "async_v05": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16}},
+    "sync_grpo16": {"mode": "sync", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
+    "async_grpo16": {"mode": "async", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
+    "async_grpo4": {"mode": "async", "algo": {"name": "grpo", "k_init": 4, "k_max": 4}},
+    "sync_dapo16": {"mode": "sync", "algo": {"name": "dapo", "k_init": 16, "k_max": 16}},
+}
+QUICK_MODES = ("async_v05", "sync_grpo16")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{', '.join(QUICK_MODES)}; one seed, 30 s each, 48 held-out prompts")
+    ap.add_argument("--budget-s", type=float, help="training seconds per run (default 240)")
+    ap.add_argument("--seeds", type=int, help="seeds per mode (default 3; --quick: 1)")
+    ap.add_argument("--evals", type=int, help="evaluations per run after the initial one "
+                                              "(default 6; --quick: 1)")
+    ap.add_argument("--eval-prompts", type=int, help="held-out prompts (default 300)")
+    ap.add_argument("--modes", help="comma-separated subset (default: all five)")
+    ap.add_argument("--out", default=str(RESULTS / "learning.json"))
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
+    return ap.parse_args(argv)
+
+
+def run_config(base: dict, mode: str, seed: int, run_dir: Path):
+    from cluster.config import build_config
+
+    data = json.loads(json.dumps(base))
+    spec = MODES[mode]
+    data["mode"] = spec["mode"]
+    data["algo"] = {**data.get("algo", {}), **spec["algo"]}
+    data["run"] = {**data["run"], "name": f"{mode}-seed{seed}", "seed": seed,
+                   "output_dir": str(run_dir)}
+    return build_config(data)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    from actors.rayproc import prefer_loopback
+
+    prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
+    import ray
+
+    from bench.learning.plots import plots
+    from cluster.config import load_config
+    from cluster.placement import plan
+    from cluster.runtime import connect, reset_roles, start_roles
+    from cluster.trainer import Trainer
+    from tasks import make_task_from_config
+
+    budget = args.budget_s or (30.0 if args.quick else 240.0)
+    seeds = args.seeds or (1 if args.quick else 3)
+    evals = args.evals or (1 if args.quick else 6)
+    n_eval = args.eval_prompts or (48 if args.quick else 300)
+    modes = [m for m in (args.modes.split(",") if args.modes else
+                         (QUICK_MODES if args.quick else MODES)) if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)}; known: {sorted(MODES)}")
+    base_cfg = load_config(REPO / "v05.yaml", [
+        "run.max_steps=100000", f"run.max_train_s={budget}", "run.eval_every=0",
+        f"run.eval_every_s={budget / evals}", f"run.eval_prompts={n_eval}",
+        f"task.n_heldout={max(n_eval, 1)}", "run.save_final=false", "run.progress=false",
+        "cluster.address=local", *args.overrides])
+    base = base_cfg.model_dump(mode="json")
+    run_dir = Path(tempfile.mkdtemp(prefix="v05-learning-"))
+    shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
+    model_path = shape.model_path()
+    p = plan(shape)
+    t_all = time.time()
+    started = connect(shape, p)
+    roles = start_roles(shape, p, model_path)
+    task = make_task_from_config(shape.task)
+    init_dir = str(run_dir / "init")
+    roles.learner.save_checkpoint(init_dir, {"step": 0})
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    try:
+        for seed in range(seeds):
+            order = modes[seed % len(modes):] + modes[:seed % len(modes)]
+            for mode in order:
+                cfg = run_config(base, mode, seed, run_dir)
+                reset_roles(cfg, roles, init_dir)
+                print(f"== {mode} seed {seed}: {budget:.0f} s of training", file=sys.stderr,
+                      flush=True)
+                Trainer(cfg, roles, task).run()
+                curve = read_curve(cfg.run_dir, cfg.run.eval_metric)
+                curve.update(mode=mode, seed=seed)
+                runs[mode].append(curve)
+                a, b = curve["points"][0], curve["points"][-1]
+                print(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
+                      f"{b['train_s']:.0f} s, {b['rollouts']} rollouts, {curve['steps']} steps",
+                      file=sys.stderr, flush=True)
+    finally:
+        roles.shutdown()
+        if started:
+            ray.shutdown()
+    out = {"command": "python -m bench.learning " + " ".join(argv),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "machine": {"platform": platform.platform(), "cpus": __import__("os").cpu_count()},
+           "quick": args.quick,
+           "config": {"file": "v05.yaml", "overrides": base_cfg.model_dump(mode="json")["run"],
+                      "budget_train_s": budget, "seeds": seeds, "evals": evals,
+                      "eval_prompts": n_eval, "eval_samples": base_cfg.run.eval_samples,
+                      "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
+                      "batch_prompts": base_cfg.rollout.batch_prompts, "lr": base_cfg.optim.lr,
+                      "modes": {m: MODES[m] for m in modes}},
+           "units": "accuracy: held-out, mean over prompts of the success rate of the sampled "
+                    "answers (T = 1); train_s: training wall-clock, evaluations excluded",
+           "runs": runs,
+           "curves": {m: {axis: mean_curve(r, axis) for axis in ("train_s", "rollouts",
+                                                                 "trained_tokens")}
+                      for m, r in runs.items() if r},
+           "summary": summarise(runs), "wall_s": time.time() - t_all}
+    out["summary"].update(command=out["command"], date=out["date"])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    plots(out, Path(args.out).with_suffix(""))
+    print(json.dumps({k: v for k, v in out["summary"].items()
+                      if k not in ("by_grpo16_mode", "v05_minus_grpo4_at_equal_rollouts")},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    from actors.rayproc import run_main
+
+    run_main(main)  # exits without C++ static destructors: see actors/rayproc.py

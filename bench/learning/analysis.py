@@ -1,0 +1,172 @@
+"""The learning benchmark's arithmetic: curves from a run's files, their mean over seeds, and
+the summary figures (pure: NumPy and the standard library only).
+
+A curve is a list of evaluation points; each point holds the held-out accuracy with its
+standard error and where the run was when it was measured, on three axes:
+
+    train_s         training wall-clock (evaluations excluded) since the run's start
+    rollouts        rollouts of the prompts trained so far
+    trained_tokens  prompt + response tokens the learner trained on so far
+
+The point before any update (the initial evaluation) is at 0 on every axis.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+AXES = ("train_s", "rollouts", "trained_tokens")
+
+
+def read_curve(run_dir: Path, metric: str) -> dict:
+    """The run's evaluation points and per-step learner figures, from its summary.json and
+    metrics.jsonl: ``{"points": [...], "grad_norms": [...], "prompts": [...]}``."""
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    points = [{"step": 0, "train_s": 0.0, "rollouts": 0, "trained_tokens": 0,
+               "accuracy": summary[f"eval_{metric}_initial"],
+               "se": summary[f"eval_{metric}_initial_se"],
+               "greedy": summary.get("eval_greedy_initial")}]
+    train_s = rollouts = tokens = 0.0
+    for r in rows:
+        train_s += r["step_time_s"]
+        rollouts += r["rollouts"]
+        tokens += r["trained_tokens"]
+        if r.get(f"eval_{metric}") is not None:
+            points.append({"step": r["step"], "train_s": train_s, "rollouts": int(rollouts),
+                           "trained_tokens": int(tokens), "accuracy": r[f"eval_{metric}"],
+                           "se": r[f"eval_{metric}_se"], "greedy": r.get("eval_greedy")})
+    prompts = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
+    return {"points": points,
+            "grad_norms": [r["grad_norm"] for r in rows if r.get("grad_norm") is not None],
+            "zero_advantage_share": zero_advantage_share(prompts),
+            "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
+            "steps": len(rows), "prompts_trained": summary["prompts_trained"],
+            "prior": prior_quality(prompts), "eval_time_s": summary["eval_time_s"]}
+
+
+def zero_advantage_share(prompts: list[dict], tol: float = 1e-9) -> float | None:
+    """Share of trained prompts whose every advantage is 0 (each reward equals the baseline):
+    GRPO's all-equal groups; V0.5's only when the prior agrees with them exactly."""
+    if not prompts:
+        return None
+    return float(np.mean([all(abs(r - p["baseline"]) <= tol for r in p["rewards"])
+                          for p in prompts]))
+
+
+def prior_quality(prompts: list[dict], bins: int = 5) -> dict | None:
+    """The prior against what the rollouts then showed, over a run's trained prompts: mean
+    absolute error of p against the observed success rate, the mean within-step AUC, and a
+    binned reliability table (mean p and mean observed rate per bin of p, with counts)."""
+    from cluster.metrics import pair_auc
+
+    rows = [p for p in prompts if p.get("prior_p") is not None and p["rewards"]]
+    if not rows:
+        return None
+    lo = min(min(p["rewards"]) for p in rows)
+    hi = max(max(p["rewards"]) for p in rows)
+    span = hi - lo if hi > lo else 1.0
+    p = np.array([r["prior_p"] for r in rows])
+    obs = np.array([(np.mean(r["rewards"]) - lo) / span for r in rows])
+    by_step: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_step.setdefault(r.get("step", 0), []).append(i)
+    aucs = [pair_auc(p[ix], obs[ix]) for ix in by_step.values() if len(ix) > 1]
+    aucs = [a for a in aucs if not math.isnan(a)]
+    edges = np.linspace(0, 1, bins + 1)
+    which = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
+    table = [{"bin": [float(edges[b]), float(edges[b + 1])], "count": int((which == b).sum()),
+              "p_mean": float(p[which == b].mean()) if (which == b).any() else None,
+              "observed_mean": float(obs[which == b].mean()) if (which == b).any() else None}
+             for b in range(bins)]
+    return {"prompts": len(rows), "abs_error": float(np.abs(p - obs).mean()),
+            "auc_within_step": float(np.mean(aucs)) if aucs else None,
+            "auc_steps": len(aucs), "reliability": table,
+            "accepted": float(np.mean([bool(r.get("prior_accepted")) for r in rows]))}
+
+
+def interp(points: list[dict], axis: str, grid: np.ndarray) -> np.ndarray:
+    """Accuracy of one run at ``grid`` on ``axis``, linear between evaluation points (NaN past
+    the run's last point)."""
+    x = np.array([q[axis] for q in points], dtype=float)
+    y = np.array([q["accuracy"] for q in points], dtype=float)
+    out = np.interp(grid, x, y)
+    out[grid > x[-1] + 1e-9] = np.nan
+    return out
+
+
+def mean_curve(runs: list[dict], axis: str, n: int = 60) -> dict:
+    """The seeds' mean accuracy on a common grid of ``axis`` (up to the shortest run's last
+    point), with the spread (min, max, and the standard error over seeds)."""
+    end = min(r["points"][-1][axis] for r in runs)
+    grid = np.linspace(0.0, end, n)
+    ys = np.stack([interp(r["points"], axis, grid) for r in runs])  # (seeds, n)
+    se = ys.std(axis=0, ddof=1) / math.sqrt(len(runs)) if len(runs) > 1 else np.zeros(n)
+    return {"x": grid.tolist(), "mean": ys.mean(axis=0).tolist(), "min": ys.min(axis=0).tolist(),
+            "max": ys.max(axis=0).tolist(), "se": se.tolist()}
+
+
+def first_reach(runs: list[dict], axis: str, target: float, n: int = 400) -> float | None:
+    """Where on ``axis`` the seeds' mean curve first reaches ``target`` (None: never)."""
+    curve = mean_curve(runs, axis, n)
+    for x, y in zip(curve["x"], curve["mean"]):
+        if y >= target:
+            return float(x)
+    return None
+
+
+def final_stats(runs: list[dict]) -> dict:
+    """Final accuracy over seeds: mean, standard error over seeds, each seed's value, and the
+    mean of the runs' own (evaluation) standard errors."""
+    finals = np.array([r["points"][-1]["accuracy"] for r in runs])
+    se = float(finals.std(ddof=1) / math.sqrt(len(finals))) if len(finals) > 1 else None
+    return {"mean": float(finals.mean()), "se": se, "seeds": finals.tolist(),
+            "eval_se_mean": float(np.mean([r["points"][-1]["se"] for r in runs]))}
+
+
+def totals(runs: list[dict], axis: str) -> float:
+    """The mean over seeds of where the runs ended on ``axis``."""
+    return float(np.mean([r["points"][-1][axis] for r in runs]))
+
+
+def summarise(runs: dict[str, list[dict]], v05: str = "async_v05",
+              grpo16: tuple[str, ...] = ("sync_grpo16", "async_grpo16"),
+              grpo4: str = "async_grpo4") -> dict:
+    """The pinned summary. The GRPO-16 reference is whichever of ``grpo16`` ends with the higher
+    mean accuracy (the strongest); V0.5's rollouts and wall-clock to first reach its final mean
+    accuracy are fractions of that reference's totals (None where never reached). At equal
+    rollouts: V0.5's mean curve minus GRPO-4's at the rollouts both reached."""
+    final = {m: final_stats(r) for m, r in runs.items() if r}
+    out: dict = {"final_accuracy": final}
+    out["grad_norm_variance"] = {m: float(np.mean([np.var(x["grad_norms"]) for x in r]))
+                                 for m, r in runs.items() if r}
+    out["zero_advantage_share"] = {m: float(np.mean([x["zero_advantage_share"] for x in r]))
+                                   for m, r in runs.items() if r}
+    out["mean_k"] = {m: float(np.mean([x["k_mean"] for x in r])) for m, r in runs.items() if r}
+    refs = [m for m in grpo16 if runs.get(m)]
+    if runs.get(v05) and refs:
+        ref = max(refs, key=lambda m: final[m]["mean"])
+        target = final[ref]["mean"]
+        out["grpo16_reference"] = ref
+        out["grpo16_final_target"] = target
+        for axis, key in (("rollouts", "v05_rollouts_to_reach_grpo16_final"),
+                          ("train_s", "v05_wallclock_to_reach_grpo16_final")):
+            x = first_reach(runs[v05], axis, target)
+            out[key] = None if x is None else x / totals(runs[ref], axis)
+        out["by_grpo16_mode"] = {
+            m: {axis: (None if (x := first_reach(runs[v05], axis, final[m]["mean"])) is None
+                       else x / totals(runs[m], axis)) for axis in ("rollouts", "train_s")}
+            for m in refs}
+    if runs.get(v05) and runs.get(grpo4):
+        end = min(totals(runs[v05], "rollouts"), totals(runs[grpo4], "rollouts"))
+        grid = np.linspace(0, end, 11)[1:]
+        a = np.nanmean(np.stack([interp(r["points"], "rollouts", grid) for r in runs[v05]]), 0)
+        b = np.nanmean(np.stack([interp(r["points"], "rollouts", grid) for r in runs[grpo4]]), 0)
+        out["v05_minus_grpo4_at_equal_rollouts"] = {
+            "rollouts": grid.tolist(), "difference": (a - b).tolist(),
+            "min": float(np.nanmin(a - b)), "mean": float(np.nanmean(a - b))}
+    return out

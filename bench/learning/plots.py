@@ -1,0 +1,70 @@
+"""Plots of bench.learning: held-out accuracy against wall-clock, rollouts and trained tokens
+(the seeds' mean, their range shaded, each seed thin), and the per-mode statistics."""
+from __future__ import annotations
+
+from pathlib import Path
+
+COLORS = {"async_v05": "tab:red", "sync_grpo16": "tab:blue", "async_grpo16": "tab:cyan",
+          "async_grpo4": "tab:green", "sync_dapo16": "tab:purple"}
+AXES = (("train_s", "training wall-clock (s, evaluations excluded)"),
+        ("rollouts", "rollouts trained on"), ("trained_tokens", "tokens trained on"))
+
+
+def plots(out: dict, stem: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs, curves, s = out["runs"], out["curves"], out["summary"]
+    cfg = out["config"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharey=True)
+    for ax, (axis, label) in zip(axes, AXES):
+        for mode, c in curves.items():
+            color = COLORS.get(mode, "grey")
+            cv = c[axis]
+            ax.plot(cv["x"], cv["mean"], color=color, lw=2,
+                    label=f"{mode} (final {s['final_accuracy'][mode]['mean']:.3f})")
+            ax.fill_between(cv["x"], cv["min"], cv["max"], color=color, alpha=0.15, lw=0)
+            for r in runs[mode]:
+                ax.plot([q[axis] for q in r["points"]], [q["accuracy"] for q in r["points"]],
+                        color=color, lw=0.6, alpha=0.5, marker=".", ms=3)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    target = s.get("grpo16_final_target")
+    if target is not None:
+        for ax in axes:
+            ax.axhline(target, color="grey", ls=":", lw=1)
+    axes[0].set_ylabel(f"held-out accuracy ({cfg['eval_metric']}, {cfg['eval_prompts']} prompts)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"{cfg['task']} task, {cfg['seeds']} seed(s) per mode, {cfg['budget_train_s']:.0f} s "
+                 "of training each; line: mean over seeds, band: their range, thin: each seed; "
+                 "dotted: the GRPO-16 reference's final accuracy", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(f"{stem}.png", dpi=110)
+    plt.close(fig)
+
+    modes = list(curves)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, title in ((axes[0], "grad_norm_variance", "gradient-norm variance over steps"),
+                           (axes[1], "zero_advantage_share", "share of zero-advantage prompts")):
+        ax.bar(range(len(modes)), [s[key][m] for m in modes],
+               color=[COLORS.get(m, "grey") for m in modes])
+        ax.set_xticks(range(len(modes)), modes, rotation=25, ha="right", fontsize=8)
+        ax.set_title(f"{title} (mean over seeds)", fontsize=9)
+    prior = [r["prior"] for r in runs.get("async_v05", []) if r.get("prior")]
+    ax = axes[2]
+    if prior:
+        for i, q in enumerate(prior):
+            rows = [b for b in q["reliability"] if b["count"]]
+            ax.plot([b["p_mean"] for b in rows], [b["observed_mean"] for b in rows], marker="o",
+                    label=f"seed {i}: MAE {q['abs_error']:.2f}, AUC "
+                          + (f"{q['auc_within_step']:.2f}" if q["auc_within_step"] else "-"))
+        ax.plot([0, 1], [0, 1], color="grey", ls=":", lw=1)
+        ax.set_xlabel("prior p (bin mean)")
+        ax.set_ylabel("observed success rate (bin mean)")
+        ax.legend(fontsize=7)
+    ax.set_title("the embedded prior during async V0.5 runs: reliability", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(f"{stem}_stats.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,123 @@
+"""bench.learning's arithmetic on hand-built curves: interpolation, the seeds' mean, first
+reach, the pinned summary, zero-advantage share and the prior's quality."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bench.learning.analysis import (final_stats, first_reach, interp, mean_curve,
+                                     prior_quality, read_curve, summarise,
+                                     zero_advantage_share)
+
+
+def run(accs, rollouts_per_eval=100, seconds_per_eval=10.0, grads=(1.0, 2.0, 3.0)):
+    pts = [{"step": i, "train_s": i * seconds_per_eval, "rollouts": i * rollouts_per_eval,
+            "trained_tokens": i * rollouts_per_eval * 50, "accuracy": a, "se": 0.02}
+           for i, a in enumerate(accs)]
+    return {"points": pts, "grad_norms": list(grads), "zero_advantage_share": 0.25, "k_mean": 6.0}
+
+
+def test_interp_is_linear_between_points_and_nan_past_the_end():
+    r = run([0.5, 0.7, 0.8])
+    got = interp(r["points"], "rollouts", np.array([0, 50, 100, 150, 200, 201]))
+    assert got[:5] == pytest.approx([0.5, 0.6, 0.7, 0.75, 0.8])
+    assert math.isnan(got[5])
+
+
+def test_mean_curve_averages_seeds_up_to_the_shortest_run():
+    a, b = run([0.5, 0.7, 0.9]), run([0.5, 0.5])
+    c = mean_curve([a, b], "train_s", n=3)
+    assert c["x"] == [0.0, 5.0, 10.0]
+    assert c["mean"] == pytest.approx([0.5, 0.55, 0.6])
+    assert c["min"] == pytest.approx([0.5, 0.5, 0.5]) and c["max"] == pytest.approx([0.5, 0.6, 0.7])
+    assert c["se"][2] == pytest.approx(np.std([0.7, 0.5], ddof=1) / math.sqrt(2))
+
+
+def test_first_reach_finds_the_crossing_or_none():
+    r = [run([0.5, 0.7, 0.9])]
+    assert first_reach(r, "rollouts", 0.8, n=201) == pytest.approx(150, abs=1.0)
+    assert first_reach(r, "rollouts", 0.95) is None
+    assert first_reach(r, "rollouts", 0.5) == 0.0
+
+
+def test_final_stats_over_seeds():
+    f = final_stats([run([0.5, 0.8]), run([0.5, 0.6])])
+    assert f["mean"] == pytest.approx(0.7) and f["seeds"] == [0.8, 0.6]
+    assert f["se"] == pytest.approx(np.std([0.8, 0.6], ddof=1) / math.sqrt(2))
+
+
+def test_summary_uses_the_stronger_grpo16_and_reports_fractions_of_its_totals():
+    runs = {
+        # V0.5 reaches 0.8 after 150 rollouts / 15 s.
+        "async_v05": [run([0.5, 0.7, 0.9, 0.9])],
+        # sync GRPO-16 ends at 0.8 after 1000 rollouts and 40 s; async GRPO-16 lower.
+        "sync_grpo16": [run([0.5, 0.6, 0.7, 0.75, 0.8], rollouts_per_eval=250)],
+        "async_grpo16": [run([0.5, 0.55, 0.6], rollouts_per_eval=250)],
+        "async_grpo4": [run([0.5, 0.6, 0.65, 0.7])],
+    }
+    s = summarise(runs)
+    assert s["grpo16_reference"] == "sync_grpo16" and s["grpo16_final_target"] == pytest.approx(0.8)
+    assert s["v05_rollouts_to_reach_grpo16_final"] == pytest.approx(150 / 1000, abs=0.01)
+    assert s["v05_wallclock_to_reach_grpo16_final"] == pytest.approx(15 / 40, abs=0.01)
+    assert s["by_grpo16_mode"]["async_grpo16"]["rollouts"] == pytest.approx(50 / 500, abs=0.01)
+    eq = s["v05_minus_grpo4_at_equal_rollouts"]
+    assert eq["min"] > 0 and eq["rollouts"][-1] == pytest.approx(300)
+    assert s["grad_norm_variance"]["async_v05"] == pytest.approx(np.var([1.0, 2.0, 3.0]))
+    assert s["final_accuracy"]["async_grpo4"]["mean"] == pytest.approx(0.7)
+
+
+def test_summary_says_none_when_v05_never_reaches():
+    s = summarise({"async_v05": [run([0.5, 0.6])], "sync_grpo16": [run([0.5, 0.9])]})
+    assert s["v05_rollouts_to_reach_grpo16_final"] is None
+    assert s["v05_wallclock_to_reach_grpo16_final"] is None
+
+
+def test_zero_advantage_share():
+    prompts = [{"rewards": [1, 1, 1, 1], "baseline": 1.0},     # all equal: GRPO's zero
+               {"rewards": [1, 1, 1, 1], "baseline": 0.6},     # the prior disagrees: signal
+               {"rewards": [1, -1, 1, 1], "baseline": 0.5}]
+    assert zero_advantage_share(prompts) == pytest.approx(1 / 3)
+    assert zero_advantage_share([]) is None
+
+
+def test_prior_quality_error_auc_and_reliability():
+    # Two steps; the prior ranks each step's prompts in the observed order, offset by +0.1.
+    prompts = []
+    for step in (1, 2):
+        for rate in (0.0, 0.25, 0.5, 1.0):
+            wins = round(4 * rate)
+            prompts.append({"step": step, "prior_p": min(1.0, rate + 0.1),
+                            "rewards": [1.0] * wins + [-1.0] * (4 - wins),
+                            "prior_accepted": rate > 0.4})
+    q = prior_quality(prompts, bins=2)
+    assert q["prompts"] == 8 and q["auc_within_step"] == pytest.approx(1.0)
+    assert q["abs_error"] == pytest.approx(np.mean([0.1, 0.1, 0.1, 0.0]))
+    low, high = q["reliability"]
+    assert (low["count"], high["count"]) == (4, 4)
+    assert low["observed_mean"] == pytest.approx(0.125) and high["p_mean"] == pytest.approx(0.8)
+    assert q["accepted"] == pytest.approx(0.5)
+    assert prior_quality([{"prior_p": None, "rewards": [1.0]}]) is None
+
+
+def test_read_curve_from_run_files(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "eval_sampled_initial": 0.5, "eval_sampled_initial_se": 0.03, "eval_greedy_initial": 0.9,
+        "prompts_trained": 4, "eval_time_s": 7.0}))
+    rows = [{"step": 1, "step_time_s": 2.0, "rollouts": 8, "trained_tokens": 400, "grad_norm": 0.1},
+            {"step": 2, "step_time_s": 3.0, "rollouts": 10, "trained_tokens": 500, "grad_norm": 0.3,
+             "eval_sampled": 0.6, "eval_sampled_se": 0.02, "eval_greedy": 0.95}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = [{"k": 4, "rewards": [1, 1, 1, 1], "baseline": 1.0, "prior_p": None, "step": 1},
+               {"k": 6, "rewards": [1, -1, 1, 1, 1, 1], "baseline": 0.5, "prior_p": None,
+                "step": 2}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    c = read_curve(tmp_path, "sampled")
+    assert [p["accuracy"] for p in c["points"]] == [0.5, 0.6]
+    assert c["points"][1] | {} == {"step": 2, "train_s": 5.0, "rollouts": 18,
+                                   "trained_tokens": 900, "accuracy": 0.6, "se": 0.02,
+                                   "greedy": 0.95}
+    assert c["grad_norms"] == [0.1, 0.3] and c["zero_advantage_share"] == 0.5
+    assert c["k_mean"] == 5.0 and c["prior"] is None
