@@ -1,0 +1,245 @@
+"""Chaos benchmark: faults injected one at a time into real runs of the default task.
+
+    python -m bench.chaos [--quick] [--scenarios a,b] [--out FILE] [overrides ...]
+
+Runs v05.yaml (small overrides for speed: steps, batch, no evaluation) on real actors and
+injects, one scenario at a time:
+
+ 0 baseline                               nothing: the control run (its median step time is
+                                          the reference of the reward scenarios)
+ 1 generator_killed_mid_generation        ray.kill of a generator holding rollouts
+ 2 generator_killed_during_weight_update  ray.kill of a generator right after the learner
+                                          asked it to load new weights
+ 3 prior_killed                           ray.kill of the prior server
+ 4 learner_rank_killed                    SIGKILL of learner rank 0's process (subprocess run),
+                                          then run.resume=true
+ 5 driver_sigkill                         SIGKILL of `python -m cluster.launch` after a
+                                          checkpoint, then run.resume=true
+ 6 reward_raises                          reward.inject_fault=raise
+ 7 reward_hangs                           reward.inject_fault=hang, one worker, short deadline
+ 8 nan_loss                               NaN advantages for one step's batch
+ 9 corrupt_checkpoint                     the newest checkpoint truncated, then resume
+
+In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
+``cluster.runtime.reset_roles`` gives each the same starting state); 4 and 5 run the launcher
+in subprocesses, each with its own local Ray cluster, and stop only what those started.
+
+Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
+prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.metrics.prompt_fates``), hung
+(past its wall-clock budget, or stopped by the watchdog), recovery_time_s (defined per scenario,
+in its ``recovery`` field) and what the system did. Writes bench/results/chaos.json and
+chaos.png (each run's steps over time, the fault and the recovery marked); exits 1 when a
+scenario is not clean (survived, 0 lost, 0 trained twice, not hung).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+
+# name -> (where it runs, the function's name in bench.chaos.inproc or bench.chaos.procs)
+SCENARIOS = {
+    "baseline": "inproc",
+    "generator_killed_mid_generation": "inproc",
+    "generator_killed_during_weight_update": "inproc",
+    "prior_killed": "inproc",
+    "learner_rank_killed": "procs",
+    "driver_sigkill": "procs",
+    "reward_raises": "inproc",
+    "reward_hangs": "inproc",
+    "nan_loss": "inproc",
+    "corrupt_checkpoint": "inproc",
+}
+QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_loss",
+         "driver_sigkill"]
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a few representative scenarios, short runs ({', '.join(QUICK)})")
+    ap.add_argument("--scenarios", help="comma-separated subset (default: all, or --quick's)")
+    ap.add_argument("--steps", type=int, help="learner steps per run (default 8; --quick: 6)")
+    ap.add_argument("--batch", type=int, help="prompts per step (default 8; --quick: 4)")
+    ap.add_argument("--out", default=str(RESULTS / "chaos.json"))
+    ap.add_argument("--workdir", help="where runs are written (default: a temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the run folders and logs")
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
+    return ap.parse_args(argv)
+
+
+def run_inproc(names, base_cfg, workdir: Path, steps: int, budget_s: float, hold_s: float):
+    """One local cluster, one set of actors, the in-process scenarios in turn."""
+    import ray
+
+    from bench.chaos import inproc
+    from cluster.placement import plan
+    from cluster.runtime import connect, start_roles
+    from tasks import make_task_from_config
+
+    t0 = time.time()
+    p = plan(base_cfg)
+    started = connect(base_cfg, p)
+    roles = start_roles(base_cfg, p, base_cfg.model_path())
+    out = []
+    try:
+        init = str(workdir / "init")
+        roles.learner.save_checkpoint(init, {"step": 0})
+        setup_s = time.time() - t0
+        bench = inproc.Bench(base=base_cfg.model_dump(mode="json"), roles=roles,
+                             task=make_task_from_config(base_cfg.task), init_dir=init,
+                             workdir=workdir, steps=steps, budget_s=budget_s, hold_s=hold_s)
+        for name in names:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            o = getattr(inproc, name)(bench)
+            print(f"   {_line(o)}", file=sys.stderr, flush=True)
+            out.append(o)
+    finally:
+        roles.shutdown()
+        if started:
+            ray.shutdown()
+    return out, setup_s
+
+
+def run_procs(names, overrides, workdir: Path, steps: int, budget_s: float):
+    from bench.chaos import procs
+
+    pb = procs.ProcBench(overrides=overrides, workdir=workdir, steps=steps, budget_s=budget_s)
+    out = []
+    for name in names:
+        print(f"== {name} (subprocesses)", file=sys.stderr, flush=True)
+        o = getattr(procs, name)(pb)
+        print(f"   {_line(o)}", file=sys.stderr, flush=True)
+        out.append(o)
+    return out
+
+
+def _line(o) -> str:
+    return (f"survived={o.survived} lost={o.prompts_lost} twice={o.prompts_trained_twice} "
+            f"hung={o.hung} recovery={o.recovery_time_s}s wall={o.wall_s}s")
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of docs/reliability.md."""
+    head = ("| scenario | injected | survived | lost | trained twice | hung | recovery (s) "
+            "| what the system did |\n|---|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r['name']} | {r['injected']} | {'yes' if r['survived'] else '**no**'} | "
+        f"{r['prompts_lost']} | {r['prompts_trained_twice']} | "
+        f"{'**yes**' if r['hung'] else 'no'} | "
+        f"{'-' if r['recovery_time_s'] is None else r['recovery_time_s']} | "
+        f"{r['what_happened']} |\n" for r in rows)
+    return head + body
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Run sizes and time limits: the same for every scenario of one invocation."""
+
+    steps: int      # learner steps per run
+    batch: int      # prompts per step
+    hold_s: float   # longest wait for a killed role to come back inside a run
+
+    @property
+    def budget_s(self) -> float:  # per scenario (a process scenario: per subprocess)
+        return self.hold_s + 150.0
+
+    @property
+    def stall_s(self) -> float:   # the watchdog (run.stall_timeout_s) of every run
+        return self.hold_s + 60.0
+
+    def overrides(self, extra: list[str]) -> list[str]:
+        """v05.yaml, shortened: no evaluation, no peak probe, no final export; a local
+        cluster of its own."""
+        return [f"rollout.batch_prompts={self.batch}", "run.eval_every=0",
+                "cluster.address=local", "generators.measure_peak=false",
+                "run.save_final=false", f"run.stall_timeout_s={self.stall_s:g}", *extra]
+
+
+def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path):
+    """In-process scenarios on one cluster, then the subprocess ones; {name: Outcome}."""
+    from cluster.config import load_config
+
+    results, setup_s = {}, None
+    local = [n for n in names if SCENARIOS[n] == "inproc"]
+    if "baseline" not in local and any(n.startswith("reward_") for n in local):
+        local.insert(0, "baseline")  # the reward scenarios' reference step time
+    if local:
+        base_cfg = load_config(REPO / "v05.yaml", [*overrides, f"run.max_steps={st.steps}",
+                                                   "run.progress=false"])
+        done, setup_s = run_inproc(local, base_cfg, workdir, st.steps, st.budget_s, st.hold_s)
+        results.update((o.name, o) for o in done)
+    remote = [n for n in names if SCENARIOS[n] == "procs"]
+    if remote:
+        results.update((o.name, o) for o in run_procs(remote, overrides, workdir, st.steps,
+                                                      st.budget_s))
+    return results, setup_s
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    from cluster.runtime import prefer_loopback
+
+    prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
+    names = [n for n in (args.scenarios.split(",") if args.scenarios
+                         else QUICK if args.quick else SCENARIOS) if n]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"error: unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}",
+              file=sys.stderr)
+        return 2
+    st = Settings(steps=args.steps or (6 if args.quick else 8),
+                  batch=args.batch or (4 if args.quick else 8),
+                  hold_s=150.0 if args.quick else 240.0)
+    overrides = st.overrides(args.overrides)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="v05-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    kept = args.keep or bool(args.workdir)
+    t0 = time.time()
+    try:
+        results, setup_s = run_all(names, st, overrides, workdir)
+    finally:
+        if not kept:
+            shutil.rmtree(workdir, ignore_errors=True)
+    rows = [results[n].to_dict() for n in SCENARIOS if n in results]
+    out = {
+        "command": "python -m bench.chaos " + " ".join(argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "config": {"file": "v05.yaml", "overrides": [*overrides, f"run.max_steps={st.steps}"],
+                   "steps": st.steps, "batch_prompts": st.batch},
+        "budget": {"per_scenario_s": st.budget_s, "per_subprocess_s": st.budget_s,
+                   "hold_for_restart_s": st.hold_s, "watchdog_stall_timeout_s": st.stall_s},
+        "setup_s": setup_s and round(setup_s, 1),
+        "wall_s": round(time.time() - t0, 1),
+        "all_clean": all(r["clean"] for r in rows),
+        "workdir": str(workdir) if kept else None,
+        "scenarios": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    from bench.chaos.plot import plot
+
+    print(f"plot: {plot(rows, Path(args.out).with_suffix('.png'))}", file=sys.stderr)
+    print(table(rows))
+    print(f"wrote {args.out} ({out['wall_s']:.0f}s)", file=sys.stderr)
+    return 0 if out["all_clean"] else 1
+
+
+if __name__ == "__main__":
+    from cluster.runtime import run_main
+
+    run_main(main)
