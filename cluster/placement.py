@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from learner.bundles import EPS, fill_bundles, holds  # noqa: F401 (used by the tests too)
+from estimator.registry import ESTIMATORS
+from learner.bundles import fill_bundles, holds
 
 
 COORDINATOR_CPUS = 0.1
@@ -70,7 +71,8 @@ def plan(cfg) -> Plan:
     roles = (
         RolePlan("generator", cfg.generators.count, cfg.generators.cpus, cfg.generators.gpus),
         RolePlan("learner", cfg.learner.ranks, cfg.learner.cpus, cfg.learner.gpus),
-        RolePlan("prior", 1 if cfg.algo.name in ("v05", "prior_only") else 0,
+        # A prior server only for an estimator that reads a prior (the registry says which).
+        RolePlan("prior", 1 if ESTIMATORS[cfg.algo.name].needs_prior else 0,
                  cfg.prior.cpus, cfg.prior.gpus),
         # The coordinator is light (asyncio bookkeeping, reward checks): a sliver of a CPU.
         # Both modes run through it (sync is its scheduler with a barrier).

@@ -10,7 +10,9 @@ import pytest
 
 from cluster.check_placement import Landing, problems, simulated_shape
 from cluster.config import load_config
-from cluster.placement import PlacementError, fill_bundles, layout, plan
+from cluster.placement import PlacementError, layout, plan
+from estimator.registry import ESTIMATORS
+from learner.bundles import fill_bundles
 from learner.group import Rendezvous
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +56,13 @@ def test_paper_plan_learner_on_fewest_nodes_generators_one_gpu_each(overrides):
     assert "GPU" not in res["coordinator"].bundles[0]
     gpus = sum(b.get("GPU", 0) for r in res.values() for b in r.bundles)
     assert gpus == p.total_gpus == 32
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_a_prior_server_exactly_for_an_estimator_that_reads_a_prior(name):
+    p = plan(paper(f"algo.name={name}"))
+    assert ("prior" in {r.role for r in p.roles}) == ESTIMATORS[name].needs_prior
+    assert ESTIMATORS["v05"].needs_prior and not ESTIMATORS["grpo"].needs_prior
 
 
 @pytest.mark.parametrize("ranks, sizes", [(14, [7, 7]), (9, [5, 4]), (17, [6, 6, 5])])
