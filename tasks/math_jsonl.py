@@ -1,6 +1,7 @@
 """JSONL math datasets (DAPO-Math-17k shape) checked with the ``math_verify`` package.
 
-Accepted records, one JSON object per line (blank lines are skipped):
+Accepted records, one UTF-8 JSON object per line (blank lines are skipped; any other bad line
+fails naming the file and line):
 
 - DAPO shape: ``{"prompt": [{"role": "user", "content": ...}, ...],
   "reward_model": {"ground_truth": ...}, "extra_info": {"index": ...}}``; the prompt text is
@@ -30,13 +31,21 @@ _ANSWER_LINE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
+# JSON's names for what json.loads returns, for messages about a line's shape.
+_JSON_TYPE = {dict: "an object", list: "an array", str: "a string", int: "a number",
+              float: "a number", bool: "a boolean", type(None): "null"}
+
+
 def _prompt_text(prompt) -> str:
     if isinstance(prompt, str) and prompt.strip():
         return prompt
     if isinstance(prompt, list) and prompt:
         if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt):
             raise ValueError("every prompt message needs a string 'content'")
-        return "\n\n".join(m["content"] for m in prompt)
+        text = "\n\n".join(m["content"] for m in prompt)
+        if not text.strip():
+            raise ValueError("'prompt' is blank: every message's 'content' is empty")
+        return text
     raise ValueError("'prompt' must be a non-empty string or a non-empty list of messages")
 
 
@@ -58,7 +67,8 @@ def _ground_truth(obj: dict) -> str:
 def parse_record(obj, default_id: str) -> Problem:
     """One JSON object -> Problem; raises ValueError saying what is wrong."""
     if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+        got = _JSON_TYPE.get(type(obj), type(obj).__name__)
+        raise ValueError(f"expected a JSON object, got {got}")
     if "prompt" not in obj:
         raise ValueError("missing field 'prompt'")
     extra = obj.get("extra_info") if isinstance(obj.get("extra_info"), dict) else {}
@@ -77,8 +87,13 @@ def load_jsonl(path: str | Path) -> list[Problem]:
         raise ValueError(f"math_jsonl dataset not found: {path}")
     problems: list[Problem] = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with path.open("rb") as f:  # decoded per line, so that bad bytes are named by line
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {raw[e.start]:#04x} "
+                                 f"at column {e.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -91,7 +106,7 @@ def load_jsonl(path: str | Path) -> list[Problem]:
             first_line[p.id] = line_no
             problems.append(p)
     if not problems:
-        raise ValueError(f"{path}: no problems in file")
+        raise ValueError(f"{path}: no problems in file (it is empty or holds only blank lines)")
     return problems
 
 
@@ -174,13 +189,16 @@ class MathJsonlTask(Task):
             heldout = _dedupe(load_jsonl(heldout_path))[:n_heldout]
         else:
             if not 1 <= n_heldout < len(problems):
-                raise ValueError(f"n_heldout={n_heldout} must be in [1, {len(problems)}) "
-                                 f"for {path} ({len(problems)} distinct prompts)")
+                raise ValueError(f"n_heldout={n_heldout} (task.n_heldout) must be in [1, "
+                                 f"{len(problems)}): {path} holds {len(problems)} distinct "
+                                 "prompts, and at least one must be left to train on")
             heldout = random.Random(seed).sample(problems, n_heldout)
         held = {p.prompt for p in heldout}
         train = [p for p in problems if p.prompt not in held]
         if not train:
-            raise ValueError(f"{path}: no train problems left after removing the held-out ones")
+            raise ValueError(f"{path}: no train problems left after removing the held-out ones"
+                             + (f" (every prompt is also in {heldout_path})" if heldout_path
+                                is not None else ""))
         self._train = train[:n_train] if n_train is not None else train
         self._heldout = heldout
 

@@ -63,12 +63,16 @@ def test_heldout_file_and_train_cap(tmp_path):
 
 @pytest.mark.parametrize("line,msg", [
     ("{not json", "Expecting property name"),
-    ("[1, 2]", "expected a JSON object"),
+    ("[1, 2]", "expected a JSON object, got an array"),
+    ("null", "expected a JSON object, got null"),
+    ("{}", "missing field 'prompt'"),
     ('{"answer": "3"}', "missing field 'prompt'"),
     ('{"prompt": "q"}', "missing answer"),
     ('{"prompt": "q", "reward_model": {"style": "rule"}}', "ground_truth"),
     ('{"prompt": [{"role": "user"}], "answer": "1"}', "content"),
     ('{"prompt": [], "answer": "1"}', "non-empty"),
+    ('{"prompt": "   ", "answer": "1"}', "non-empty"),
+    ('{"prompt": [{"role": "user", "content": " "}], "answer": "1"}', "'prompt' is blank"),
     ('{"prompt": "q", "answer": "  "}', "ground truth must be"),
     ('{"prompt": "q", "answer": "1", "difficulty": "hard"}', "difficulty"),
 ])
@@ -77,6 +81,32 @@ def test_bad_line_names_file_and_line(tmp_path, line, msg):
     f.write_text('{"prompt": "ok", "answer": "1"}\n' + line + "\n")
     with pytest.raises(ValueError, match=rf"bad\.jsonl:2: .*{msg}"):
         load_jsonl(f)
+
+
+def test_a_line_that_is_not_utf8_is_named_by_line(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(ValueError, match=r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9 at col"):
+        load_jsonl(f)
+    f.write_bytes(b'\xef\xbb\xbf{"prompt": "ok", "answer": "1"}\n')  # a UTF-8 byte-order mark
+    assert [p.prompt for p in load_jsonl(f)] == ["ok"]
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\n"], ids=["empty", "blank-lines"])
+def test_a_file_without_a_problem_is_named(tmp_path, text):
+    f = tmp_path / "none.jsonl"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=r"none\.jsonl: no problems in file"):
+        load_jsonl(f)
+
+
+def test_too_few_distinct_prompts_to_split_are_named(tmp_path):
+    f = tmp_path / "same.jsonl"
+    f.write_text('{"prompt": "q", "answer": "1"}\n' * 5)  # five lines, one distinct prompt
+    with pytest.raises(ValueError, match=r"task\.n_heldout.*same\.jsonl holds 1 distinct"):
+        MathJsonlTask(f, n_heldout=1)
+    with pytest.raises(ValueError, match=r"no train problems left.*also in .*same\.jsonl"):
+        MathJsonlTask(f, heldout_path=f)
 
 
 def test_missing_file_duplicate_ids_and_too_large_heldout(tmp_path):
