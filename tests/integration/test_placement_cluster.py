@@ -84,15 +84,33 @@ def test_the_32_gpu_plan_lands_where_it_must(cluster):
     assert max(Counter(n for n, _ in used).values()) <= cluster.gpus_per_node
 
 
+def test_a_learner_that_fits_one_node_is_packed_on_it(cluster):
+    ranks = cluster.gpus_per_node            # 8 ranks on 8-GPU nodes: one whole node
+    cfg = paper(f"learner.ranks={ranks}", f"generators.count={32 - ranks - 1}")
+    reservations, landings, meet = place(cfg)
+    assert reservations[0].strategy == "STRICT_PACK"
+    ranks_at = role(landings, "learner")
+    assert len({x.node_id for x in ranks_at}) == 1
+    assert sorted(int(x.gpu_ids[0]) for x in ranks_at) == list(range(ranks))
+    assert meet.node_id == ranks_at[0].node_id
+    # the node is the learner's alone: no generator or prior GPU on it
+    assert not [x for x in landings if x.role != "learner" and x.gpu_ids
+                and x.node_id == ranks_at[0].node_id]
+    assert len({(x.node_id, g) for x in landings for g in x.gpu_ids}) == 32
+
+
 def test_a_learner_over_one_node_splits_over_nodes_with_one_rendezvous(cluster):
-    per_node = cluster.gpus_per_node
-    ranks = per_node + per_node - 2          # 14 on 8-GPU nodes: 7 + 7
+    ranks = cluster.gpus_per_node + 1        # 9 on 8-GPU nodes: 5 + 4
     cfg = paper(f"learner.ranks={ranks}", f"generators.count={32 - ranks - 1}")
     reservations, landings, meet = place(cfg)
     assert reservations[0].strategy == "STRICT_SPREAD"
-    ranks_on = Counter(x.node_id for x in role(landings, "learner"))
-    assert sorted(ranks_on.values()) == [ranks // 2, ranks // 2]
-    assert meet.node_id == role(landings, "learner")[0].node_id
+    ranks_at = role(landings, "learner")
+    assert sorted(Counter(x.node_id for x in ranks_at).values()) == [ranks // 2, ranks - ranks // 2]
+    first = ranks - ranks // 2               # ranks fill the bundles in order: 0-4, then 5-8
+    assert {x.node_id for x in ranks_at[:first]} == {ranks_at[0].node_id}
+    assert {x.node_id for x in ranks_at[first:]} == {ranks_at[first].node_id}
+    assert ranks_at[first].node_id != ranks_at[0].node_id
+    assert meet.node_id == ranks_at[0].node_id
     assert len({(x.node_id, g) for x in landings for g in x.gpu_ids}) == 32
 
 
@@ -121,7 +139,7 @@ def test_learner_group_spanning_two_nodes_trains(cluster, tmp_path):
 
     from actors.types import TrainSample
     from learner.config import LearnerConfig
-    from learner.group import Learner
+    from learner.ranks import Learner
     from tasks.policy_model import save_random_policy
 
     cfg = paper("learner.ranks=3", "learner.cpus=0.25", "learner.gpus=1")
