@@ -26,7 +26,7 @@ from pathlib import Path
 
 from actors.types import TrainSample
 from learner.config import LearnerConfig
-from learner.group import free_port
+from learner.ranks import free_port
 
 # Public Qwen3 shapes (config.json of the released checkpoints); random weights here.
 SHAPES = {

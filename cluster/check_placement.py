@@ -8,7 +8,7 @@ config's cluster here: ``cluster.nodes`` Ray nodes of ``cluster.gpus_per_node`` 
 (``ray.cluster_utils.Cluster`` on 127.0.0.1, private temp dir). Then it reserves the placement
 groups exactly as a launch does (``cluster.placement.reserve``), starts one tiny probe actor
 per role actor with that actor's resources and bundle (the learner's through
-``learner.group.rank_options``, the learner's own code), finds the learner's rendezvous the
+``learner.ranks.rank_options``, the learner's own code), finds the learner's rendezvous the
 way ``Learner`` does, and reports the node and GPU ids of each. No probe touches a GPU:
 they read Ray's node id and ``ray.get_gpu_ids()``; no vLLM, no DeepSpeed.
 """
@@ -120,9 +120,9 @@ class _Probe:
 
 def actor_options(p: Plan, groups: dict, reservations: tuple[Reservation, ...]) -> dict:
     """{role: [Ray options of each actor]}, as the launch starts them (cluster/runtime.py);
-    the learner's from ``learner.group.rank_options``, which ``Learner`` uses."""
+    the learner's from ``learner.ranks.rank_options``, which ``Learner`` uses."""
     from cluster.runtime import pg_strategy
-    from learner.group import rank_options
+    from learner.ranks import rank_options
 
     out = {}
     for res in reservations:
@@ -141,7 +141,7 @@ def probe(p: Plan, groups: dict, reservations: tuple[Reservation, ...]):
     ask each where it is, find the learner's rendezvous; returns (landings, rendezvous)."""
     import ray
 
-    from learner.group import rendezvous
+    from learner.ranks import rendezvous
 
     options = actor_options(p, groups, reservations)
     cls = ray.remote(_Probe)

@@ -104,7 +104,7 @@ def start_generators(cfg, model_path: str, pg) -> list:
 
 
 def start_learner(cfg, model_path: str, pg):
-    from learner.group import Learner
+    from learner.ranks import Learner
 
     lp = cfg.learner
     logs = log_dir(cfg)

@@ -110,50 +110,51 @@ class Learner:
             self.shutdown()
             raise
 
-    def _all(self, method: str, *args, **kwargs) -> list:
+    def _every_rank(self, refs: list) -> list:
+        """The results of calls on the ranks (``refs`` in rank order), once all are done."""
         import ray
 
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        return ray.get(refs)
 
     def train_step(self, samples: Sequence[TrainSample]) -> dict:
         """One optimiser step on the global batch; see ``shard_samples`` for the split.
         Returns rank 0's metrics (every rank computes the same all-reduced values)."""
-        import ray
-
         shards = shard_samples(samples, self.n_ranks)
-        refs = [w.train_step.remote(shard) for w, shard in zip(self.workers, shards)]
-        return ray.get(refs)[0]
+        return self._every_rank([w.train_step.remote(shard)
+                                 for w, shard in zip(self.workers, shards)])[0]
 
     def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
         """Rank 0 becomes the weight sender to ``generators`` (see ``actors/weight_sync``)."""
-        import ray
-
-        ray.get(self.workers[0].connect_weight_sync.remote(transport, list(generators)))
+        self._every_rank([self.workers[0].connect_weight_sync.remote(transport, list(generators))])
 
     def publish_weights(self, generators: list, version: int) -> tuple:
         """Rank 0 sends its weights to ``generators`` as ``version`` (every rank takes part:
         ZeRO-3 gathers). Returns (payload, ObjectRefs of the generators' updates)."""
-        return self._all("publish_weights", list(generators), version)[0]
+        generators = list(generators)
+        return self._every_rank([w.publish_weights.remote(generators, version)
+                                 for w in self.workers])[0]
 
     def get_weights(self) -> dict:
         """Rank 0's full fp32 state dict {HF name: np.ndarray}."""
-        return self._all("get_weights")[0]
+        return self._every_rank([w.get_weights.remote() for w in self.workers])[0]
 
     def get_weights_per_rank(self) -> list[dict]:
         """Every rank's full state dict (to check that the ranks agree)."""
-        return self._all("get_weights", all_ranks=True)
+        return self._every_rank([w.get_weights.remote(all_ranks=True) for w in self.workers])
 
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
-        return self._all("save_checkpoint", str(ckpt_dir), client_state)[0]
+        return self._every_rank([w.save_checkpoint.remote(str(ckpt_dir), client_state)
+                                 for w in self.workers])[0]
 
     def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
-        return self._all("load_checkpoint", str(ckpt_dir), tag)[0]
+        return self._every_rank([w.load_checkpoint.remote(str(ckpt_dir), tag)
+                                 for w in self.workers])[0]
 
     def save_hf(self, out_dir: str) -> str:
-        return self._all("save_hf", str(out_dir))[0]
+        return self._every_rank([w.save_hf.remote(str(out_dir)) for w in self.workers])[0]
 
     def shutdown(self) -> None:
-        """Kill this group's actors (by handle, nothing else)."""
+        """Kill the rank actors (by handle, nothing else)."""
         import ray
 
         for w in self.workers:

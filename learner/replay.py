@@ -1,13 +1,13 @@
-"""Record finished prompt groups to disk and replay them into the learner, with no generator.
+"""Record finished prompts to disk and replay them into the learner, with no generator.
 
-File format: a stream of msgpack maps, one per finished prompt group::
+File format: a stream of msgpack maps, one per finished prompt (its rollouts and rewards)::
 
     {"prompt_id": str, "prompt": str, "rewards": [float], "baseline": float,
      "policy_version": int, "samples": [TrainSample.to_dict(), ...]}
 
     python -m learner.replay FILE [--model PATH] [--batch-prompts B] [--ranks R] [--steps N]
 
-trains a ``Learner`` on batches of B consecutive groups (cycling through the file if N
+trains a ``Learner`` on batches of B consecutive prompts (cycling through the file if N
 asks for more batches than it holds) and prints one JSON line per step and a summary.
 """
 from __future__ import annotations
@@ -25,20 +25,20 @@ _KEYS = ("prompt_id", "prompt", "rewards", "baseline", "policy_version", "sample
 
 
 class RolloutRecorder:
-    """Appends one msgpack record per finished prompt group (flushed, so a crash loses none)."""
+    """Appends one msgpack record per finished prompt (flushed, so a crash loses none)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "ab")
-        self.n_groups = 0
+        self.n_records = 0
 
     def append(self, prompt_id: str, prompt: str, rewards: Sequence[float], baseline: float,
                policy_version: int, samples: Sequence[TrainSample | dict]) -> None:
         import msgpack
 
         if len(rewards) != len(samples):
-            raise ValueError(f"group {prompt_id!r}: {len(rewards)} rewards for "
+            raise ValueError(f"prompt {prompt_id!r}: {len(rewards)} rewards for "
                              f"{len(samples)} samples")
         record = {
             "prompt_id": str(prompt_id), "prompt": str(prompt),
@@ -48,7 +48,7 @@ class RolloutRecorder:
         }
         self._f.write(msgpack.packb(record, use_bin_type=True))
         self._f.flush()
-        self.n_groups += 1
+        self.n_records += 1
 
     def close(self) -> None:
         self._f.close()
@@ -60,8 +60,8 @@ class RolloutRecorder:
         self.close()
 
 
-def read_groups(path: str | Path) -> Iterator[dict]:
-    """Yield the recorded groups in order; ``samples`` come back as ``TrainSample``s."""
+def read_records(path: str | Path) -> Iterator[dict]:
+    """Yield the recorded prompts in order; ``samples`` come back as ``TrainSample``s."""
     import msgpack
 
     with open(path, "rb") as f:
@@ -73,22 +73,22 @@ def read_groups(path: str | Path) -> Iterator[dict]:
             yield rec
 
 
-def batches(groups: list[dict], batch_prompts: int, steps: int) -> Iterator[list[TrainSample]]:
-    """``steps`` batches of ``batch_prompts`` consecutive groups, wrapping around the file."""
-    if not groups:
-        raise ValueError("the rollout file holds no groups")
+def batches(records: list[dict], batch_prompts: int, steps: int) -> Iterator[list[TrainSample]]:
+    """``steps`` batches of ``batch_prompts`` consecutive prompts, wrapping around the file."""
+    if not records:
+        raise ValueError("the rollout file holds no prompts")
     pos = 0
     for _ in range(steps):
-        chosen = [groups[(pos + j) % len(groups)] for j in range(batch_prompts)]
-        pos = (pos + batch_prompts) % len(groups)
-        yield [s for g in chosen for s in g["samples"]]
+        chosen = [records[(pos + j) % len(records)] for j in range(batch_prompts)]
+        pos = (pos + batch_prompts) % len(records)
+        yield [s for r in chosen for s in r["samples"]]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m learner.replay", description=__doc__.split("\n")[0])
     p.add_argument("file", help="msgpack rollout file written by RolloutRecorder")
     p.add_argument("--model", default=None, help="HF checkpoint dir (default: embedded policy)")
-    p.add_argument("--batch-prompts", type=int, default=4, help="prompt groups per step")
+    p.add_argument("--batch-prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--ranks", type=int, default=1, help="learner ranks (Ray actors)")
     p.add_argument("--steps", type=int, default=None,
                    help="optimiser steps (default: one pass over the file)")
@@ -113,11 +113,11 @@ def run(args: argparse.Namespace, out=None) -> dict:
     import ray
 
     from learner.config import LearnerConfig
-    from learner.group import Learner
+    from learner.ranks import Learner
 
     cfg = LearnerConfig(**json.loads(args.config))
-    groups = list(read_groups(args.file))
-    steps = args.steps or max(1, len(groups) // args.batch_prompts)
+    records = list(read_records(args.file))
+    steps = args.steps or max(1, len(records) // args.batch_prompts)
     model = args.model
     if model is None:
         from tasks.policy import ensure_default_policy
@@ -127,21 +127,21 @@ def run(args: argparse.Namespace, out=None) -> dict:
     if own_ray:
         ray.init(address="local", num_cpus=max(1, int(args.ranks * args.cpus_per_rank + 0.999)),
                  include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    group = None
+    learner = None
     try:
         t_init = time.perf_counter()
-        group = Learner(model, args.ranks, cfg, num_cpus_per_rank=args.cpus_per_rank)
+        learner = Learner(model, args.ranks, cfg, num_cpus_per_rank=args.cpus_per_rank)
         init_s = time.perf_counter() - t_init
         history, n_samples, t0 = [], 0, time.perf_counter()
-        for batch in batches(groups, args.batch_prompts, steps):
-            m = group.train_step(batch)
+        for batch in batches(records, args.batch_prompts, steps):
+            m = learner.train_step(batch)
             n_samples += len(batch)
             history.append(m)
             print(json.dumps({"samples": len(batch), **m}), file=out, flush=True)
         wall = time.perf_counter() - t0
     finally:
-        if group is not None:
-            group.shutdown()
+        if learner is not None:
+            learner.shutdown()
         if own_ray:
             ray.shutdown()
     summary = _summary(history, n_samples, wall, init_s)

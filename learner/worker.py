@@ -1,6 +1,6 @@
 """One learner rank: a Hugging Face causal LM inside a DeepSpeed engine.
 
-A plain class; ``learner/group.py`` wraps it with ``ray.remote``. Heavy imports (torch,
+A plain class; ``learner/ranks.py`` wraps it with ``ray.remote``. Heavy imports (torch,
 deepspeed, transformers) happen inside methods so that importing this module is cheap.
 
 Loss normalisation across ranks (why R ranks give the same update as 1 rank):

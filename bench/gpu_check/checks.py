@@ -72,7 +72,7 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
 
     from bench.gpu_learner import SHAPES, save_random_shape, synthetic_samples
     from learner.config import LearnerConfig
-    from learner.group import free_port
+    from learner.ranks import free_port
     from learner.worker import LearnerWorker
 
     t0 = time.perf_counter()
@@ -166,7 +166,7 @@ def decoupled_steps(tmp: str, steps: int = 4) -> dict:
 
     from bench.gpu_learner import SHAPES, fp32_logprobs, save_random_shape, synthetic_samples
     from learner.config import LearnerConfig
-    from learner.group import free_port
+    from learner.ranks import free_port
     from learner.worker import LearnerWorker
 
     path, _ = save_random_shape("tiny", Path(tmp) / "tiny_decoupled")

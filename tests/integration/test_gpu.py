@@ -103,7 +103,7 @@ def test_nccl_weight_sync_matches_transformers(ray_gpu, gen, tmp_path):
     import ray
 
     from learner.config import LearnerConfig
-    from learner.group import Learner
+    from learner.ranks import Learner
     from tasks.policy_model import build_tokenizer, save_policy
 
     before = [r.token_ids for r in _greedy(gen, "nb-")]
@@ -139,7 +139,7 @@ def test_nccl_reconnects_a_restarted_generator(ray_gpu, gen, tmp_path):
 
     from cluster.runtime import wait_ready
     from learner.config import LearnerConfig
-    from learner.group import Learner
+    from learner.ranks import Learner
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path / "seed2"

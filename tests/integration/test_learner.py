@@ -1,6 +1,6 @@
 """The learner on real local Ray + real DeepSpeed (CPU, gloo) with a tiny random policy.
 
-One Ray cluster and three learner groups (2 ranks, 1 rank, and 2 ranks under ZeRO-3; same
+One Ray cluster and three learners (2 ranks, 1 rank, and 2 ranks under ZeRO-3; same
 config otherwise) are shared by the module; tests that need a fresh state restore the step-0
 checkpoint first. The config packs micro-batches by a token budget and follows an lr schedule
 (warm-up, then cosine), so both are checked across ranks, steps and checkpoints.
@@ -70,29 +70,29 @@ def cfg():
 
 
 @pytest.fixture(scope="module")
-def groups(ray_cluster, policy_dir, cfg, tmp_path_factory):
-    """{'two': 2-rank group, 'one': 1-rank group, 'z3': 2 ranks at ZeRO-3,
+def learners(ray_cluster, policy_dir, cfg, tmp_path_factory):
+    """{'two': a 2-rank learner, 'one': a 1-rank learner, 'z3': 2 ranks at ZeRO-3,
     'init': step-0 checkpoint dir}."""
-    from learner.group import Learner
+    from learner.ranks import Learner
 
     made = {}
     try:
         made["two"] = Learner(policy_dir, 2, cfg, num_cpus_per_rank=CPUS_PER_RANK)
         made["one"] = Learner(policy_dir, 1, cfg, num_cpus_per_rank=CPUS_PER_RANK)
         made["z3"] = Learner(policy_dir, 2, cfg.model_copy(update={"zero_stage": 3}),
-                                  num_cpus_per_rank=CPUS_PER_RANK)
+                             num_cpus_per_rank=CPUS_PER_RANK)
         init = tmp_path_factory.mktemp("init_ckpt")
         for name in ("two", "one"):
             made[name].save_checkpoint(init / name, {"step": 0})
         yield {**made, "init": init}
     finally:
-        for g in made.values():
-            g.shutdown()
+        for learner in made.values():
+            learner.shutdown()
 
 
-def reset(groups):
+def reset(learners):
     for name in ("two", "one"):
-        groups[name].load_checkpoint(groups["init"] / name)
+        learners[name].load_checkpoint(learners["init"] / name)
 
 
 def micro_counts(batch, n_ranks, cfg) -> list[int]:
@@ -103,11 +103,11 @@ def micro_counts(batch, n_ranks, cfg) -> list[int]:
             for s in shard_samples(batch, n_ranks)]
 
 
-def test_two_ranks_equal_one_rank(groups, cfg):
+def test_two_ranks_equal_one_rank(learners, cfg):
     from learner.schedule import lr_at
 
-    reset(groups)
-    two, one = groups["two"], groups["one"]
+    reset(learners)
+    two, one = learners["two"], learners["one"]
     w0 = one.get_weights()
     # 5 samples on 2 ranks: token-balanced shards of different sizes and micro-batch counts
     # (the rank with fewer runs a filler micro-batch).
@@ -138,9 +138,9 @@ def test_two_ranks_equal_one_rank(groups, cfg):
 
 
 @pytest.mark.parametrize("poison", ["nan_logprob", "huge_advantage"])
-def test_non_finite_step_is_skipped_then_raises(groups, poison):
-    two = groups["two"]
-    reset(groups)
+def test_non_finite_step_is_skipped_then_raises(learners, poison):
+    two = learners["two"]
+    reset(learners)
 
     def poisoned(seed):
         from learner.batch import shard_samples
@@ -171,11 +171,11 @@ def test_non_finite_step_is_skipped_then_raises(groups, poison):
         two.train_step(poisoned(6))  # the 2nd in a row > max_consecutive_nan = 1
 
 
-def test_checkpoint_restores_weights_and_client_state(groups, cfg, tmp_path):
+def test_checkpoint_restores_weights_and_client_state(learners, cfg, tmp_path):
     from learner.schedule import lr_at
 
-    two = groups["two"]
-    reset(groups)
+    two = learners["two"]
+    reset(learners)
     two.train_step(make_samples(4, 6))
     two.train_step(make_samples(4, 7))  # the end of warm-up: the cosine decay comes next
     saved = two.get_weights()
@@ -198,12 +198,12 @@ def test_checkpoint_restores_weights_and_client_state(groups, cfg, tmp_path):
     assert lrs == [lr_at(cfg, 2), lr_at(cfg, 3), lr_at(cfg, 3)] and lrs[0] > lrs[1]
 
 
-def test_zero3_two_ranks_equal_one_rank(groups, cfg):
+def test_zero3_two_ranks_equal_one_rank(learners, cfg):
     """ZeRO-3 (weights sharded, gathered per micro-batch) with ranks running different numbers
     of real micro-batches: the fillers keep the gathers in lockstep (a mismatch would hang)
     and the update equals the 1-rank one."""
-    reset(groups)
-    z3, one = groups["z3"], groups["one"]
+    reset(learners)
+    z3, one = learners["z3"], learners["one"]
     batch = make_samples(7, 11)
     assert len(set(micro_counts(batch, 2, cfg))) > 1
     w0 = one.get_weights()
@@ -218,11 +218,11 @@ def test_zero3_two_ranks_equal_one_rank(groups, cfg):
     assert max_diff(w3, w1) < 2e-2 * max_diff(w1, w0)
 
 
-def test_save_hf_loads_with_transformers(groups, tmp_path):
+def test_save_hf_loads_with_transformers(learners, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    one = groups["one"]
+    one = learners["one"]
     one.train_step(make_samples(3, 9))
     out = one.save_hf(tmp_path / "hf")
     weights = one.get_weights()
@@ -232,8 +232,8 @@ def test_save_hf_loads_with_transformers(groups, tmp_path):
     assert len(AutoTokenizer.from_pretrained(out)) == model.config.vocab_size
 
 
-def test_record_then_replay(groups, policy_dir, tmp_path, capsys):
-    from learner.replay import RolloutRecorder, main, read_groups
+def test_record_then_replay(learners, policy_dir, tmp_path, capsys):
+    from learner.replay import RolloutRecorder, main, read_records
 
     path = tmp_path / "rollouts.msgpack"
     recorded = []
@@ -243,7 +243,7 @@ def test_record_then_replay(groups, policy_dir, tmp_path, capsys):
             rewards = [1.0, -1.0, 1.0, 1.0]
             rec.append(f"p{g}", f"prompt {g}", rewards, 0.5, g, samples)
             recorded.append(samples)
-    back = list(read_groups(path))
+    back = list(read_records(path))
     assert [g["prompt_id"] for g in back] == ["p0", "p1", "p2"]
     assert [g["samples"] for g in back] == recorded and back[1]["policy_version"] == 1
     capsys.readouterr()
@@ -251,19 +251,19 @@ def test_record_then_replay(groups, policy_dir, tmp_path, capsys):
                     "--ranks", "1", "--steps", "3", "--cpus-per-rank", str(CPUS_PER_RANK)])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     steps = [x for x in lines if "step" in x and "summary" not in x]
-    assert [x["samples"] for x in steps] == [8, 8, 8]  # 2 groups of 4, wrapping around the file
+    assert [x["samples"] for x in steps] == [8, 8, 8]  # 2 prompts x 4, wrapping around
     assert all(not x["skipped"] and math.isfinite(x["loss"]) for x in steps)
     assert lines[-1]["summary"] == summary
     assert summary["steps"] == 3 and summary["samples"] == 24 and summary["skipped_steps"] == 0
     assert summary["samples_per_s"] > 0
 
 
-def test_rank0_publishes_its_weights(groups):
-    """Rank 0 hosts the weight sender: the payload it publishes holds the group's weights."""
+def test_rank0_publishes_its_weights(learners):
+    """Rank 0 hosts the weight sender: the payload it publishes holds the learner's weights."""
     import numpy as np
     import ray
 
-    two = groups["two"]
+    two = learners["two"]
     with pytest.raises(ray.exceptions.RayTaskError, match="before connect_weight_sync"):
         two.publish_weights([], 1)
     two.connect_weight_sync("object_store", [])

@@ -119,7 +119,7 @@ def test_learner_rank0_broadcasts_over_gloo(gen, tmp_path):
     import ray
 
     from learner.config import LearnerConfig
-    from learner.group import Learner
+    from learner.ranks import Learner
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path / "seed3"

@@ -1,0 +1,66 @@
+"""The learner's driver-facing calls reach every rank's own method (no Ray: the rank actors
+are fakes that answer each ``.remote`` call at once)."""
+from __future__ import annotations
+
+import pytest
+
+from actors.types import TrainSample
+from learner.config import LearnerConfig
+from learner.ranks import Learner
+
+
+class _Call:
+    def __init__(self, rank: int, name: str, log: list):
+        self.rank, self.name, self.log = rank, name, log
+
+    def remote(self, *args, **kwargs):
+        self.log.append((self.rank, self.name, args, kwargs))
+        return {"rank": self.rank, "method": self.name, "args": args, "kwargs": kwargs}
+
+
+class _Rank:
+    """A rank actor's handle: every attribute is a remote method that records its call."""
+
+    def __init__(self, rank: int, log: list):
+        self.rank, self.log = rank, log
+
+    def __getattr__(self, name):
+        return _Call(self.rank, name, self.log)
+
+
+def learner(n_ranks: int) -> tuple[Learner, list]:
+    log: list = []
+    lrn = Learner.__new__(Learner)  # no actors started
+    lrn.n_ranks, lrn.cfg = n_ranks, LearnerConfig()
+    lrn.workers = [_Rank(r, log) for r in range(n_ranks)]
+    lrn._every_rank = lambda results: list(results)  # the fakes answered already
+    return lrn, log
+
+
+@pytest.mark.parametrize("call, method, args, kwargs", [
+    (lambda l: l.publish_weights(iter(["g0", "g1"]), 7), "publish_weights", (["g0", "g1"], 7), {}),
+    (lambda l: l.get_weights(), "get_weights", (), {}),
+    (lambda l: l.save_checkpoint("/ckpt", {"step": 3}), "save_checkpoint", ("/ckpt", {"step": 3}), {}),
+    (lambda l: l.load_checkpoint("/ckpt", "tag"), "load_checkpoint", ("/ckpt", "tag"), {}),
+    (lambda l: l.save_hf("/hf"), "save_hf", ("/hf",), {}),
+])
+def test_every_rank_takes_part_and_rank0_answers(call, method, args, kwargs):
+    lrn, log = learner(3)
+    got = call(lrn)
+    assert got == {"rank": 0, "method": method, "args": args, "kwargs": kwargs}
+    assert log == [(r, method, args, kwargs) for r in range(3)]
+
+
+def test_per_rank_weights_connect_and_sharded_steps():
+    lrn, log = learner(2)
+    assert [w["rank"] for w in lrn.get_weights_per_rank()] == [0, 1]
+    assert log == [(r, "get_weights", (), {"all_ranks": True}) for r in range(2)]
+    log.clear()
+    lrn.connect_weight_sync("gloo", ("g0",))  # rank 0 alone holds the sender
+    assert log == [(0, "connect_weight_sync", ("gloo", ["g0"]), {})]
+    log.clear()
+    samples = [TrainSample(prompt_token_ids=[1], token_ids=[2, 3], logprobs=[-0.1, -0.2],
+                           advantage=1.0, version=0) for _ in range(3)]
+    assert lrn.train_step(samples)["rank"] == 0
+    shards = [args[0] for _, name, args, _ in log if name == "train_step"]
+    assert len(shards) == 2 and sum(len(s) for s in shards) == 3
