@@ -27,7 +27,7 @@ import os
 import time
 from collections import Counter
 
-from actors.prompts import PromptSampler, checked_priors, group_samples, make_record, success_rate
+from actors.prompts import PromptSampler, checked_priors, make_record, success_rate, train_samples
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from actors.scoring import Overlong, Scorer
 from actors.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
@@ -92,7 +92,7 @@ class Coordinator:
                 "counts": dict(self.counts), "events": list(self.events)}
         data = msgpack.packb(snap, use_bin_type=True)
         await asyncio.to_thread(_write_file, path, data)
-        return len(snap["scheduler"]["groups"])
+        return len(snap["scheduler"]["inflight"])
 
     @property
     def admitted_pos(self) -> int:
@@ -119,15 +119,15 @@ class Coordinator:
             self._wake.clear()
             got = self.sched.take_batch(n)
             if got is not None:
-                groups, actions = got
+                prompts, actions = got
                 self._apply(actions)
-                if groups:
+                if prompts:
                     break
             await self._wake.wait()
         self._kick()
         dropped, self.sched.dropped = self.sched.dropped, []
-        return TrainBatch(records=[make_record(g) for g in groups],
-                          samples=[s for g in groups for s in group_samples(g)],
+        return TrainBatch(records=[make_record(p) for p in prompts],
+                          samples=[s for p in prompts for s in train_samples(p)],
                           version=self.sched.version, inflight_prompts=self.sched.in_flight(),
                           counters=self._counters(), dropped=dropped)
 
@@ -157,7 +157,7 @@ class Coordinator:
         acct = self.sched.accounting()
         acct["prompts_in_flight_at_end"] = acct.pop("prompts_in_flight")
         data_pos = self.admitted_pos
-        acct["inflight_uids"] = sorted(self.sched.groups)
+        acct["inflight_uids"] = sorted(self.sched.inflight)
         acct["dropped_since_last_batch"] = list(self.sched.dropped)
         return {**acct,
                 "prior_fallbacks": self.counts["prior_fallback"],
@@ -264,10 +264,10 @@ class Coordinator:
     async def _generate(self, d: Dispatch) -> None:
         import ray
 
-        grp = self.sched.groups.get(d.uid)
-        if grp is None:
+        pif = self.sched.inflight.get(d.uid)
+        if pif is None:
             return
-        req = RolloutRequest(d.request_id, grp.problem.id, grp.problem.prompt, len(d.indices),
+        req = RolloutRequest(d.request_id, pif.problem.id, pif.problem.prompt, len(d.indices),
                              self.sampling, priority=d.priority)
         try:
             rollouts = await asyncio.wait_for(self.gens[d.generator].generate.remote(req),
@@ -292,7 +292,7 @@ class Coordinator:
             self._lost(d.generator, "new incarnation")
             return self._apply(self.sched.on_request_failed(d.request_id, generator_lost=True))
         verdicts = await asyncio.gather(*(
-            self.scorer.score(grp.problem, r.text, len(r.token_ids)) for r in rollouts
+            self.scorer.score(pif.problem, r.text, len(r.token_ids)) for r in rollouts
             if not r.cancelled))
         it = iter(verdicts)
         finished = []

@@ -45,40 +45,40 @@ def checked_priors(ps, n: int) -> list[float]:
     return [float(p) for p in ps]
 
 
-def success_rate(grp: PromptInFlight, rewards: tuple[float, float]) -> float:
+def success_rate(pif: PromptInFlight, rewards: tuple[float, float]) -> float:
     """Mean reward on the [0, 1] scale: the observed success rate the prior learns from."""
-    return float(reward_to_prob(grp.state.vbar, rewards))
+    return float(reward_to_prob(pif.state.vbar, rewards))
 
 
-def group_samples(grp: PromptInFlight) -> list[TrainSample]:
+def train_samples(pif: PromptInFlight) -> list[TrainSample]:
     """One TrainSample per observed rollout, advantages from the estimator state."""
-    adv = grp.state.advantages()  # (k,) in grp.state.indices() order
+    adv = pif.state.advantages()  # (k,) in pif.state.indices() order
     out = []
-    for i, a in zip(grp.state.indices(), adv):
-        r: Rollout = grp.payloads[i]
+    for i, a in zip(pif.state.indices(), adv):
+        r: Rollout = pif.payloads[i]
         out.append(TrainSample(r.prompt_token_ids, r.token_ids, r.logprobs, float(a),
-                               grp.start_version[i]))
+                               pif.start_version[i]))
     return out
 
 
-def make_record(grp: PromptInFlight) -> PromptRecord:
+def make_record(pif: PromptInFlight) -> PromptRecord:
     """The run's record of a finished prompt (estimator evaluated once)."""
-    st = grp.state
+    st = pif.state
     res = st.result()
     baseline = float(res.baseline[0])
     fused = st.est.needs_prior and not st.fallback
-    rs: list[Rollout] = [grp.payloads[i] for i in st.indices()]
+    rs: list[Rollout] = [pif.payloads[i] for i in st.indices()]
     return PromptRecord(
-        prompt_id=grp.problem.id, uid=grp.uid, prompt=grp.problem.prompt, k=st.k,
+        prompt_id=pif.problem.id, uid=pif.uid, prompt=pif.problem.prompt, k=st.k,
         rewards=[float(r) for r in st.rewards()], baseline=baseline, prior_p=st.prior_p,
         # The test kept the prior iff w == 0, and then the baseline IS the prior.
         prior_accepted=(baseline == st.prior) if fused else None, fallback=st.fallback,
-        unparsed=sum(not r.parsed for r in rs), admitted_version=grp.admitted_version,
-        deadline=grp.deadline, versions=sorted(set(grp.start_version.values())),
+        unparsed=sum(not r.parsed for r in rs), admitted_version=pif.admitted_version,
+        deadline=pif.deadline, versions=sorted(set(pif.start_version.values())),
         generators=sorted({r.generator for r in rs}), rounds=st.rounds,
-        cancelled_rollouts=grp.cancelled_rollouts,
-        cancelled_tokens=grp.cancelled_tokens, regenerations=grp.regenerations,
+        cancelled_rollouts=pif.cancelled_rollouts,
+        cancelled_tokens=pif.cancelled_tokens, regenerations=pif.regenerations,
         tokens=sum(len(r.token_ids) for r in rs), lengths=[len(r.token_ids) for r in rs],
         prompt_tokens=len(rs[0].prompt_token_ids) if rs else 0,
-        t_admit=grp.t_admit, t_done=grp.t_done,
+        t_admit=pif.t_admit, t_done=pif.t_done,
         spans=[(r.generator, r.t_start, r.t_end) for r in rs])

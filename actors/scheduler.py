@@ -13,7 +13,7 @@ The driver feeds events and carries out the actions the scheduler returns::
     acts = sched.on_rollouts(request_id, [Finished(...), ...])   # rewards arrive
     acts = sched.on_request_failed(request_id, generator_lost=True)
     acts = sched.set_version(v)               # a learner step published version v
-    batch = sched.take_batch(B)               # PromptGroups to train on now, or None: wait
+    batch = sched.take_batch(B)               # PromptInFlights to train on now, or None: wait
 
 Rules (docs/pipeline.md, "The scheduler"):
 - **Capacity in sequence slots.** Each generator holds at most ``slots_per_generator``
@@ -170,8 +170,8 @@ class Scheduler:
         self.k_init = estimator.cfg.k_init
         self.alive = [True] * n_generators
         self.load = [0] * n_generators           # outstanding sequences per generator
-        self.groups: dict[str, PromptInFlight] = {}  # admitted, not yet handed or dropped
-        self.ready: dict[str, PromptInFlight] = {}   # the finished subset of ``groups``
+        self.inflight: dict[str, PromptInFlight] = {}  # admitted, not yet handed or dropped
+        self.ready: dict[str, PromptInFlight] = {}     # the finished subset of ``inflight``
         self.quota: Counter = Counter()           # deadline -> admissions given it (not
                                                   # returned when trained early)
         self.unfinished: Counter = Counter()      # deadline -> live prompts not finished yet
@@ -213,7 +213,7 @@ class Scheduler:
     def _slot_room(self) -> int:
         """Prompts whose k_init rollouts fit in free slots (all on one generator each)."""
         s = self.cfg.slots_per_generator
-        need = min(self.k_init, s)  # a group larger than an engine's slots: one per empty engine
+        need = min(self.k_init, s)  # k_init above an engine's slots: one per empty engine
         return sum(max(0, s - load) // need for load, a in zip(self.load, self.alive) if a)
 
     def room(self) -> int:
@@ -222,7 +222,7 @@ class Scheduler:
             return 0
         n = min(self._slot_room(), self._quota_room())
         if self.cfg.max_inflight_prompts is not None:
-            n = min(n, self.cfg.max_inflight_prompts - len(self.groups))
+            n = min(n, self.cfg.max_inflight_prompts - len(self.inflight))
         return max(0, n)
 
     def admit(self, problems: Sequence[Any], priors: Sequence[float | None],
@@ -237,76 +237,76 @@ class Scheduler:
         for i, (problem, prior) in enumerate(zip(problems, priors)):
             d = self._free_deadline()
             uid = uids[i] if uids is not None else f"p{next(self._ids)}"
-            if uid in self.groups:
+            if uid in self.inflight:
                 raise ValueError(f"prompt uid {uid!r} is already in flight")
-            grp = PromptInFlight(uid, problem, PromptState(self.est, prior), self.version, d, -1,
-                              self.clock())
-            self.groups[uid] = grp
+            pif = PromptInFlight(uid, problem, PromptState(self.est, prior), self.version, d, -1,
+                                 self.clock())
+            self.inflight[uid] = pif
             self.quota[d] += 1
             self.unfinished[d] += 1
             self.counts["admitted"] += 1
-            actions += self._plan(grp)
+            actions += self._plan(pif)
         return actions
 
     # -- planning ----------------------------------------------------------------------------
-    def _plan(self, grp: PromptInFlight) -> list:
+    def _plan(self, pif: PromptInFlight) -> list:
         """Ask the prompt's state what to do now: dispatch, cancel, or finish."""
-        st, actions = grp.state, []
+        st, actions = pif.state, []
         n = st.to_request()
         if n:
             idx = tuple(range(st.requested - n, st.requested))
-            first = st.round_of(idx[0]) == 1 and grp.regenerations == 0
+            first = st.round_of(idx[0]) == 1 and pif.regenerations == 0
             if not first:
                 self.counts["extra_rollouts"] += n
-            actions.append(self._dispatch(grp, idx, priority(grp.deadline, first),
+            actions.append(self._dispatch(pif, idx, priority(pif.deadline, first),
                                           st.round_of(idx[0]), prefer_home=not first))
         cancel = st.to_cancel()
         if cancel:
-            actions += self._cancel_latest(grp, cancel)
-        if st.done and st.outstanding == 0 and grp.uid not in self.ready:
-            self._finish(grp)
+            actions += self._cancel_latest(pif, cancel)
+        if st.done and st.outstanding == 0 and pif.uid not in self.ready:
+            self._finish(pif)
         return [a for a in actions if a is not None]
 
-    def _pick(self, grp: PromptInFlight, n: int, prefer_home: bool) -> int | None:
+    def _pick(self, pif: PromptInFlight, n: int, prefer_home: bool) -> int | None:
         live = [g for g, a in enumerate(self.alive) if a]
         if not live:
             return None
         s = self.cfg.slots_per_generator
-        if prefer_home and grp.home >= 0 and self.alive[grp.home] and self.load[grp.home] + n <= s:
-            return grp.home
+        if prefer_home and pif.home >= 0 and self.alive[pif.home] and self.load[pif.home] + n <= s:
+            return pif.home
         return min(live, key=lambda g: (self.load[g], g))
 
-    def _dispatch(self, grp: PromptInFlight, indices: tuple[int, ...], priority: int, rnd: int,
+    def _dispatch(self, pif: PromptInFlight, indices: tuple[int, ...], priority: int, rnd: int,
                   prefer_home: bool = True) -> Dispatch | None:
-        g = self._pick(grp, len(indices), prefer_home)
-        d = Dispatch(f"{grp.uid}/r{next(self._ids)}", grp.uid, indices,
+        g = self._pick(pif, len(indices), prefer_home)
+        d = Dispatch(f"{pif.uid}/r{next(self._ids)}", pif.uid, indices,
                      -1 if g is None else g, priority, rnd)
         if g is None:  # no live generator: park it until one comes back
             self.parked.append(d)
             return None
-        if grp.home < 0:
-            grp.home = g  # its first rollouts' engine holds its prefix from now on
+        if pif.home < 0:
+            pif.home = g  # its first rollouts' engine holds its prefix from now on
         return self._send(d)
 
     def _send(self, d: Dispatch) -> Dispatch:
         self.requests[d.request_id] = _Request(d, set(range(len(d.indices))))
-        self.groups[d.uid].requests.add(d.request_id)
+        self.inflight[d.uid].requests.add(d.request_id)
         self.load[d.generator] += len(d.indices)
         self.counts["rollouts_dispatched"] += len(d.indices)
         return d
 
-    def _cancel_latest(self, grp: PromptInFlight, n: int) -> list[Cancel]:
+    def _cancel_latest(self, pif: PromptInFlight, n: int) -> list[Cancel]:
         """Cancel the ``n`` least advanced outstanding rollouts: the latest dispatched."""
-        latest = sorted(grp.state.outstanding_indices(), reverse=True)[:n]
+        latest = sorted(pif.state.outstanding_indices(), reverse=True)[:n]
         for index in latest:
-            grp.state.cancel(index)
-        return self._abort(grp, set(latest))
+            pif.state.cancel(index)
+        return self._abort(pif, set(latest))
 
-    def _abort(self, grp: PromptInFlight, indices: set[int]) -> list[Cancel]:
+    def _abort(self, pif: PromptInFlight, indices: set[int]) -> list[Cancel]:
         """The engine side of cancelling rollouts ``indices`` (the state already cancelled
         them): their slots free at once, their reports are awaited as cancelled."""
         by_req: dict[str, list[int]] = {}
-        for rid in grp.requests:
+        for rid in pif.requests:
             req = self.requests[rid]
             for pos in [p for p in req.live if req.dispatch.indices[p] in indices]:
                 req.live.discard(pos)
@@ -314,18 +314,18 @@ class Scheduler:
                 self.load[req.dispatch.generator] -= 1  # the engine frees the slot on abort
                 by_req.setdefault(rid, []).append(pos)
         n = sum(map(len, by_req.values()))
-        grp.cancelled_rollouts += n
+        pif.cancelled_rollouts += n
         self.counts["rollouts_cancelled"] += n
-        return [Cancel(rid, grp.uid, tuple(sorted(pos)), self.requests[rid].dispatch.generator)
+        return [Cancel(rid, pif.uid, tuple(sorted(pos)), self.requests[rid].dispatch.generator)
                 for rid, pos in sorted(by_req.items())]
 
     def _retire(self, rid: str) -> None:
         req = self.requests[rid]
         if not req.live and not req.cancelled:
             del self.requests[rid]
-            grp = self.groups.get(req.dispatch.uid)
-            if grp is not None:
-                grp.requests.discard(rid)
+            pif = self.inflight.get(req.dispatch.uid)
+            if pif is not None:
+                pif.requests.discard(rid)
 
     # -- results -----------------------------------------------------------------------------
     def on_rollouts(self, request_id: str, finished: Sequence[Finished]) -> list:
@@ -335,32 +335,32 @@ class Scheduler:
             self.counts["cancelled_tokens"] += sum(f.tokens for f in finished)
             return []
         actions: list = []
-        grp = self.groups.get(req.dispatch.uid)
+        pif = self.inflight.get(req.dispatch.uid)
         for f in finished:
             if f.position in req.cancelled or f.position not in req.live:
                 # Cancelled by the plan (even if it finished before the abort landed):
                 # its tokens are spent compute, its reward is not used.
                 req.cancelled.discard(f.position)
                 self.counts["cancelled_tokens"] += f.tokens
-                if grp is not None:
-                    grp.cancelled_tokens += f.tokens
+                if pif is not None:
+                    pif.cancelled_tokens += f.tokens
                 continue
             if f.cancelled:
                 raise ValueError(f"request {request_id}: completion {f.position} came back "
                                  "cancelled but was never cancelled by the scheduler")
             req.live.discard(f.position)
             self.load[req.dispatch.generator] -= 1
-            if grp is None:  # dropped meanwhile
+            if pif is None:  # dropped meanwhile
                 continue
             index = req.dispatch.indices[f.position]
-            grp.state.add(float(f.reward), index=index)
-            grp.payloads[index] = f.payload
-            grp.start_version[index] = int(f.start_version)
+            pif.state.add(float(f.reward), index=index)
+            pif.payloads[index] = f.payload
+            pif.start_version[index] = int(f.start_version)
             self.counts["rollouts_finished"] += 1
             self.counts["tokens_finished"] += f.tokens
         self._retire(request_id)
-        if grp is not None and grp.uid not in self.ready:
-            actions += self._plan(grp)
+        if pif is not None and pif.uid not in self.ready:
+            actions += self._plan(pif)
         return actions
 
     def on_request_failed(self, request_id: str, generator_lost: bool = False,
@@ -373,18 +373,18 @@ class Scheduler:
             return []
         d = req.dispatch
         self.load[d.generator] -= len(req.live)
-        if d.uid in self.groups:
-            self.groups[d.uid].requests.discard(request_id)
+        if d.uid in self.inflight:
+            self.inflight[d.uid].requests.discard(request_id)
         if generator_lost:
             self.mark_lost(d.generator)
-        grp = self.groups.get(d.uid)
-        if grp is None or not req.live:
+        pif = self.inflight.get(d.uid)
+        if pif is None or not req.live:
             return []
         if drop_reason is not None:
-            return self.drop(grp.uid, drop_reason)
+            return self.drop(pif.uid, drop_reason)
         self.counts["reissued_requests"] += 1
         indices = tuple(d.indices[p] for p in sorted(req.live))
-        out = self._dispatch(grp, indices, d.priority, d.round, prefer_home=False)
+        out = self._dispatch(pif, indices, d.priority, d.round, prefer_home=False)
         return [out] if out is not None else []
 
     def mark_lost(self, g: int) -> None:
@@ -398,40 +398,40 @@ class Scheduler:
         parked, self.parked = self.parked, []
         out = []
         for d in parked:
-            grp = self.groups.get(d.uid)
-            if grp is None:
+            pif = self.inflight.get(d.uid)
+            if pif is None:
                 continue
-            x = self._dispatch(grp, d.indices, d.priority, d.round, prefer_home=False)
+            x = self._dispatch(pif, d.indices, d.priority, d.round, prefer_home=False)
             if x is not None:
                 out.append(x)
         return out
 
     # -- finishing and dropping --------------------------------------------------------------
-    def _finish(self, grp: PromptInFlight) -> None:
-        grp.t_done = self.clock()
-        self._finished.append(grp)
-        if not grp.state.keep:
-            self.drop(grp.uid, "filtered_all_equal", refill=True)
+    def _finish(self, pif: PromptInFlight) -> None:
+        pif.t_done = self.clock()
+        self._finished.append(pif)
+        if not pif.state.keep:
+            self.drop(pif.uid, "filtered_all_equal", refill=True)
             return
-        self.ready[grp.uid] = grp
-        self.unfinished[grp.deadline] -= 1
-        self._recheck.add(grp.uid)
+        self.ready[pif.uid] = pif
+        self.unfinished[pif.deadline] -= 1
+        self._recheck.add(pif.uid)
 
     def drop(self, uid: str, reason: str, refill: bool = False) -> list:
         """Drop a prompt (counted under ``reason``); its place frees. Returns the
         cancels of its outstanding rollouts."""
-        grp = self.groups.pop(uid, None)
-        if grp is None:
+        pif = self.inflight.pop(uid, None)
+        if pif is None:
             return []
         if self.ready.pop(uid, None) is None:
-            self.unfinished[grp.deadline] -= 1
-        self.quota[grp.deadline] -= 1  # its place is free again (a refill may take it)
+            self.unfinished[pif.deadline] -= 1
+        self.quota[pif.deadline] -= 1  # its place is free again (a refill may take it)
         if refill:
-            self.refills[grp.deadline] += 1
+            self.refills[pif.deadline] += 1
         self.drops[reason] += 1
         self.dropped.append((uid, reason))
         out = []
-        for rid in grp.requests:
+        for rid in pif.requests:
             q = self.requests.pop(rid)
             self.load[q.dispatch.generator] -= len(q.live)
             if q.live:  # their reports will find no request: counted as cancelled tokens
@@ -459,7 +459,7 @@ class Scheduler:
     def take_batch(self, n: int) -> tuple[list[PromptInFlight], list] | None:
         """Prompts to train on at the current version, or None when the learner must wait:
         while a prompt due now is unfinished, or fewer than ``n`` are finished. Returns
-        (groups, actions): actions re-generate stale samples found on the way."""
+        (prompts, actions): actions re-generate stale samples found on the way."""
         V = self.version
         actions = self._regenerate_stale(V) if self._recheck else []
         if self.cfg.max_staleness and any(c for d, c in self.unfinished.items() if d <= V):
@@ -475,7 +475,7 @@ class Scheduler:
         self._taken = V
         self._last_batch = [g.deadline for g in batch]
         for g in batch:
-            del self.groups[g.uid], self.ready[g.uid]
+            del self.inflight[g.uid], self.ready[g.uid]
             self.counts["handed"] += 1
         for d in [d for d in self.quota if d < V and self.unfinished[d] == 0]:
             del self.quota[d], self.unfinished[d]  # deadlines past: nothing is due there again
@@ -486,37 +486,37 @@ class Scheduler:
         in hand (at least k_init) rather than keep the learner waiting; the cancelled
         rollouts are counted (``deadline_cuts``). Only a prompt's first round is waited for."""
         out = []
-        for grp in [g for g in self.groups.values()
+        for pif in [g for g in self.inflight.values()
                     if g.deadline <= V and g.uid not in self.ready
                     and g.state.k >= self.k_init and g.state.outstanding]:
-            out += self._abort(grp, set(grp.state.cut()))
+            out += self._abort(pif, set(pif.state.cut()))
             self.counts["deadline_cuts"] += 1
-            self._finish(grp)
+            self._finish(pif)
         return out
 
     def _regenerate_stale(self, V: int) -> list:
         out = []
         check, self._recheck = self._recheck, set()
-        for grp in [self.ready[u] for u in check if u in self.ready]:
-            stale = [i for i, v in grp.start_version.items() if V - v > self.cfg.max_staleness]
+        for pif in [self.ready[u] for u in check if u in self.ready]:
+            stale = [i for i, v in pif.start_version.items() if V - v > self.cfg.max_staleness]
             if not stale:
                 continue
-            if grp.regenerations >= self.cfg.max_regenerations:
-                out += self.drop(grp.uid, "stale")
+            if pif.regenerations >= self.cfg.max_regenerations:
+                out += self.drop(pif.uid, "stale")
                 continue
-            grp.regenerations += 1
+            pif.regenerations += 1
             self.counts["stale_regenerated"] += len(stale)
-            del self.ready[grp.uid]
+            del self.ready[pif.uid]
             for i in stale:
-                grp.state.expire(i)
-                grp.payloads.pop(i, None)
-                grp.start_version.pop(i, None)
+                pif.state.expire(i)
+                pif.payloads.pop(i, None)
+                pif.start_version.pop(i, None)
             # Its samples now start at V or later: a fresh deadline, with all the slack.
-            self.quota[grp.deadline] -= 1
-            grp.deadline = V + self.cfg.max_staleness
-            self.quota[grp.deadline] += 1
-            self.unfinished[grp.deadline] += 1
-            out += self._plan(grp)
+            self.quota[pif.deadline] -= 1
+            pif.deadline = V + self.cfg.max_staleness
+            self.quota[pif.deadline] += 1
+            self.unfinished[pif.deadline] += 1
+            out += self._plan(pif)
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -524,9 +524,9 @@ class Scheduler:
         """Everything needed to continue every admitted prompt after a crash: its estimator
         state, its finished rollouts (``encode_payload``), its deadline; and the counters.
         Rollouts in flight are not kept: ``restore`` asks for them again."""
-        groups = []
-        for g in self.groups.values():
-            groups.append({
+        prompts = []
+        for g in self.inflight.values():
+            prompts.append({
                 "uid": g.uid, "problem": encode_problem(g.problem), "state": g.state.to_dict(),
                 "admitted_version": g.admitted_version, "deadline": g.deadline,
                 "t_admit": g.t_admit, "t_done": g.t_done, "regenerations": g.regenerations,
@@ -536,44 +536,45 @@ class Scheduler:
                              for i, p in sorted(g.payloads.items())]})
         return {"version": self.version, "counts": dict(self.counts), "drops": dict(self.drops),
                 "refills": {str(d): n for d, n in self.refills.items()},
-                "quota": {str(d): n for d, n in self.quota.items()}, "groups": groups}
+                "quota": {str(d): n for d, n in self.quota.items()}, "inflight": prompts}
 
     def restore(self, snap: dict, decode_problem: Callable, decode_payload: Callable) -> list:
         """Load a ``snapshot`` into this (fresh) scheduler; returns the dispatches that ask
         again for the rollouts that were in flight. Ages keep counting from the versions
         that started the samples, so the staleness bound still holds after a resume: a sample
         too old by the time it would be trained is re-generated (see ``take_batch``)."""
-        if self.groups:
+        if self.inflight:
             raise ValueError("restore into a scheduler that already has prompts")
         self.counts.update(snap["counts"])
         self.drops.update(snap["drops"])
         self.refills.update({int(d): n for d, n in snap["refills"].items()})
         self.quota.update({int(d): n for d, n in snap["quota"].items()})
         actions = []
-        for d in snap["groups"]:
-            grp = PromptInFlight(d["uid"], decode_problem(d["problem"]),
-                              PromptState.from_dict(self.est, d["state"]),
-                              d["admitted_version"], d["deadline"], -1, d["t_admit"],
-                              t_done=d["t_done"], regenerations=d["regenerations"],
-                              cancelled_rollouts=d["cancelled_rollouts"],
-                              cancelled_tokens=d["cancelled_tokens"])
+        # "groups": the key of checkpoints written before the rename to "inflight".
+        for d in snap["inflight"] if "inflight" in snap else snap["groups"]:
+            pif = PromptInFlight(d["uid"], decode_problem(d["problem"]),
+                                 PromptState.from_dict(self.est, d["state"]),
+                                 d["admitted_version"], d["deadline"], -1, d["t_admit"],
+                                 t_done=d["t_done"], regenerations=d["regenerations"],
+                                 cancelled_rollouts=d["cancelled_rollouts"],
+                                 cancelled_tokens=d["cancelled_tokens"])
             for i, v, payload in d["rollouts"]:
-                grp.payloads[int(i)], grp.start_version[int(i)] = decode_payload(payload), int(v)
-            self.groups[grp.uid] = grp
+                pif.payloads[int(i)], pif.start_version[int(i)] = decode_payload(payload), int(v)
+            self.inflight[pif.uid] = pif
             if d["ready"]:
-                self.ready[grp.uid] = grp
-                self._recheck.add(grp.uid)
+                self.ready[pif.uid] = pif
+                self._recheck.add(pif.uid)
                 continue
-            self.unfinished[grp.deadline] += 1
-            lost = tuple(grp.state.outstanding_indices())
+            self.unfinished[pif.deadline] += 1
+            lost = tuple(pif.state.outstanding_indices())
             if lost:  # in flight when the checkpoint was taken: generate them again
                 self.counts["reissued_requests"] += 1
-                st = grp.state
-                first = st.round_of(lost[0]) == 1 and grp.regenerations == 0
-                x = self._dispatch(grp, lost, priority(grp.deadline, first), st.round_of(lost[0]))
+                st = pif.state
+                first = st.round_of(lost[0]) == 1 and pif.regenerations == 0
+                x = self._dispatch(pif, lost, priority(pif.deadline, first), st.round_of(lost[0]))
                 actions += [x] if x is not None else []
             else:
-                actions += self._plan(grp)
+                actions += self._plan(pif)
         return actions
 
     # -- reading -----------------------------------------------------------------------------
@@ -585,13 +586,13 @@ class Scheduler:
 
     def in_flight(self) -> int:
         """Admitted prompts not yet handed or dropped (finished-and-waiting included)."""
-        return len(self.groups)
+        return len(self.inflight)
 
     def accounting(self) -> dict:
         c = self.counts
         return {"prompts_admitted": c["admitted"], "prompts_handed": c["handed"],
                 "prompts_dropped": sum(self.drops.values()), "drop_reasons": dict(self.drops),
-                "prompts_in_flight": len(self.groups),
+                "prompts_in_flight": len(self.inflight),
                 "rollouts_dispatched": c["rollouts_dispatched"],
                 "rollouts_finished": c["rollouts_finished"],
                 "rollouts_cancelled": c["rollouts_cancelled"],

@@ -89,7 +89,7 @@ def test_admission_is_bounded_by_the_staleness_calendar():
     assert s.room() == 4  # deadlines v and v+1, B each
     f.admit()
     assert s.room() == 0
-    assert sorted(g.deadline for g in s.groups.values()) == [0, 0, 1, 1]
+    assert sorted(g.deadline for g in s.inflight.values()) == [0, 0, 1, 1]
     f.complete_all()
     batch, _ = s.take_batch(2)
     assert sorted(g.deadline for g in batch) == [0, 0]
@@ -122,7 +122,7 @@ def test_extra_rollouts_go_to_the_prompts_generator_ahead_of_new_prompts():
     s = Scheduler(cfg(batch_prompts=4, max_staleness=2), est, 3)
     f = Fake(s, reward=lambda uid, i: -1.0)
     [first] = f.admit(1, prior=1.0)
-    d = s.groups[first.uid].deadline
+    d = s.inflight[first.uid].deadline
     assert d == 0  # the first fill takes the earliest deadlines
     assert first.priority == priority(d, first=True) and first.round == 1
     extra = f.complete(first.request_id)
@@ -131,7 +131,7 @@ def test_extra_rollouts_go_to_the_prompts_generator_ahead_of_new_prompts():
     assert all(a.generator == first.generator for a in extra)
     # A prompt admitted now, due at the same version: its rollouts queue behind the extras.
     [later] = f.admit(1, prior=0.5)
-    assert s.groups[later.uid].deadline == d and later.priority > extra[0].priority
+    assert s.inflight[later.uid].deadline == d and later.priority > extra[0].priority
     assert min(a.indices[0] for a in extra) == 4 and all(a.round == 2 for a in extra)
 
 
@@ -207,8 +207,8 @@ def test_the_learner_waits_for_a_prompt_due_now_even_with_others_ready():
     s = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 2)
     f = Fake(s)
     acts = f.admit()                     # deadlines 0, 0, 1, 1
-    due = [a for a in acts if s.groups[a.uid].deadline == 0]
-    later = [a for a in acts if s.groups[a.uid].deadline == 1]
+    due = [a for a in acts if s.inflight[a.uid].deadline == 0]
+    later = [a for a in acts if s.inflight[a.uid].deadline == 1]
     f.complete(due[0].request_id)
     for a in later:
         f.complete(a.request_id)
@@ -311,14 +311,14 @@ def test_a_shrinking_plan_cancels_the_latest_dispatched_rollouts(monkeypatch):
     [first] = f.admit(1)
     [extra] = f.complete(first.request_id)         # plan: 6 more
     assert extra.indices == (4, 5, 6, 7, 8, 9)
-    [cancel] = s._plan(s.groups[first.uid])         # plan shrinks by 3
+    [cancel] = s._plan(s.inflight[first.uid])         # plan shrinks by 3
     f.apply([cancel])
     assert cancel.request_id == extra.request_id and cancel.positions == (3, 4, 5)
     assert s.load == [3]                             # aborted slots free at once
     f.complete(extra.request_id)                     # 3 results + 3 cancelled reports
     assert s.counts["cancelled_tokens"] == 30 and s.counts["rollouts_cancelled"] == 3
-    grp = s.ready[first.uid]
-    assert sorted(grp.state.obs) == [0, 1, 2, 3, 4, 5, 6] and grp.cancelled_rollouts == 3
+    pif = s.ready[first.uid]
+    assert sorted(pif.state.obs) == [0, 1, 2, 3, 4, 5, 6] and pif.cancelled_rollouts == 3
 
 
 # -- faults ---------------------------------------------------------------------------------
@@ -398,14 +398,14 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
         s.set_version(1)
     snap = json.loads(json.dumps(s.snapshot(lambda p: p, lambda p: list(p))))
     admitted = s.accounting()["prompts_admitted"]
-    every_uid = set(trained) | set(s.groups)
+    every_uid = set(trained) | set(s.inflight)
 
     s2 = make(s.version)  # the resumed run starts at the checkpoint's version
     redo = s2.restore(snap, lambda p: p, lambda p: tuple(p))
     f2 = Fake(s2, reward=lambda uid, i: rng.choice([1.0, -1.0]))
     f2.apply(redo)
     assert s2.version == s.version and s2.in_flight() == s.in_flight()
-    assert {a.uid for a in redo} == {u for u, g in s.groups.items() if g.state.outstanding}
+    assert {a.uid for a in redo} == {u for u, g in s.inflight.items() if g.state.outstanding}
     while s2.in_flight():
         got = s2.take_batch(3)
         if got is not None:
@@ -420,9 +420,22 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
     a = s2.accounting()
     assert a["prompts_admitted"] == admitted  # nothing new was admitted (no one called admit)
     assert len(trained) == len(set(trained))  # no prompt twice
-    assert set(trained) | set(s2.groups) == every_uid and not set(trained) & set(s2.groups)
-    assert not s2.groups  # and none left behind
+    assert set(trained) | set(s2.inflight) == every_uid and not set(trained) & set(s2.inflight)
+    assert not s2.inflight  # and none left behind
     assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + a["prompts_in_flight"]
+
+
+def test_a_checkpoint_written_before_the_rename_restores():
+    """Snapshots once named the in-flight prompts "groups"; such a checkpoint still resumes."""
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
+    f = Fake(s)
+    f.admit()
+    f.complete(next(iter(f.inflight)))
+    snap = s.snapshot(lambda p: p, lambda p: list(p))
+    old = {("groups" if k == "inflight" else k): v for k, v in snap.items()}
+    new, legacy = (Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1) for _ in range(2))
+    assert new.restore(snap, lambda p: p, tuple) == legacy.restore(old, lambda p: p, tuple)
+    assert set(legacy.inflight) == set(new.inflight) == set(s.inflight) and set(legacy.ready) == set(s.ready)
 
 
 def test_skipped_learner_steps_never_starve_admission():
@@ -446,13 +459,13 @@ def test_in_the_steady_state_a_new_prompt_has_all_the_slack():
     s = Scheduler(cfg(batch_prompts=2, max_staleness=2), grpo(), 1)
     f = Fake(s)
     f.admit()                                   # the first fill: deadlines 0, 0, 1, 1, 2, 2
-    assert sorted(g.deadline for g in s.groups.values()) == [0, 0, 1, 1, 2, 2]
+    assert sorted(g.deadline for g in s.inflight.values()) == [0, 0, 1, 1, 2, 2]
     f.complete_all()
     batch, _ = s.take_batch(2)
     assert [g.deadline for g in batch] == [0, 0]
     s.set_version(1)
     f.admit()
-    new = [g for g in s.groups.values() if g.admitted_version == 1]
+    new = [g for g in s.inflight.values() if g.admitted_version == 1]
     assert [g.deadline for g in new] == [3, 3]  # 1 + max_staleness, not the freed 0
 
 
@@ -464,7 +477,7 @@ def test_a_due_prompt_still_in_a_later_round_is_cut_not_waited_for():
     f = Fake(s, reward=lambda uid, i: -1.0)
     [first] = f.admit(1, prior=1.0)             # deadline 0; the prior will be rejected
     extra = f.complete(first.request_id)        # round 2 asked for, still running
-    assert extra and s.groups[first.uid].state.outstanding
+    assert extra and s.inflight[first.uid].state.outstanding
     got = s.take_batch(1)
     assert got is not None
     batch, cancels = got
