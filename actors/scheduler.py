@@ -67,9 +67,11 @@ def priority(deadline: int, first: bool) -> int:
 class SchedulerConfig:
     """The knobs of the policy (built from the run config by the coordinator)."""
 
+    # No defaults for these three: the run config states them (rollout.batch_prompts,
+    # rollout.max_staleness, generators.engine.max_num_seqs), the simulator its own.
     batch_prompts: int                # B: prompts per learner step (= prompts per deadline)
-    max_staleness: int = 1            # versions a sample may age before it is trained
-    slots_per_generator: int = 64     # engine sequence slots (vLLM max_num_seqs)
+    max_staleness: int                # versions a sample may age before it is trained
+    slots_per_generator: int          # engine sequence slots (vLLM max_num_seqs)
     max_inflight_prompts: int | None = None  # cap on admitted, not yet handed prompts
     max_regenerations: int = 2        # stale re-generations of one prompt before it is dropped
     max_refill_factor: int = 4        # barrier: accept a short batch after this many x B drops

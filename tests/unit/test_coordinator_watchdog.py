@@ -10,7 +10,8 @@ from tasks import TaskConfig
 
 def coordinator(n_gens=2):
     return Coordinator([object()] * n_gens, None, TaskConfig(), make_estimator("grpo"),
-                       SchedulerConfig(batch_prompts=2, max_staleness=1), SamplingConfig())
+                       SchedulerConfig(batch_prompts=2, max_staleness=1, slots_per_generator=64),
+                       SamplingConfig())
 
 
 def test_names_the_generator_that_holds_work_and_stopped_answering():
