@@ -4,15 +4,20 @@
 
 Pure pydantic: parsing and validating a config imports no ML library, so that a bad key fails
 in a fraction of a second, before any actor starts. Every field has a description; an unknown
-or ill-typed key fails with a message naming it and the valid choices.
+or ill-typed key, a value out of its range and a NaN or infinite number fail with a message
+naming the key and the valid choices or range.
 """
 from __future__ import annotations
 
+import math
+import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from actors.generator import GeneratorConfig
 from estimator.core import DEFAULT_REWARDS
@@ -70,6 +75,14 @@ class RunConfig(Section):
     record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
     progress: bool = Field(True, description="Print a progress line per step.")
 
+    @field_validator("name")
+    @classmethod
+    def _names_a_folder(cls, v: str) -> str:
+        # '' or '.' would write the run's files straight into output_dir, '..' above it.
+        if v.strip() in ("", ".", ".."):
+            raise ValueError("must name a folder under run.output_dir")
+        return v
+
 
 class ModelConfig(Section):
     """The policy checkpoint (a Hugging Face directory) that generators and learner load."""
@@ -92,10 +105,16 @@ class ModelConfig(Section):
         path = Path(self.path)
         if not path.exists() and _looks_like_model_id(self.path):
             path = _from_hf_cache(self.path)
+        hint = ("use 'embedded', a checkpoint directory or a model id in the local Hugging Face "
+                "cache")
+        if not path.exists():
+            raise ConfigError(f"model.path {self.path!r} does not exist; {hint}")
+        if not path.is_dir():
+            raise ConfigError(f"model.path {self.path!r} is a file, not a checkpoint directory; "
+                              f"{hint}")
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.path {self.path!r}: no Hugging Face checkpoint there "
-                              "(config.json missing); use 'embedded', a checkpoint directory "
-                              "or a model id in the local Hugging Face cache")
+                              f"(config.json missing); {hint}")
         return str(path.resolve())
 
 
@@ -251,7 +270,7 @@ class ClusterConfig(Section):
     address: str | None = Field(None, description=(
         "Ray address to join; None: join a running cluster (RAY_ADDRESS or `ray start`) if any, "
         "else start a local one on 127.0.0.1; 'local': always start a private local one."))
-    num_cpus: float | None = Field(None, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
+    num_cpus: float | None = Field(None, gt=0, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
     weight_sync: Literal["object_store", "nccl", "gloo"] = Field("object_store", description=(
         "Weight-sync transport (docs/weight_sync.md): object_store (CPU default), nccl (GPU "
         "broadcast from learner rank 0), gloo (the same broadcast protocol on CPUs)."))
@@ -350,8 +369,19 @@ def _sub_model(annotation) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
+def _wants_number(annotation) -> bool:
+    """A field typed int or float (or a Literal of numbers), possibly Optional, never bool."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return all(type(a) in (int, float) for a in args)
+    if origin in (Union, types.UnionType):
+        return bool not in args and any(_wants_number(a) for a in args)
+    return annotation in (int, float)
+
+
 def _check_keys(data: Any, model: type[BaseModel], where: str) -> None:
-    """Reject unknown keys with the list of valid ones (pydantic's message lacks the choices)."""
+    """Reject unknown keys with the list of valid ones (pydantic's message lacks the choices),
+    and booleans for numbers (pydantic would take ``run.max_steps=true`` as 1)."""
     if not isinstance(data, dict):
         return
     fields = _model_fields(model)
@@ -360,6 +390,9 @@ def _check_keys(data: Any, model: type[BaseModel], where: str) -> None:
         if key not in fields:
             raise ConfigError(f"unknown config key {path!r}; valid keys"
                               f"{' under ' + repr(where) if where else ''}: {sorted(fields)}")
+        if isinstance(value, bool) and _wants_number(fields[key].annotation):
+            raise ConfigError(f"invalid config: {path}: expected a number, got the boolean "
+                              f"{str(value).lower()}")
         sub = _sub_model(fields[key].annotation)
         if sub is not None:
             if not isinstance(value, dict):
@@ -386,11 +419,27 @@ def apply_override(data: dict, dotted: str) -> None:
 def _format_validation(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<config>"
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+        if loc and not msg.startswith((f"{loc}:", f"{loc}.", f"{loc}=")):  # a validator's
+            msg = f"{loc}: {msg}"                                           # own may name it
         choices = e.get("ctx", {}).get("expected")
-        lines.append(f"{loc}: {e['msg']}" + (f" (valid: {choices})" if choices else "")
+        lines.append(msg + (f" (valid: {choices})" if choices and str(choices) not in msg else "")
                      + (f"; got {e['input']!r}" if "input" in e and not isinstance(e["input"], dict) else ""))
     return "invalid config: " + "; ".join(lines)
+
+
+def _non_finite(model: BaseModel, where: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every float field, or tuple/list of floats, that is NaN or
+    infinite: no setting means anything at inf or NaN, and bounds such as gt=0 let inf pass.
+    Free-form dicts (prior.options) are the backend's to check."""
+    for name in type(model).model_fields:
+        value, path = getattr(model, name), f"{where}.{name}" if where else name
+        if isinstance(value, BaseModel):
+            yield from _non_finite(value, path)
+        elif any(isinstance(x, float) and not math.isfinite(x)
+                 for x in (value if isinstance(value, (tuple, list)) else (value,))):
+            yield path, value
 
 
 def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -399,9 +448,13 @@ def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...
         apply_override(data, o)
     _check_keys(data, Config, "")
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation(err)) from None
+    bad = [f"{path}: must be a finite number; got {value!r}" for path, value in _non_finite(cfg)]
+    if bad:
+        raise ConfigError("invalid config: " + "; ".join(bad))
+    return cfg
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -47,6 +47,19 @@ def test_dotted_overrides_are_typed():
     ("algo.k_init=32", r"k_init"),
     ("optim.zero_stage=5", r"optim.zero_stage"),
     ("run", r"key.sub=value"),
+    ("generators.engine.bogus=1", r"unknown config key 'generators.engine.bogus'.*max_model_len"),
+    ("rollout.top_p=1.5", r"rollout.top_p: Input should be less than or equal to 1; got 1.5"),
+    ("cluster.num_cpus=-1", r"cluster.num_cpus: Input should be greater than 0; got -1"),
+    ("optim.lr=.inf", r"optim.lr: must be a finite number; got inf"),
+    ("run.stall_timeout_s=.inf", r"run.stall_timeout_s: must be a finite number"),
+    ("rollout.temperature=.nan", r"rollout.temperature: Input should be greater than 0; got nan"),
+    ("run.max_steps=true", r"run.max_steps: expected a number, got the boolean true"),
+    ("optim.zero_stage=false", r"optim.zero_stage: expected a number, got the boolean false"),
+    ("run.name=", r"run.name: must name a folder under run.output_dir"),
+    ("run.name=..", r"run.name: must name a folder"),
+    # A validator's own message, without pydantic's "Value error," or the section twice.
+    ("algo.k_init=32", r"^invalid config: algo: k_init \(32\) must be <= k_max \(16\)$"),
+    ("prior.budget_s=20", r"^invalid config: prior.budget_s \(20.0\) must be smaller"),
 ])
 def test_bad_overrides_fail_with_the_key_named(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -64,8 +77,13 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
     cfg = build_config({"model": {"path": str(tmp_path / "no-model")}})
-    with pytest.raises(ConfigError, match="config.json missing"):
+    with pytest.raises(ConfigError, match=r"no-model' does not exist"):
         cfg.model.resolve()
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(ConfigError, match=r"weights.bin' is a file, not a checkpoint directory"):
+        build_config({"model": {"path": str(tmp_path / "weights.bin")}}).model.resolve()
+    with pytest.raises(ConfigError, match=r"no Hugging Face checkpoint there \(config.json missing"):
+        build_config({"model": {"path": str(tmp_path)}}).model.resolve()
 
 
 def test_nccl_needs_gpus():
