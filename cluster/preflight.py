@@ -1,16 +1,24 @@
 """Checks of the model and the prompts before any actor starts: a clear error instead of a
 failure deep inside an engine minutes later.
 
-- the model directory holds a loadable Hugging Face config and tokenizer (not just any
-  directory with a config.json);
+- the model directory holds a loadable Hugging Face config, weights (every shard its index
+  names) and a loadable tokenizer (not just any directory with a config.json);
 - the tokenizer encodes every prompt (a sample of each split) to at least one token, with the
-  chat template when the generators use it, and no prompt leaves less than one token for the
-  response within ``generators.engine.max_model_len``.
+  chat template when the generators use it, without its unknown token (the model would not
+  see those characters), and no prompt leaves less than one token for the response within
+  ``generators.engine.max_model_len``.
 """
 from __future__ import annotations
 
+import json
 import random
 import sys
+from pathlib import Path
+
+# What transformers, vLLM and DeepSpeed load weights from: one file, or an index of shards.
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class PreflightError(ValueError):
@@ -18,15 +26,47 @@ class PreflightError(ValueError):
 
 
 def check_model(model_path: str) -> None:
-    """The directory is a model: its config and tokenizer load (offline)."""
+    """The directory is a model: its config loads, its weights are there, its tokenizer loads
+    (offline)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    for what, load in (("config", AutoConfig), ("tokenizer", AutoTokenizer)):
+    def unusable(why: str) -> PreflightError:
+        return PreflightError(f"model.path {model_path}: not a usable model ({why})")
+
+    def load(what, loader):
         try:
-            load.from_pretrained(model_path, local_files_only=True)
+            loader.from_pretrained(model_path, local_files_only=True)
         except Exception as err:  # noqa: BLE001 - transformers raises many kinds
-            raise PreflightError(f"model.path {model_path}: not a usable model ({what} does not "
-                                 f"load: {type(err).__name__}: {str(err)[:300]})") from None
+            raise unusable(f"{what} does not load: {type(err).__name__}: "
+                           f"{str(err)[:300]}") from None
+
+    load("config", AutoConfig)
+    missing = _missing_weights(Path(model_path))
+    if missing:
+        raise unusable(missing)
+    if not any((Path(model_path) / f).is_file() for f in _TOKENIZER_FILES):
+        raise unusable(f"no tokenizer: none of {', '.join(_TOKENIZER_FILES)}")
+    load("tokenizer", AutoTokenizer)
+
+
+def _missing_weights(path: Path) -> str | None:
+    """Why the weights cannot load (none there, or shards that the index names missing), or
+    None when they are all there."""
+    if any((path / f).is_file() for f in _WEIGHTS):
+        return None
+    for index in _INDEXES:
+        if (path / index).is_file():
+            try:
+                shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                return f"{index} is not a weight index ({type(err).__name__}: {err})"
+            gone = [s for s in shards if not (path / s).is_file()]
+            if gone:
+                return (f"{len(gone)} of the {len(shards)} weight shards that {index} names are "
+                        f"missing: {', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''} "
+                        "(an interrupted download?)")
+            return None
+    return f"no weights: none of {', '.join(_WEIGHTS + _INDEXES)}"
 
 
 def check_prompts(model_path: str, task, engine, max_tokens: int, sample: int = 256,
@@ -54,6 +94,9 @@ def check_prompts(model_path: str, task, engine, max_tokens: int, sample: int = 
             if not ids:
                 raise PreflightError(f"the tokenizer encodes {split} prompt {p.id!r} "
                                      f"({p.prompt[:80]!r}) to no token at all")
+            if tok.unk_token_id is not None and tok.unk_token_id in ids:
+                raise PreflightError(f"the tokenizer cannot encode {split} prompt {p.id!r} "
+                                     f"({p.prompt[:80]!r}): {_unknown_pieces(tok, p.prompt)}")
             longest = max(longest, len(ids))
             if len(ids) + 1 > engine.max_model_len:
                 raise PreflightError(
@@ -64,3 +107,21 @@ def check_prompts(model_path: str, task, engine, max_tokens: int, sample: int = 
               f"({max_tokens}) exceeds generators.engine.max_model_len "
               f"({engine.max_model_len}); such responses stop early", file=sys.stderr, flush=True)
     return longest
+
+
+def _unknown_pieces(tok, text: str) -> str:
+    """Which parts of ``text`` the tokenizer maps to its unknown token (a fast tokenizer says
+    where each token came from), for the error message."""
+    unk = tok.unk_token_id
+    pieces: list[str] = []
+    if getattr(tok, "is_fast", False):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+            if i == unk and text[a:b] not in pieces:
+                pieces.append(text[a:b])
+    if not pieces:  # a slow tokenizer, or the unknown token came from the template
+        return (f"it holds the unknown token {tok.unk_token!r} (from the prompt, the chat "
+                "template or generators.engine.system_prompt)")
+    shown = ", ".join(repr(x) for x in pieces[:8]) + (", ..." if len(pieces) > 8 else "")
+    return (f"{shown} map to the unknown token {tok.unk_token!r} (the model would not see "
+            "them); use a tokenizer that covers them, or clean the dataset")

@@ -62,3 +62,46 @@ def test_chat_format_without_a_template_is_named(model_dir):
     task = Fixed([P(0, "1+2=")], [P(2, "3+4=")])
     with pytest.raises(PreflightError, match="cannot encode.*no chat template"):
         check_prompts(model_dir, task, GeneratorConfig(prompt_format="chat"), 8)
+
+
+def copy_without(src, dst, *names):
+    import shutil
+
+    shutil.copytree(src, dst, ignore=lambda d, files: [f for f in files if f in names])
+    return str(dst)
+
+
+def test_a_model_without_weights_is_named(model_dir, tmp_path):
+    bare = copy_without(model_dir, tmp_path / "bare", "model.safetensors")
+    with pytest.raises(PreflightError, match=r"bare: not a usable model \(no weights: none of "
+                                             r"model.safetensors"):
+        check_model(bare)
+
+
+def test_a_sharded_model_with_a_shard_missing_is_named(model_dir, tmp_path):
+    import json
+
+    part = copy_without(model_dir, tmp_path / "part", "model.safetensors")
+    names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    (tmp_path / "part" / names[0]).write_bytes(b"")
+    (tmp_path / "part" / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
+    with pytest.raises(PreflightError, match=r"2 of the 3 weight shards that model.safetensors"
+                                             r".index.json names are missing: model-00002"):
+        check_model(part)
+
+
+def test_a_model_without_a_tokenizer_is_named(model_dir, tmp_path):
+    notok = copy_without(model_dir, tmp_path / "notok", "tokenizer.json",
+                         "tokenizer_config.json", "special_tokens_map.json")
+    with pytest.raises(PreflightError, match=r"notok: not a usable model \(no tokenizer: none "
+                                             r"of tokenizer.json"):
+        check_model(notok)
+
+
+def test_characters_the_tokenizer_maps_to_unknown_are_named(model_dir):
+    # The embedded character tokenizer knows printable ASCII only.
+    task = Fixed([P(0, "1+2="), P(3, "Löse x² = 4 für x")], [P(2, "3+4=")])
+    with pytest.raises(PreflightError, match=r"cannot encode train prompt 'p3' \('Löse.*'ö', "
+                                             r"'²', 'ü' map to the unknown token '<unk>'"):
+        check_prompts(model_dir, task, GeneratorConfig(), 8)
