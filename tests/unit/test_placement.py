@@ -13,7 +13,7 @@ from cluster.config import load_config
 from cluster.placement import PlacementError, layout, plan
 from estimator.registry import ESTIMATORS
 from learner.bundles import fill_bundles
-from learner.group import Rendezvous
+from learner.ranks import Rendezvous
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "configs" / "qwen3-4b-dapo-32gpu.yaml"
