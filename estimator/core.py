@@ -14,7 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 DEFAULT_REWARDS = (-1.0, 1.0)
-DEFAULT_COST = 0.0039  # ~1/256: pairs with k_max = 16 (see estimator.md, "sanity facts")
+DEFAULT_K_MAX = 16     # most rollouts per prompt (the adaptive budget's cap)
+DEFAULT_COST = 0.0039  # ~1/256: pairs with k_max = 16 (see docs/estimator.md, "sanity facts")
 LOOKAHEADS = ("predictive", "plugin")
 NOISE_MODELS = ("bound", "bernoulli")
 
@@ -180,7 +181,7 @@ def _decision_inputs(vbar, k, prior, cost, k_max, sigma2, rewards, noise, lookah
     return rewards, vbar, k, prior, _check_sigma2(sigma2)
 
 
-def should_continue(vbar, k, prior, cost=DEFAULT_COST, k_max=16, sigma2=None,
+def should_continue(vbar, k, prior, cost=DEFAULT_COST, k_max=DEFAULT_K_MAX, sigma2=None,
                     lookahead="predictive", rewards=DEFAULT_REWARDS, noise="bound"):
     """OSLA: one more rollout iff k < k_max and mse(k) - E[mse(k+1)] > cost.
 
@@ -195,7 +196,7 @@ def should_continue(vbar, k, prior, cost=DEFAULT_COST, k_max=16, sigma2=None,
     return _out(np.asarray((k < k_max) & (gain > cost)))
 
 
-# -- batched look-ahead (estimator.md, "Batched look-ahead") -------------------------------------
+# -- batched look-ahead (docs/estimator.md, "Batched look-ahead") -----------------------
 @lru_cache(maxsize=None)
 def _outcome_table(m_max: int):
     """Every (m, j) with 0 <= j <= m <= m_max, m-major: j successes among m more rewards.
@@ -237,7 +238,7 @@ def expected_mse_ahead(vbar, k, prior, sigma2, m_max: int, rewards=DEFAULT_REWAR
     return out
 
 
-def plan_batched(vbar, k, prior, cost=DEFAULT_COST, k_max=16, sigma2=None,
+def plan_batched(vbar, k, prior, cost=DEFAULT_COST, k_max=DEFAULT_K_MAX, sigma2=None,
                  lookahead="predictive", rewards=DEFAULT_REWARDS, noise="bound"):
     """Batched look-ahead: m* = the smallest m in 0..k_max-k minimising E[mse(k+m)] + cost * m.
 

@@ -1,4 +1,5 @@
-"""Baseline estimators behind one interface, keyed by name (estimator.md, "reference estimators").
+"""Baseline estimators behind one interface, keyed by name (docs/estimator.md, "reference
+estimators").
 
 Every estimator answers these questions for a group of rewards of one prompt:
 - ``wants_more(vbar, k, prior)``: is one more rollout worth it? (fixed-k ones: k < k_init)
@@ -14,26 +15,27 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from estimator.core import (DEFAULT_COST, DEFAULT_REWARDS, LOOKAHEADS, NOISE_MODELS, _fuse,
-                            _plan, check_budget, check_rewards, noise_bound, noise_sigma2,
-                            should_continue)
+from estimator.core import (DEFAULT_COST, DEFAULT_K_MAX, DEFAULT_REWARDS, LOOKAHEADS,
+                            NOISE_MODELS, _fuse, _plan, check_budget, check_rewards, noise_bound,
+                            noise_sigma2, should_continue)
 
 PLANS = ("sequential", "batched")
 
 
 @dataclass(frozen=True)
 class EstimatorConfig:
-    """Settings shared by every estimator (validated here, and only here)."""
+    """Settings shared by every estimator (validated here, and only here). Its defaults are
+    the defaults: other configs (the run's algo section, the simulator) take them from here."""
 
     k_init: int = 4
     """Rollouts dispatched first; the group size of the fixed-k estimators."""
-    k_max: int = 16
+    k_max: int = DEFAULT_K_MAX
     """Most rollouts per prompt (the adaptive budget's cap)."""
     cost: float = DEFAULT_COST
     """Price of one rollout on the {-1,+1} reward scale (the paper's c = 0.0039); the estimator
     rescales it to its own reward range itself (see ``scaled_cost``)."""
     lookahead: str = "predictive"
-    """Expectation of the look-ahead: ``predictive`` or ``plugin`` (estimator.md)."""
+    """Expectation of the look-ahead: ``predictive`` or ``plugin`` (docs/estimator.md)."""
     noise: str = "bound"
     """Noise model of the fusion: ``bound`` or ``bernoulli``."""
     rewards: tuple[float, float] = DEFAULT_REWARDS
@@ -44,7 +46,7 @@ class EstimatorConfig:
     """Added to the std before dividing."""
     plan: str = "batched"
     """Adaptive budget: ``sequential`` (one-step OSLA, one rollout per round) or ``batched``
-    (the batched look-ahead m*, re-planned at every arriving reward; estimator.md). Default
+    (the batched look-ahead m*, re-planned at every arriving reward; docs/estimator.md). Default
     batched: the same MSE as sequential at 3-7% more rollouts in 1.1-2.2 rounds instead of
     1.3-7.9 (docs/estimator.md)."""
     max_rounds: int | None = 3
@@ -193,7 +195,7 @@ class PriorOnly(Estimator):
 
 
 class V05(Estimator):
-    """The fused shrinkage baseline with the OSLA budget (estimator.md)."""
+    """The fused shrinkage baseline with the OSLA budget (docs/estimator.md)."""
 
     name, needs_prior, adaptive = "v05", True, True
 
@@ -208,7 +210,7 @@ class V05(Estimator):
         return (k < c.k_init) | more
 
     def plan_more(self, vbar, k, prior):
-        """The batched plan m* (estimator.md) at k >= 1 observed rewards, at least the rollouts
+        """The batched plan m* (docs/estimator.md) at k >= 1 observed rewards, at least the rollouts
         missing to k_init. Inputs (N,) on the reward scale, already validated. -> (N,) int"""
         c = self.cfg
         vbar, k, prior = (np.asarray(a, np.float64) for a in (vbar, k, prior))

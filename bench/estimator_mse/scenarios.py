@@ -21,7 +21,7 @@ from bench.estimator_mse import montecarlo as mc
 from bench.estimator_mse import plans
 from bench.estimator_mse import variants as var
 from bench.estimator_mse.arrivals import DURATION_SIGMA
-from estimator import DEFAULT_COST, noise_bound, plan_batched, should_continue
+from estimator import DEFAULT_COST, DEFAULT_REWARDS, noise_bound, plan_batched, should_continue
 from estimator.registry import EstimatorConfig
 
 ARRIVAL_MODEL = (f"rollout durations i.i.d. log-normal (median 1, sigma {DURATION_SIGMA}), "
@@ -35,9 +35,9 @@ class BenchConfig:
     n_prompts: int = 200_000        # Monte Carlo population
     n_exact: int = 20_000           # prompts for the exact (DP) per-prompt expectations
     beta_ab: tuple = (0.3, 0.3)     # true p ~ Beta(a, b): U-shaped, many all-right/-wrong prompts
-    rewards: tuple = (-1.0, 1.0)
-    k_init: int = 4
-    k_max: int = 16
+    rewards: tuple = DEFAULT_REWARDS
+    k_init: int = EstimatorConfig.k_init
+    k_max: int = EstimatorConfig.k_max
     grpo_groups: tuple = (2, 4, 8, 16)
     priors: tuple = tuple(mc.PRIOR_QUALITIES)
     bias_ks: tuple = (1, 2, 4, 8, 16, 32, 64)

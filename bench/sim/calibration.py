@@ -11,12 +11,16 @@ from dataclasses import asdict
 
 from bench.sim.models import (DecodeModel, LearnerModel, LengthModel, PromptModel, SimConfig,
                               from_dict)
+from estimator import EstimatorConfig
 
 CAL_REQUIRED = ("n_generators", "max_num_seqs", "decode_step_s", "learner_s_per_token",
                 "sync_s", "response_lengths", "batch_prompts")
 CAL_OPTIONAL = {"learner_step_overhead_s": 0.0, "prompt_tokens": 0, "max_staleness": 1,
-                "max_inflight_prompts": None, "group_size": 16, "k_init": 4, "k_max": 16,
-                "cost": 0.0039, "plan": "batched", "max_rounds": 3, "success_beta": [0.3, 0.3],
+                "max_inflight_prompts": None, "group_size": 16,
+                # V0.5's budget: the estimator's defaults
+                **{k: getattr(EstimatorConfig, k)
+                   for k in ("k_init", "k_max", "cost", "plan", "max_rounds")},
+                "success_beta": [0.3, 0.3],
                 "prior": "sd0.2", "success_rates": None, "prior_probs": None,
                 "overlap_slowdown": 1.0, "dispatch_latency_s": 0.005, "steps": 30,
                 "warmup_steps": None, "seed": 0}

@@ -28,7 +28,7 @@ import numpy as np
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from bench.sim.engine import Engine, Rollout
 from bench.sim.models import SimConfig
-from estimator import make_estimator
+from estimator import ESTIMATORS, make_estimator
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,7 @@ class Sim:
         self.cfg, self.mode, self.spec = cfg, mode, MODES[mode]
         spec = self.spec
         if spec.algo == "v05":
-            self.est = make_estimator("v05", k_init=cfg.k_init, k_max=cfg.k_max, cost=cfg.cost,
-                                      plan=cfg.plan, max_rounds=cfg.max_rounds)
+            self.est = ESTIMATORS["v05"](cfg.estimator_config())
         else:
             g = spec.group if spec.group is not None else cfg.equal_mse_group
             if g is None:

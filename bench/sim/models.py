@@ -1,4 +1,4 @@
-"""Models and configuration of the cluster simulator (bench/sim.py). Pure NumPy, no ML stack.
+"""Models and configuration of the cluster simulator (``bench.sim``). Pure NumPy, no ML stack.
 
 Every model is a small frozen dataclass whose defaults describe a Qwen3-4B-like policy served by
 vLLM on H100/H200-class GPUs, trained on DAPO-Math-like prompts. docs/simulator.md states each
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from estimator import EstimatorConfig
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -178,7 +180,7 @@ class PromptModel:
             return p, p.copy()
         if kind == "sd":
             return p, np.clip(p + val * noise, 0.0, 1.0)
-        if kind == "halluc":  # the mirrored prediction, as in bench/_estimator_sim.py
+        if kind == "halluc":  # the mirrored prediction, as in bench/estimator_mse/montecarlo.py
             return p, np.where(flip < val, 1.0 - p, p)
         return p, np.full(n, val)
 
@@ -208,11 +210,12 @@ class SimConfig:
     gpus_per_generator: int = 1
     batch_prompts: int = 2048         # B: prompts per learner step (the shipped 32-GPU config)
     group_size: int = 16              # G of GRPO
-    k_init: int = 4                   # V0.5
-    k_max: int = 16
-    cost: float = 0.0039              # OSLA cost per rollout on the {-1, +1} reward scale
-    plan: str = "batched"             # V0.5's rollout plan: "batched" or "sequential"
-    max_rounds: int | None = 3        # batched plan: most generation rounds per prompt
+    # V0.5's budget, at the estimator's own defaults (and checked by it):
+    k_init: int = EstimatorConfig.k_init
+    k_max: int = EstimatorConfig.k_max
+    cost: float = EstimatorConfig.cost          # per rollout, on the {-1, +1} reward scale
+    plan: str = EstimatorConfig.plan            # "batched" or "sequential"
+    max_rounds: int | None = EstimatorConfig.max_rounds  # batched: most rounds per prompt
     max_staleness: int = 6            # async: no trained sample older than this (versions)
     max_inflight_prompts: int | None = None
     equal_mse_group: int | None = None  # G of async_grpo_equal_mse (set from a V0.5 run)
@@ -228,25 +231,28 @@ class SimConfig:
     learner: LearnerModel = field(default_factory=LearnerModel)
 
     def __post_init__(self):
+        self.estimator_config()  # the budget, plan and cost: the estimator's rules
         for name in ("n_gpus", "n_generators", "gpus_per_generator", "batch_prompts",
-                     "group_size", "k_init", "k_max", "steps"):
+                     "group_size", "steps"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         _check(self.learner_gpus_for(True) >= 1, f"n_gpus ({self.n_gpus}) must leave >= 1 learner "
                f"GPU after {self.n_generators} generators x {self.gpus_per_generator} and "
                f"{self.prior_gpus} prior GPU(s)")
-        _check(self.k_init <= self.k_max, f"k_init ({self.k_init}) must be <= k_max ({self.k_max})")
         _check(self.max_staleness >= 0, f"max_staleness must be >= 0, got {self.max_staleness}")
         _check(self.warmup < self.steps, f"warm-up ({self.warmup} steps) must be shorter than "
                f"the run ({self.steps} steps)")
-        _check(self.plan in ("batched", "sequential"), f"plan must be batched or sequential, got {self.plan!r}")
         _check(self.equal_mse_group is None or self.equal_mse_group >= 1, "equal_mse_group must be >= 1")
-        _check(self.cost >= 0, f"cost must be >= 0, got {self.cost}")
         _check(self.overlap_slowdown >= 1.0, f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
         _check(self.dispatch_latency_s >= 0, f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s}")
         _check(self.max_hours is None or self.max_hours > 0, "max_hours must be > 0")
         _check(self.prior_gpus >= 0, f"prior_gpus must be >= 0, got {self.prior_gpus}")
         _check(self.max_inflight_prompts is None or self.max_inflight_prompts >= 1,
                "max_inflight_prompts must be >= 1")
+
+    def estimator_config(self) -> EstimatorConfig:
+        """V0.5's estimator settings (on the default {-1, +1} rewards of the prompt model)."""
+        return EstimatorConfig(k_init=self.k_init, k_max=self.k_max, cost=self.cost,
+                               plan=self.plan, max_rounds=self.max_rounds)
 
     def usable_gpus(self, needs_prior: bool) -> int:
         """GPUs that generate or train: V0.5 gives ``prior_gpus`` of them to its prior."""

@@ -216,6 +216,28 @@ def test_length_model_truncates_and_reads_empirical_values():
     assert set(np.unique(E)) <= set(range(5, 10))
 
 
+def test_the_v05_budget_is_the_estimators():
+    """Defaults and checks of k_init, k_max, cost, plan and max_rounds come from the estimator."""
+    from bench.sim import calibration_config
+    from estimator import EstimatorConfig
+
+    keys = ("k_init", "k_max", "cost", "plan", "max_rounds")
+    budget = {k: getattr(EstimatorConfig(), k) for k in keys}
+    assert {k: getattr(SimConfig(), k) for k in keys} == budget
+    cal = calibration_config({"n_generators": 2, "max_num_seqs": 8, "sync_s": 0.1,
+                              "decode_step_s": {"a": 0.01, "b": 0.001}, "batch_prompts": 4,
+                              "learner_s_per_token": 1e-4, "response_lengths": [5, 9]})
+    assert {k: getattr(cal, k) for k in keys} == budget
+    for bad, message in [(dict(k_init=5, k_max=4), r"k_init \(5\) must be <= k_max \(4\)"),
+                         (dict(k_init=0), "k_init must be >= 1"), (dict(cost=-1.0), "cost must be"),
+                         (dict(plan="greedy"), "plan must be one of"),
+                         (dict(max_rounds=0), "max_rounds must be")]:
+        with pytest.raises(ValueError, match=message):
+            SimConfig(**bad)
+        with pytest.raises(ValueError, match=message):
+            EstimatorConfig(**bad)
+
+
 def test_bad_config_raises_clear_errors():
     with pytest.raises(ValueError, match="learner GPU"):
         SimConfig(n_gpus=24, n_generators=24)
