@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import socket
 import shutil
 import subprocess
 import sys
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from learner.ranks import free_port
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

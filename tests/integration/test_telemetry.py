@@ -1,5 +1,4 @@
 """The v05_ metrics reach Ray's Prometheus export."""
-import socket
 import time
 import urllib.request
 
@@ -9,12 +8,7 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 from actors.telemetry import GAUGES, Telemetry  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from learner.ranks import free_port  # noqa: E402
 
 
 def test_v05_metrics_in_prometheus_output():
