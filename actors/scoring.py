@@ -2,7 +2,8 @@
 
 ``Scorer(task, factory, workers, timeout_s, ...)``: with ``workers=0`` the verifier runs inline
 (the synthetic tasks check an integer in microseconds); with ``workers >= 1`` it runs in that
-many worker processes, each answer with a deadline. math-verify's own timeouts work only in a
+many worker processes, each answer with a deadline (counted from when a started worker gets
+it: a worker's start-up is not any answer's time). math-verify's own timeouts work only in a
 process's main thread, and one pathological answer must not stall dispatch: a worker that
 misses the deadline is killed and replaced, and the answer gets the low reward, counted as
 ``timeout``. A verifier that raises gives the low reward too, counted as ``error``.
@@ -56,9 +57,10 @@ def _verify(task, problem, text: str, fault: str):
 
 
 def _serve(conn, factory) -> None:
-    """A worker process: build the task once (``factory()``), then score (problem, text,
-    fault) requests until the pipe closes."""
+    """A worker process: build the task once (``factory()``), say it is ready, then score
+    (problem, text, fault) requests until the pipe closes."""
     task = factory()
+    conn.send(("ready", None))
     while True:
         try:
             problem, text, fault = conn.recv()
@@ -70,16 +72,29 @@ def _serve(conn, factory) -> None:
             conn.send(("error", f"{type(err).__name__}: {err}"))
 
 
+# Longest wait for a worker process to start and build its task (a fresh interpreter
+# importing the verifier: seconds, more on a loaded node). Not part of any answer's deadline.
+STARTUP_TIMEOUT_S = 120.0
+
+
 class _Worker:
     def __init__(self, ctx, factory):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, factory), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
 
     def ask(self, problem, text, fault: str, timeout_s: float):
-        """(status, value); status 'timeout' when no answer came in time (the caller then
-        kills this worker)."""
+        """(status, value); status 'timeout' when no answer came within ``timeout_s`` of the
+        question (the caller then kills this worker). A worker still starting is waited for
+        first (up to ``STARTUP_TIMEOUT_S``, then ('error', None)): the deadline is the
+        answer's, so a replacement's start-up never times out the answer after a hung one."""
+        if not self.ready:
+            if not self.conn.poll(STARTUP_TIMEOUT_S):
+                return "error", None
+            self.conn.recv()  # ("ready", None); EOFError if the factory raised
+            self.ready = True
         self.conn.send((problem, text, fault))
         if not self.conn.poll(timeout_s):
             return "timeout", None

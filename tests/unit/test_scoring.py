@@ -23,6 +23,16 @@ class Moody(ArithmeticTask):
         return super().score(problem, completion)
 
 
+class SlowStart(ArithmeticTask):
+    """Arithmetic whose construction takes 2 s: a verifier's imports in a fresh worker process
+    on a loaded node."""
+
+    def __init__(self):
+        import time
+        time.sleep(2.0)
+        super().__init__()
+
+
 P = Problem(id="arith/1+2", prompt="1+2=", answer="3", difficulty=1)
 
 
@@ -53,6 +63,20 @@ def test_a_hung_answer_times_out_in_its_worker_and_the_pool_recovers():
     assert hung.reward == -1.0 and s.counts["score_timeout"] == 1
     assert ok.reward == 1.0 and after.reward == 1.0
     assert boom.reward == -1.0 and s.counts["score_error"] == 1
+
+
+def test_a_workers_start_up_does_not_count_against_the_answers_deadline():
+    """The deadline is the answer's: a worker still starting (first use, or the replacement
+    of a killed one) does not time out the answers it is handed."""
+    async def go():
+        s = Scorer(ArithmeticTask(), functools.partial(SlowStart), workers=1, timeout_s=1.0)
+        try:
+            return s, [(await s.score(P, text, 1)).reward for text in ("3", "4", "3")]
+        finally:
+            s.close()
+
+    s, got = run(go())
+    assert got == [1.0, -1.0, 1.0] and s.counts["score_timeout"] == 0
 
 
 def test_overlong_shaping_is_linear_in_the_buffer():
