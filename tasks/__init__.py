@@ -86,6 +86,8 @@ class TaskConfig(BaseModel):
         actor starts), not at parse time, so a config for another machine still parses."""
         for field in ("path", "heldout_path"):
             p = getattr(self, field)
+            if p is not None and Path(p).is_dir():
+                raise ValueError(f"task.{field}: {p} is a directory, not a dataset file")
             if p is not None and not Path(p).is_file():
                 raise ValueError(f"task.{field}: dataset file {p} does not exist")
 

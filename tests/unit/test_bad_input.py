@@ -1,0 +1,188 @@
+"""Bad input through the launcher: each gets exit status 2 and one line naming the problem,
+before any actor starts (``cluster.launch.run``, which connects to Ray, is replaced by a
+tripwire). And garbage model output: the low reward, counted. The table in
+docs/reliability.md ("Bad input") lists these with their messages.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cluster import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ActorWouldStart(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tasks.policy_model import save_random_policy
+
+    return str(save_random_policy(tmp_path_factory.mktemp("m"), hidden_size=32,
+                                  intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2))
+
+
+@pytest.fixture
+def launcher(monkeypatch, capsys):
+    """``launcher(*overrides)`` -> (exit status, stderr) of ``python -m cluster.launch
+    v05.yaml *overrides``, in-process; raises ActorWouldStart where a real launch would go
+    on to start the cluster and the actors."""
+    import actors.rayproc
+
+    def tripwire(*a, **k):
+        raise ActorWouldStart
+    monkeypatch.setattr(launch, "run", tripwire)
+    monkeypatch.setattr(actors.rayproc, "prefer_loopback", lambda *a: None)
+    monkeypatch.chdir(ROOT)
+
+    def go(*overrides, config="v05.yaml"):
+        rc = launch.main([config, *overrides])
+        return rc, capsys.readouterr().err
+    return go
+
+
+def lines(n: int) -> str:
+    return "".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                   for i in range(n))
+
+
+def math_task(path, model_dir) -> list[str]:
+    return ["task.name=math_jsonl", f"task.path={path}", "task.n_heldout=1",
+            f"model.path={model_dir}"]
+
+
+def test_a_good_request_gets_past_every_check(launcher, model_dir, tmp_path):
+    """The control: the tripwire is reached, so the cases below stop before it on their own."""
+    (tmp_path / "ok.jsonl").write_text(lines(6))
+    with pytest.raises(ActorWouldStart):
+        launcher(*math_task(tmp_path / "ok.jsonl", model_dir))
+
+
+BAD_DATASETS = {  # file name: (its content, what the error must say)
+    "math_small.jsonl": (lines(2) + "{not json\n", r"math_small\.jsonl:3: Expecting property name"),
+    "latin1.jsonl": (lines(2).encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n',
+                     r"latin1\.jsonl:3: not UTF-8 text \(byte 0xe9"),
+    "nulls.jsonl": (lines(4) + "null\n", r"nulls\.jsonl:5: expected a JSON object, got null"),
+    "blank.jsonl": (lines(3) + '{"prompt": [{"role": "user", "content": ""}], "answer": "1"}\n',
+                    r"blank\.jsonl:4: 'prompt' is blank"),
+    "empty.jsonl": ("\n\n", r"empty\.jsonl: no problems in file"),
+    "one.jsonl": ('{"prompt": "q", "answer": "1"}\n' * 6,
+                  r"task\.n_heldout\) must be in \[1, 1\): .*one\.jsonl holds 1 distinct prompts"),
+    "unicode.jsonl": (lines(4) + json.dumps({"prompt": "Löse x² = 4", "answer": "2", "id": "de"})
+                      + "\n", r"tokenizer cannot encode (train|held-out) prompt 'de' .*'ö', '²' "
+                               r"map to the unknown token"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_DATASETS)
+def test_a_bad_dataset_is_named_by_file_and_line(launcher, model_dir, tmp_path, name):
+    content, message = BAD_DATASETS[name]
+    f = tmp_path / name
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    rc, err = launcher(*math_task(f, model_dir))
+    assert rc == 2
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+DATASET_PATHS = [
+    ("missing.jsonl", r"task\.path: dataset file .*missing\.jsonl does not exist"),
+    ("a-folder", r"task\.path: .*a-folder is a directory, not a dataset file"),
+]
+
+
+@pytest.mark.parametrize("where, message", DATASET_PATHS, ids=[c[0] for c in DATASET_PATHS])
+def test_a_dataset_path_that_is_not_a_file(launcher, model_dir, tmp_path, where, message):
+    (tmp_path / "a-folder").mkdir()
+    rc, err = launcher(*math_task(tmp_path / where, model_dir), "--dry-run")
+    assert rc == 2 and re.search(message, err), err
+
+
+MODEL_PATHS = [
+    ("absent", r"model\.path '.*absent' does not exist"),
+    ("w.bin", r"w\.bin' is a file, not a checkpoint directory"),
+    ("empty", r"empty': no Hugging Face checkpoint there \(config\.json missing\)"),
+    ("bare", r"bare: not a usable model \(no weights: none of model\.safetensors"),
+]
+
+
+@pytest.mark.parametrize("what, message", MODEL_PATHS, ids=[c[0] for c in MODEL_PATHS])
+def test_a_model_path_that_is_not_a_model(launcher, model_dir, tmp_path, what, message):
+    (tmp_path / "w.bin").write_bytes(b"0")
+    (tmp_path / "empty").mkdir()
+    shutil.copytree(model_dir, tmp_path / "bare", ignore=shutil.ignore_patterns("*.safetensors"))
+    rc, err = launcher(f"model.path={tmp_path / what}")
+    assert rc == 2 and re.search(message, err), err
+
+
+CONFIG_VALUES = [
+    ("run.max_stepz=3", r"unknown config key 'run\.max_stepz'; valid keys under 'run': .*max_st"),
+    ("run.max_steps=many", r"run\.max_steps: Input should be a valid integer"),
+    ("run.max_steps=true", r"run\.max_steps: expected a number, got the boolean true"),
+    ("run.max_steps=0", r"run\.max_steps: Input should be greater than or equal to 1; got 0"),
+    ("rollout.top_p=1.5", r"rollout\.top_p: Input should be less than or equal to 1; got 1\.5"),
+    ("optim.lr=.nan", r"optim\.lr: Input should be greater than 0; got nan"),
+    ("optim.lr=.inf", r"optim\.lr: must be a finite number; got inf"),
+]
+
+
+@pytest.mark.parametrize("override, message", CONFIG_VALUES, ids=[c[0] for c in CONFIG_VALUES])
+def test_a_bad_config_value_names_the_field_and_its_range(launcher, override, message):
+    rc, err = launcher(override)
+    assert rc == 2 and re.search(message, err), err
+
+
+def test_a_missing_config_file(launcher, tmp_path):
+    rc, err = launcher(config=str(tmp_path / "nope.yaml"))
+    assert rc == 2 and "nope.yaml' not found" in err
+
+
+@pytest.mark.parametrize("task_name", ["math_jsonl", "stepwise"])
+def test_garbage_output_gets_the_low_reward_and_is_counted(task_name):
+    """Unparseable completions score r_lo with parsed=False; the prompt's record counts them
+    and the step's metrics report the fraction (metrics.jsonl unparsed_fraction)."""
+    import asyncio
+
+    from actors.prompts import make_record
+    from actors.scheduler import PromptInFlight
+    from actors.scoring import Scorer
+    from actors.types import Rollout
+    from cluster.metrics import batch_metrics
+    from estimator import make_estimator
+    from estimator.state import PromptState
+    from tasks import make_task
+
+    kw = ({"path": ROOT / "tests" / "fixtures" / "math_small.jsonl", "n_heldout": 3}
+          if task_name == "math_jsonl" else {"n_train": 8, "n_heldout": 8})
+    task = make_task(task_name, **kw)
+    problem = task.train()[0]
+    good = f"Answer: {problem.answer}" if task_name == "math_jsonl" else None
+    if good is None:
+        from tasks.stepwise import reference_trace
+        good = reference_trace(problem)
+    garbage = ["", "\x00\ufffd\ufffd }}{{ \\boxed{", "Answer: ???", "🙂" * 50]
+    scorer = Scorer(task)
+    verdicts = [asyncio.run(scorer.score(problem, text, 8)) for text in [good, *garbage]]
+    assert verdicts[0].reward == 1.0 and verdicts[0].parsed
+    assert all(v.reward == -1.0 and not v.parsed for v in verdicts[1:])
+
+    state = PromptState(make_estimator("grpo", k_init=5, k_max=5))
+    assert state.to_request() == 5
+    grp = PromptInFlight(uid="u0", problem=problem, state=state, admitted_version=0,
+                         deadline=0, home=0, t_admit=0.0)
+    for i, v in enumerate(verdicts):
+        grp.payloads[i] = Rollout(f"r{i}", problem.id, [1, 2], [3] * 4, [-0.5] * 4, "", "stop",
+                                  0, reward=v.reward, parsed=v.parsed)
+        grp.start_version[i] = 0
+        state.add(v.reward, i)
+    record = make_record(grp)
+    assert record.unparsed == 4
+    assert batch_metrics([record], 5)["unparsed_fraction"] == pytest.approx(4 / 5)
