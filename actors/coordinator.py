@@ -214,14 +214,17 @@ class Coordinator:
         self._wake.set()
 
     def _kick(self) -> None:
+        # The flag is set here, not in the task: several rollouts finishing in one turn of the
+        # loop each kick, and two admitters would draw overlapping stretches of the stream
+        # (the first one's given-back prompts were then skipped: lost, never admitted).
         if not self._admitting and not self._stopped:
+            self._admitting = True
             self._spawn(self._admit())
 
     async def _admit(self) -> None:
         """Admit as many prompts as the scheduler has room for. A prompt's uid is its
         position in the sampler's stream (``s<position>``): the same prompt gets the same uid
         in a run resumed from a checkpoint, so "trained once" can be checked by uid."""
-        self._admitting = True
         try:
             while not self._stopped and (n := self.sched.room()) > 0:
                 start = self._drawing_from = self.sampler.position
