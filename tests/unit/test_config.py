@@ -47,6 +47,7 @@ def test_dotted_overrides_are_typed():
     ("algo.k_init=32", r"k_init"),
     ("optim.zero_stage=5", r"optim.zero_stage"),
     ("run", r"key.sub=value"),
+    ("generators=3", r"config key 'generators' must be a mapping of \['count'"),
     ("generators.engine.bogus=1", r"unknown config key 'generators.engine.bogus'.*max_model_len"),
     ("rollout.top_p=1.5", r"rollout.top_p: Input should be less than or equal to 1; got 1.5"),
     ("cluster.num_cpus=-1", r"cluster.num_cpus: Input should be greater than 0; got -1"),
@@ -84,6 +85,13 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         build_config({"model": {"path": str(tmp_path / "weights.bin")}}).model.resolve()
     with pytest.raises(ConfigError, match=r"no Hugging Face checkpoint there \(config.json missing"):
         build_config({"model": {"path": str(tmp_path)}}).model.resolve()
+
+
+def test_embedded_model_for_a_task_without_an_embedded_policy(tmp_path):
+    cfg = build_config({"task": {"name": "math_jsonl", "path": str(tmp_path / "d.jsonl")}})
+    with pytest.raises(ConfigError, match=r"model.path 'embedded': no embedded policy for task "
+                                          r"'math_jsonl'; tasks with one: \['arithmetic'"):
+        cfg.model_path()
 
 
 def test_nccl_needs_gpus():
