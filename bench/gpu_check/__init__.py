@@ -9,5 +9,9 @@ decoupled loss; without CUDA (or with ``--tiny``) it runs the same code on tiny 
 
 - ``checks``: the three device checks (each in its own process);
 - ``memory_cpu``: peak-memory measurements on the CPU (resident set, fresh processes);
-- ``plan``: the per-GPU memory projection (arithmetic on those measurements).
+- ``plan``: the per-GPU memory projection (arithmetic on those measurements);
+- ``cli``: the command (``main``).
 """
+from bench.gpu_check.cli import main
+
+__all__ = ["main"]

@@ -47,9 +47,9 @@ def _reset_peak() -> int:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated()
-    from bench.gpu_check.memory_cpu import _reset_peak as reset_rss
+    from bench.gpu_check.memory_cpu import reset_peak_rss
 
-    return reset_rss()
+    return reset_peak_rss()
 
 
 def _peak() -> int:
@@ -59,9 +59,9 @@ def _peak() -> int:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
-    from bench.gpu_check.memory_cpu import _status
+    from bench.gpu_check.memory_cpu import proc_status_bytes
 
-    return _status("VmHWM")
+    return proc_status_bytes("VmHWM")
 
 
 def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],

@@ -26,19 +26,19 @@ MIB = 2 ** 20
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
-def _status(key: str) -> int:
+def proc_status_bytes(key: str) -> int:
     """Bytes of a ``/proc/self/status`` entry (VmRSS: resident now, VmHWM: peak)."""
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) * 1024
 
 
-def _reset_peak() -> int:
+def reset_peak_rss() -> int:
     """Reset the peak-RSS mark to the current resident set; returns that baseline."""
     import gc
 
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
-    return _status("VmRSS")
+    return proc_status_bytes("VmRSS")
 
 
 def logprob_step(kind: str, n: int, hidden: int, vocab: int, chunk: int, dtype: str,
@@ -71,11 +71,11 @@ def logprob_step(kind: str, n: int, hidden: int, vocab: int, chunk: int, dtype: 
         return ent
 
     step()  # first calls allocate workspaces (thread pools, GEMM packing): not measured
-    base = _reset_peak()
+    base = reset_peak_rss()
     t0 = time.perf_counter()
     ent = step()
     seconds = time.perf_counter() - t0
-    peak = _status("VmHWM") - base
+    peak = proc_status_bytes("VmHWM") - base
     return {"kind": kind, "tokens": n, "hidden": hidden, "vocab": vocab,
             "chunk": chunk if kind == "chunked" else None, "dtype": dtype,
             "peak_mib": peak / MIB, "bytes_per_position_vocab": peak / (n * vocab),
@@ -107,9 +107,9 @@ def layer_step(layers: int, n: int, shape: dict, threads: int = 1) -> dict:
         logp.sum().backward()
 
     step()  # allocates every gradient buffer and workspace; the measured step reuses them
-    base = _reset_peak()
+    base = reset_peak_rss()
     step()
-    peak = _status("VmHWM") - base
+    peak = proc_status_bytes("VmHWM") - base
     return {"layers": layers, "tokens": n, "hidden": cfg.hidden_size,
             "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "dtype": "fp32",
             "peak_mib": peak / MIB}

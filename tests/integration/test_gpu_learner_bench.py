@@ -33,7 +33,7 @@ def test_gpu_learner_rejects_unknown_shape(tmp_path):
 
 def test_gpu_check_tiny_runs_every_check(tmp_path):
     """bench.gpu_check's three device checks on tiny shapes (what an H200 runs at Qwen3-4B)."""
-    from bench.gpu_check.__main__ import main
+    from bench.gpu_check import main
 
     out = main(["--tiny", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "gpu_check_tiny.json").read_text())
@@ -54,7 +54,7 @@ def test_gpu_check_tiny_runs_every_check(tmp_path):
 
 def test_gpu_check_memory_cpu_tiny(tmp_path):
     """The CPU memory measurements and the plan they feed, at tiny sizes."""
-    from bench.gpu_check.__main__ import main
+    from bench.gpu_check import main
 
     out = main(["--memory-cpu", "--tiny", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "gpu_check_memory_cpu_tiny.json").read_text())

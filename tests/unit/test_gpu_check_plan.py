@@ -28,7 +28,7 @@ def measured() -> dict:
 
 @pytest.fixture(scope="module")
 def qwen():
-    from bench.gpu_check.__main__ import count_params
+    from bench.gpu_check.cli import count_params
     from bench.gpu_learner import SHAPES
 
     return SHAPES["qwen3-4b"], count_params(SHAPES["qwen3-4b"])
@@ -83,7 +83,7 @@ def test_the_32_gpu_configs_learner_fits_an_h100_at_dapo_length(measured, qwen):
 
 
 def test_plan_command_prints_the_configs_projection(qwen, capsys):
-    from bench.gpu_check.__main__ import main
+    from bench.gpu_check import main
 
     out = main(["--plan", str(PAPER), "--out", str(MEASURED.parent)])
     assert out["projection"] is True and out["ranks"] == 14 and out["zero_stage"] == 3

@@ -1,26 +1,7 @@
-"""The DeepSpeed learner on one CUDA device: a correctness check and a throughput measurement.
-
-    python -m bench.gpu_learner [--out DIR] [--shapes qwen3-4b,qwen3-0.6b] [--deadline-s S]
-
-Part 1 (check, tiny policy, random init): one ``LearnerWorker`` rank on the GPU must pick
-bf16 and NCCL by itself; its bf16 log-probs must agree with an fp32 transformers forward on
-the same weights (first step: approx KL and clip fraction near 0 when the behaviour log-probs
-come from that fp32 forward); three steps must move the weights and stay finite; a DeepSpeed
-checkpoint must restore the weights exactly. Any failure raises AssertionError.
-
-Part 2 (measure): a Qwen3-shaped model (random init, bf16, gradient checkpointing) trained by
-the same ``LearnerWorker`` on B responses of prompt+response tokens. It reports trained
-tokens/s and seconds per token per GPU: the learner constant ``s_per_token_gpu`` of
-``bench/sim_models.LearnerModel``. Without CUDA, part 2 runs the tiny shape only (smoke).
-
-Writes ``gpu_learner.json`` under --out (default bench/results).
-"""
+"""The learner benchmark's parts: the Qwen3 shapes, synthetic batches, the check (part 1)
+and the measurement (part 2), each run in a fresh process by ``cli.main``."""
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +26,7 @@ SHAPES = {
 }
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[gpu_learner {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
@@ -187,7 +168,7 @@ def measure(shape: str, tmp: Path, batch: int, prompt_len: int, resp_len: int,
     return res
 
 
-def _isolated(fn, *args):
+def isolated(fn, *args):
     """Run fn(*args) in a fresh process: DeepSpeed caches its process groups per process, so a
     second engine after ``destroy_process_group`` in the same process fails."""
     import multiprocessing as mp
@@ -195,57 +176,3 @@ def _isolated(fn, *args):
 
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
         return ex.submit(fn, *args).result()
-
-
-def main(argv: list[str] | None = None) -> dict:
-    import torch
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--shapes", default="qwen3-4b,qwen3-0.6b",
-                    help=f"comma-separated, from {sorted(SHAPES)}")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--resp-len", type=int, default=1792)
-    ap.add_argument("--micro", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--deadline-s", type=float, default=1e9,
-                    help="skip shapes not started within this many seconds of the start")
-    a = ap.parse_args(argv)
-    shapes = [s for s in a.shapes.split(",") if s]
-    bad = [s for s in shapes if s not in SHAPES]
-    if bad:
-        raise SystemExit(f"--shapes: unknown {bad}; valid: {sorted(SHAPES)}")
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        shapes = ["tiny"]
-        a.prompt_len, a.resp_len = min(a.prompt_len, 16), min(a.resp_len, 32)
-    start = time.perf_counter()
-    import deepspeed
-    import transformers
-
-    out = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-           "command": "python -m bench.gpu_learner " + " ".join(argv if argv is not None
-                                                                 else sys.argv[1:]),
-           "gpu": torch.cuda.get_device_name() if cuda else None, "measure": []}
-    with tempfile.TemporaryDirectory(prefix="v05_gpu_") as d:
-        _log("part 1: check on the tiny policy")
-        out["check"] = _isolated(check, Path(d))
-        _log(f"check passed: {out['check']}")
-        for s in shapes:
-            if time.perf_counter() - start > a.deadline_s:
-                _log(f"deadline: skipping {s}")
-                continue
-            _log(f"part 2: measuring {s}")
-            r = _isolated(measure, s, Path(d), a.batch, a.prompt_len, a.resp_len, a.micro, a.steps)
-            _log(json.dumps(r))
-            out["measure"].append(r)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "gpu_learner.json").write_text(json.dumps(out, indent=1))
-    _log(f"wrote {Path(a.out) / 'gpu_learner.json'}")
-    return out
-
-
-if __name__ == "__main__":
-    main()
