@@ -99,8 +99,8 @@ def kernel_scale(kind: str, X: np.ndarray, center: np.ndarray) -> float:
     return s if s > 1e-12 else 1.0
 
 
-def _loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
-                    length_weights) -> list[tuple[float, float, float, np.ndarray]]:
+def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
+                   length_weights) -> list[tuple[float, float, float, np.ndarray]]:
     """(loo_mse, lam, g, alpha_tilde) for every (lam, g) from one eigh of Kt (N, N)."""
     s, U = np.linalg.eigh(Kt)
     s = np.maximum(s, 0.0)
@@ -170,7 +170,7 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
         scale = kernel_scale(kind, X, center)
         B = base_kernel(kind, X, X, center, scale)
         Kt = (B if T is None else B * T) * np.outer(sw, sw)
-        for mse, lam, g, m_y in _loo_candidates(Kt, yt, sw * len_feat, wsum, length_weights):
+        for mse, lam, g, m_y in loo_candidates(Kt, yt, sw * len_feat, wsum, length_weights):
             if mse < best.loo_mse:
                 best = Fitted(mean=mean, kernel=kind, halflife=halflife, lam=lam,
                               length_weight=g, loo_mse=mse, const_loo_mse=const_mse,

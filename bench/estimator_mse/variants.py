@@ -41,7 +41,7 @@ def median_error_floor(vbar, k: int, prior, rewards) -> float:
     return max(0.0, float(np.median((vbar - prior) ** 2 - vhat / k)))
 
 
-def _osla_floor(csum, prior, cfg: EstimatorConfig, tau2: float):
+def osla_floor(csum, prior, cfg: EstimatorConfig, tau2: float):
     """Predictive one-step look-ahead with the floored fusion (bound noise). -> k_stop, baseline"""
     r_lo, r_hi = cfg.rewards
     sigma2 = (r_hi - r_lo) ** 2 / 4.0
@@ -67,7 +67,7 @@ def experimental_v05_median_floor(pop: Population, prior, cfg: EstimatorConfig, 
     for s in range(0, pop.p.shape[0], batch):
         csum, v = pop.csum[s:s + batch], prior[s:s + batch]
         tau2 = median_error_floor(csum[:, cfg.k_init - 1] / cfg.k_init, cfg.k_init, v, cfg.rewards)
-        k, b = _osla_floor(csum, v, cfg, tau2)
+        k, b = osla_floor(csum, v, cfg, tau2)
         ks.append(k), bases.append(b), taus.append(tau2)
     return np.concatenate(ks), np.concatenate(bases), taus
 

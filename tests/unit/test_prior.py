@@ -16,8 +16,8 @@ import pytest
 from actors.prior import PriorOutputError, PriorServer, make_prior, prior_names
 from actors.priors import register_prior
 from actors.priors.base import Context, EmbeddingCache, PriorBackend
-from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, _loo_candidates, fit_context,
-                                  log_length, predict_fitted, recency_weights)
+from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
+                                  loo_candidates, predict_fitted, recency_weights)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_closed_form_loo_matches_refitting():
     l = rng.normal(size=n)
     mean = float(w @ y / w.sum())
     sw = np.sqrt(w)
-    cands = _loo_candidates(K * np.outer(sw, sw), sw * (y - mean), sw * l, w.sum(), LENGTH_WEIGHTS)
+    cands = loo_candidates(K * np.outer(sw, sw), sw * (y - mean), sw * l, w.sum(), LENGTH_WEIGHTS)
     assert len(cands) == len(LAMBDA_GRID) * len(LENGTH_WEIGHTS)
     for mse, lam, g, _ in cands[::4]:
         assert mse == pytest.approx(brute_loo(K, y, w, mean, lam, g, l), rel=1e-6)
