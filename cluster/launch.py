@@ -40,6 +40,10 @@ def preflight(cfg):
 
     p = plan(cfg)
     task = make_task_from_config(cfg.task)
+    if cfg.run.resume:  # nothing to resume is said now, not once the actors are up
+        from cluster.checkpoints import resumable
+
+        resumable(cfg.run_dir, cfg.run.keep_checkpoints)
     return p, task
 
 

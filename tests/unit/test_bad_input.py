@@ -186,3 +186,10 @@ def test_garbage_output_gets_the_low_reward_and_is_counted(task_name):
     record = make_record(grp)
     assert record.unparsed == 4
     assert batch_metrics([record], 5)["unparsed_fraction"] == pytest.approx(4 / 5)
+
+
+def test_a_resume_with_nothing_to_resume_is_named_before_any_actor(launcher, model_dir, tmp_path):
+    (tmp_path / "ok.jsonl").write_text(lines(6))
+    rc, err = launcher(*math_task(tmp_path / "ok.jsonl", model_dir), "run.resume=true",
+                       f"run.output_dir={tmp_path / 'runs'}", "run.name=gone")
+    assert rc == 2 and "run.resume=true but the run directory does not exist" in err, err
