@@ -7,9 +7,6 @@ The head is ``SimilarityHead`` (TabPFN's interface, no tabpfn needed) except in 
 builds a random 1-layer TabPFN, which runs only where the ``tabpfn`` package is installed.
 """
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +16,6 @@ from actors.priors.v0 import (EMBEDDING_MODEL, V0FilesMissing, V0Prior, default_
                               placement_device, register_v0_head)
 from actors.priors.v0_tiny import SIMILARITY_HEAD, write_tiny_v0
 
-REPO = Path(__file__).resolve().parents[2]
 CONTEXT = [("What is 2 plus 3?", 1.0, 0), ("What is 10 plus 7?", 0.875, 0),
            ("What is 4 plus 4?", 0.75, 1),
            ("Prove that every planar graph is four-colourable.", 0.0, 0),
@@ -165,15 +161,19 @@ def test_tiny_v0_with_a_random_tabpfn_head(tmp_path):
     assert again.predict(QUERIES) == pytest.approx(p, abs=1e-6)
 
 
-def test_cli_predicts_with_the_tiny_v0(tiny, tmp_path):
+def test_cli_predicts_with_the_tiny_v0(tiny, tmp_path, capsys):
+    """The CLI's v0 path, in this process (``python -m actors.prior predict`` itself runs as
+    a command in test_prior.py; a second interpreter here would only reload torch)."""
+    from actors.prior_cli import main
+
     ctx = tmp_path / "c.jsonl"
     ctx.write_text("".join(json.dumps({"prompt": p, "score": s}) + "\n" for p, s, _ in CONTEXT))
     q = tmp_path / "q.jsonl"
     q.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in QUERIES))
-    out = subprocess.run([sys.executable, "-m", "actors.prior", "predict", "--context", str(ctx),
-                          "--queries", str(q), "--backend", "v0", "--option", f"path={tiny}",
-                          "--option", f"head={SIMILARITY_HEAD}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    capsys.readouterr()
+    rc = main(["predict", "--context", str(ctx), "--queries", str(q), "--backend", "v0",
+               "--option", f"path={tiny}", "--option", f"head={SIMILARITY_HEAD}"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = [json.loads(line) for line in out.out.splitlines()]
     assert [r["prompt"] for r in rows] == QUERIES and all(0 <= r["p"] <= 1 for r in rows)

@@ -8,6 +8,7 @@ import re
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,28 @@ def images(page: str) -> dict[str, tuple[int, int]]:
 
 def nodata(page: str) -> set[str]:
     return set(re.findall(r'id="(plot-[a-z-]+)-nodata"', page))
+
+
+# A 1x1 PNG: what a figure is encoded as in the tests that read the page's text only (the
+# accounting, the CLI, sampling); drawing ten figures there cost most of this file's time.
+# The figure tests draw every figure for real.
+def _png_1x1() -> str:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)  # 1 x 1, 8-bit greyscale
+    raw = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\x00"))
+    return base64.b64encode(raw + chunk(b"IEND", b"")).decode("ascii")
+
+
+_PIXEL = _png_1x1()
+
+
+@pytest.fixture
+def text_only(monkeypatch):
+    from cluster import report_plots
+
+    monkeypatch.setattr(report_plots, "png", lambda fig: _PIXEL)
 
 
 def test_every_section_and_figure_of_a_full_run(tmp_path):
@@ -96,7 +119,7 @@ def test_k_heatmap_from_prompts_when_metrics_lack_k_hist(tmp_path):
     assert "plot-k-heatmap" in images(write_report(run).read_text())
 
 
-def test_identity_failure_is_flagged(tmp_path, capsys):
+def test_identity_failure_is_flagged(tmp_path, capsys, text_only):
     run = make_run(tmp_path / "run", broken_by=2)
     assert main([str(run)]) == 0            # written; the warning goes to stderr
     assert "does not add up" in capsys.readouterr().err
@@ -107,7 +130,7 @@ def test_identity_failure_is_flagged(tmp_path, capsys):
     assert main([str(make_run(tmp_path / "good")), "--check"]) == 0
 
 
-def test_files_disagreeing_with_the_summary_are_flagged(tmp_path):
+def test_files_disagreeing_with_the_summary_are_flagged(tmp_path, text_only):
     run = make_run(tmp_path / "run")
     lines = (run / "prompts.jsonl").read_text().splitlines()
     (run / "prompts.jsonl").write_text("\n".join(lines + [lines[0]]) + "\n")  # trained twice
@@ -142,7 +165,7 @@ def test_reliability_bins_by_hand():
     assert bins[5]["n"] == 2 and bins[5]["obs"] == 0.0
 
 
-def test_large_prompts_file_is_sampled_but_counted_whole(tmp_path, monkeypatch):
+def test_large_prompts_file_is_sampled_but_counted_whole(tmp_path, monkeypatch, text_only):
     monkeypatch.setattr(report, "MAX_PROMPT_LINES", 20)
     monkeypatch.setattr(report, "TAIL_PROMPT_LINES", 8)
     run = make_run(tmp_path / "run")
@@ -154,7 +177,7 @@ def test_large_prompts_file_is_sampled_but_counted_whole(tmp_path, monkeypatch):
     assert "1 in" in write_report(run).read_text()
 
 
-def test_cli_exit_codes(tmp_path, capsys):
+def test_cli_exit_codes(tmp_path, capsys, text_only):
     assert main([str(tmp_path / "absent")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
