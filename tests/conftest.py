@@ -1,4 +1,5 @@
-"""Suite-wide hooks: Ray on loopback, and the exit path of a Ray driver.
+"""Suite-wide hooks: Ray on loopback, the fast tier without Ray, and the exit path of a Ray
+driver.
 
 The pytest process is a Ray driver (integration tests start and stop local clusters in it),
 so it ends the way our Ray entry points do, through ``actors.rayproc.exit_process``: pytest
@@ -9,6 +10,7 @@ without running C++ static destructors, where Ray 2.60's metrics exporter can cr
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from actors.rayproc import prefer_loopback
 
@@ -17,6 +19,18 @@ from actors.rayproc import prefer_loopback
 prefer_loopback()
 
 _status: list[int] = []
+_INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_ignore_collect(collection_path, config):
+    # The fast tier (-m "not integration") does not even import tests/integration/, whose
+    # modules import Ray and the cluster stack at collection: every test there is marked
+    # integration (module-level pytestmark), so nothing it would select is lost.
+    if " ".join(config.getoption("markexpr").split()) == "not integration":
+        path = Path(collection_path).resolve()
+        if path == _INTEGRATION or _INTEGRATION in path.parents:
+            return True
+    return None
 
 
 def pytest_sessionfinish(session, exitstatus):
