@@ -125,25 +125,8 @@ def policy_loss(
     adv = inputs.advantages.to(logp.dtype)
     adv = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv  # (B, T)
     adv = torch.where(mask, adv, 0.0)
-    lim = LOG_RATIO_LIMIT
 
-    truncated = torch.zeros_like(mask)
-    if objective == "decoupled":
-        prox = torch.where(mask, inputs.proximal_logprobs.to(logp.dtype), 0.0).detach()
-        weight = torch.exp((prox - old).clamp(-lim, lim))  # (B, T) pi_prox / pi_behaviour
-        is_weight = weight
-        if tis_cap is not None:
-            truncated = weight > tis_cap
-            weight = weight.clamp(max=tis_cap)
-        ratio = torch.exp((logp - prox).clamp(-lim, lim))
-    else:
-        weight = None
-        ratio = torch.exp((logp - old).clamp(-lim, lim))
-        is_weight = ratio.detach()
-        if tis_cap is not None:
-            # Value min(r, C) and gradient weight min(r, C): r * C / sg(r) where truncated.
-            truncated = ratio.detach() > tis_cap
-            ratio = torch.where(truncated, ratio * (tis_cap / ratio.detach()), ratio)
+    ratio, weight, is_weight, truncated = _ratio(inputs, mask, logp, old, objective, tis_cap)
     surr = ratio * adv
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(surr, surr_clipped)  # (B, T)
@@ -163,16 +146,8 @@ def policy_loss(
         kl = _masked_mean(k3.detach(), maskf, n_tok)
         if kl_coef > 0:
             per_token = per_token + kl_coef * k3
-
-    per_token = per_token * maskf
-    if aggregation == "token_mean":
-        denom = n_tok.clamp(min=1) if normalizer is None else normalizer
-        loss = per_token.sum() / denom
-    else:
-        loss = _seq_mean_sum(per_token, maskf, inputs.segment_ids)
-        if normalizer is None:
-            normalizer = _n_segments(maskf, inputs.segment_ids).clamp(min=1)
-        loss = loss / normalizer
+    loss = _aggregate(per_token * maskf, maskf, n_tok, aggregation, normalizer,
+                      inputs.segment_ids)
 
     with torch.no_grad():
         r = ratio.detach()
@@ -181,13 +156,44 @@ def policy_loss(
         entropy = torch.zeros_like(kl)
         if inputs.entropy is not None:
             entropy = mean(torch.where(mask, inputs.entropy.to(logp.dtype), 0.0))
-        behaviour_log_ratio = (logp - old).clamp(-lim, lim)  # the ppo log_ratio, untruncated
+        behaviour_log_ratio = (logp - old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # untruncated
         approx_kl = mean(torch.exp(behaviour_log_ratio) - 1.0 - behaviour_log_ratio)
         return LossOutputs(
             loss=loss, clip_fraction=mean(clipped), approx_kl=approx_kl, kl=kl,
             entropy=entropy, n_tokens=n_tok.detach(),
             is_weight=mean(torch.where(mask, is_weight, 0.0)),
             truncated_fraction=mean(truncated & mask), dual_clip_fraction=mean(dual & mask))
+
+
+def _ratio(inputs: LossInputs, mask, logp, old, objective, tis_cap):
+    """The objective's probability ratio r (B, T), its weight w ((B, T), None for ppo), the
+    untruncated importance weight to behaviour (a metric) and where tis_cap truncated."""
+    lim = LOG_RATIO_LIMIT
+    truncated = torch.zeros_like(mask)
+    if objective == "decoupled":
+        prox = torch.where(mask, inputs.proximal_logprobs.to(logp.dtype), 0.0).detach()
+        weight = torch.exp((prox - old).clamp(-lim, lim))  # (B, T) pi_prox / pi_behaviour
+        is_weight = weight
+        if tis_cap is not None:
+            truncated = weight > tis_cap
+            weight = weight.clamp(max=tis_cap)
+        return torch.exp((logp - prox).clamp(-lim, lim)), weight, is_weight, truncated
+    ratio = torch.exp((logp - old).clamp(-lim, lim))
+    is_weight = ratio.detach()
+    if tis_cap is not None:
+        # Value min(r, C) and gradient weight min(r, C): r * C / sg(r) where truncated.
+        truncated = ratio.detach() > tis_cap
+        ratio = torch.where(truncated, ratio * (tis_cap / ratio.detach()), ratio)
+    return ratio, None, is_weight, truncated
+
+
+def _aggregate(per_token, maskf, n_tok, aggregation, normalizer, segment_ids) -> torch.Tensor:
+    """token_mean or seq_mean of the (masked) per-token losses (see ``policy_loss``)."""
+    if aggregation == "token_mean":
+        return per_token.sum() / (n_tok.clamp(min=1) if normalizer is None else normalizer)
+    if normalizer is None:
+        normalizer = _n_segments(maskf, segment_ids).clamp(min=1)
+    return _seq_mean_sum(per_token, maskf, segment_ids) / normalizer
 
 
 def _segments(maskf: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
