@@ -347,16 +347,23 @@ def _write(path, rows):
     return str(path)
 
 
-def test_cli_predicts_one_line_per_query_in_order(tmp_path):
+def test_cli_predicts_one_line_per_query_in_order(tmp_path, capsys):
+    """The default (embedded) backend through the CLI's main in this process (a fresh
+    interpreter would only load torch and the encoder again), then the command itself."""
+    from actors.prior_cli import main
+
     ctx = _write(tmp_path / "c.jsonl", [{"prompt": p, "score": 0.9} for p in EASY[:-3]]
                  + [{"prompt": p, "score": 0.1} for p in HARD[:-3]])
     q = _write(tmp_path / "q.jsonl", [{"prompt": p} for p in [HARD[-1], EASY[-1], HARD[-2]]])
-    out = _cli("predict", "--context", ctx, "--queries", q)
-    assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    capsys.readouterr()
+    rc = main(["predict", "--context", ctx, "--queries", q])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = [json.loads(line) for line in out.out.splitlines()]
     assert [r["prompt"] for r in rows] == [HARD[-1], EASY[-1], HARD[-2]]
     assert rows[1]["p"] > max(rows[0]["p"], rows[2]["p"]) and all(0 <= r["p"] <= 1 for r in rows)
     const = _cli("predict", "--context", ctx, "--queries", q, "--backend", "constant")
+    assert const.returncode == 0, const.stderr
     assert [json.loads(x)["p"] for x in const.stdout.splitlines()] == [pytest.approx(0.5)] * 3
 
 
