@@ -137,21 +137,25 @@ def _from_hf_cache(model_id: str) -> Path:
                           f"download {model_id}` on every node) or give its directory") from None
 
 
+_EST = EstimatorConfig()  # the estimator's defaults; its __post_init__ holds the bounds
+
+
 class AlgoConfig(Section):
-    """The advantage estimator and its rollout budget (see docs/estimator.md)."""
+    """The advantage estimator and its rollout budget (see docs/estimator.md). Defaults and
+    bounds are the estimator's (``estimator.registry.EstimatorConfig``), checked there."""
 
     name: Literal[tuple(ESTIMATORS)] = Field("v05", description=f"One of {sorted(ESTIMATORS)}.")
-    k_init: int = Field(4, ge=1, description="Rollouts per prompt to start with (group size of fixed-k algos).")
-    k_max: int = Field(16, ge=1, description="Most rollouts per prompt (v05's OSLA cap).")
-    cost: float = Field(0.0039, ge=0, description="OSLA cost per rollout (on the {-1,+1} reward scale's units).")
-    lookahead: Literal["predictive", "plugin"] = Field("predictive", description="OSLA look-ahead.")
-    plan: Literal["sequential", "batched"] = Field("batched", description=(
+    k_init: int = Field(_EST.k_init, description="Rollouts per prompt to start with (group size of fixed-k algos).")
+    k_max: int = Field(_EST.k_max, description="Most rollouts per prompt (v05's OSLA cap).")
+    cost: float = Field(_EST.cost, description="OSLA cost per rollout (on the {-1,+1} reward scale's units).")
+    lookahead: Literal["predictive", "plugin"] = Field(_EST.lookahead, description="OSLA look-ahead.")
+    plan: Literal["sequential", "batched"] = Field(_EST.plan, description=(
         "v05: 'batched' plans how many more rollouts to ask for at once and re-plans as rewards "
         "arrive (docs/estimator.md); 'sequential' asks for one at a time (the paper's OSLA)."))
-    max_rounds: int | None = Field(3, ge=1, description=(
+    max_rounds: int | None = Field(_EST.max_rounds, description=(
         "v05 batched plan: most generation rounds per prompt (the last allowed round asks for "
         "the rest of the plan at once); None: no cap."))
-    noise: Literal["bound", "bernoulli"] = Field("bound", description="Noise model of the fusion.")
+    noise: Literal["bound", "bernoulli"] = Field(_EST.noise, description="Noise model of the fusion.")
     scale_by_std: bool | None = Field(None, description="Divide advantages by the group std (None: the algo's own convention).")
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
-"""Run outputs (architecture.md): config.yaml, metrics.jsonl, summary.json, progress lines,
-and the per-step metrics, computed by pure functions from what a step saw."""
+"""Run outputs (docs/pipeline.md, "Run outputs"): config.yaml, metrics.jsonl, summary.json,
+progress lines, and the per-step metrics, computed by pure functions from what a step saw."""
 from __future__ import annotations
 
 import json

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tasks import stepwise
 from tasks.arithmetic import ArithmeticTask, check_difficulties
-from tasks.base import Problem, Task, Verdict
+from tasks.base import Problem, Task, Verdict, check_rewards
 from tasks.math_jsonl import MathJsonlTask
 from tasks.stepwise import StepwiseTask
 
@@ -71,9 +71,7 @@ class TaskConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TaskConfig":
-        if not self.reward_low < self.reward_high:
-            raise ValueError(f"reward_low ({self.reward_low}) must be smaller than "
-                             f"reward_high ({self.reward_high})")
+        check_rewards(self.reward_low, self.reward_high)
         if self.name in _LEVEL_CHECKS:
             _LEVEL_CHECKS[self.name](self.difficulties)
         if self.name == "math_jsonl":

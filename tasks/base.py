@@ -35,11 +35,15 @@ class Verdict:
 
 
 def check_rewards(reward_low: float, reward_high: float) -> tuple[float, float]:
-    """Validate a binary reward pair; the estimator needs r_lo < r_hi to define its noise bound."""
-    lo, hi = float(reward_low), float(reward_high)
-    if not lo < hi:
-        raise ValueError(f"reward_low ({lo}) must be smaller than reward_high ({hi})")
-    return lo, hi
+    """A task's binary reward pair (r_lo, r_hi), by the estimator's rule (finite, r_lo < r_hi:
+    its noise bound needs a range); the one check every task and ``TaskConfig`` use."""
+    from estimator.core import check_rewards as estimator_rule
+
+    try:
+        return estimator_rule((reward_low, reward_high))
+    except ValueError:
+        raise ValueError(f"reward_low ({reward_low}) must be smaller than reward_high "
+                         f"({reward_high}), both finite") from None
 
 
 class Task(ABC):
