@@ -216,7 +216,6 @@ class Trainer:
     def one_step(self) -> bool:
         """One learner step (batch, train, publish, maybe evaluate, record); True when it was
         the last."""
-        import ray
 
         cfg, coord = self.cfg, self.coord
         self.step += 1

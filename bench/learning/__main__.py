@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.learning.analysis import mean_curve, read_curve, summarise
+from bench.learning.analysis import AXES, mean_curve, read_curve, summarise
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -77,85 +79,114 @@ def run_config(base: dict, mode: str, seed: int, run_dir: Path):
     return build_config(data)
 
 
+@dataclass(frozen=True)
+class Settings:
+    """One invocation's sizes: the same for every run."""
+
+    budget_s: float    # training wall-clock per run (evaluations excluded)
+    seeds: int
+    evals: int         # evaluations after the initial one (one every budget / evals seconds)
+    eval_prompts: int
+    modes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, args) -> "Settings":
+        modes = tuple(m for m in (args.modes.split(",") if args.modes else
+                                  (QUICK_MODES if args.quick else MODES)) if m)
+        unknown = set(modes) - set(MODES)
+        if unknown:
+            raise SystemExit(f"unknown modes {sorted(unknown)}; known: {sorted(MODES)}")
+        return cls(budget_s=args.budget_s or (30.0 if args.quick else 240.0),
+                   seeds=args.seeds or (1 if args.quick else 3),
+                   evals=args.evals or (1 if args.quick else 6),
+                   eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes)
+
+    def overrides(self) -> list[str]:
+        n = self.eval_prompts
+        return ["run.max_steps=100000", f"run.max_train_s={self.budget_s}", "run.eval_every=0",
+                f"run.eval_every_s={self.budget_s / self.evals}", f"run.eval_prompts={n}",
+                f"task.n_heldout={n}", "run.save_final=false", "run.progress=false",
+                "cluster.address=local"]
+
+
+def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
+    """Every (seed, mode) run on one set of long-lived actors, reset before each run to the
+    same initial weights and an empty prior; {mode: [curve per seed]}."""
+    from cluster.placement import plan
+    from cluster.runtime import connect, reset_roles, start_roles
+    from cluster.trainer import Trainer
+    from tasks import make_task_from_config
+
+    import ray
+
+    shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
+    p = plan(shape)
+    started = connect(shape, p)
+    roles = start_roles(shape, p, shape.model_path())
+    task = make_task_from_config(shape.task)
+    init_dir = str(run_dir / "init")
+    roles.learner.save_checkpoint(init_dir, {"step": 0})
+    runs: dict[str, list[dict]] = {m: [] for m in st.modes}
+    try:
+        for seed in range(st.seeds):
+            k = seed % len(st.modes)
+            for mode in st.modes[k:] + st.modes[:k]:  # round-robin: load drift spreads out
+                cfg = run_config(base, mode, seed, run_dir)
+                reset_roles(cfg, roles, init_dir)
+                log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
+                Trainer(cfg, roles, task).run()
+                curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric), "mode": mode,
+                         "seed": seed}
+                runs[mode].append(curve)
+                a, b = curve["points"][0], curve["points"][-1]
+                log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
+                    f"{b['train_s']:.0f} s, {b['rollouts']} rollouts, {curve['steps']} steps")
+    finally:
+        roles.shutdown()
+        if started:
+            ray.shutdown()
+    return runs
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -> dict:
+    out = {"command": "python -m bench.learning " + " ".join(argv),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+           "config": {"file": "v05.yaml", "run": base_cfg.model_dump(mode="json")["run"],
+                      "budget_train_s": st.budget_s, "seeds": st.seeds, "evals": st.evals,
+                      "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
+                      "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
+                      "batch_prompts": base_cfg.rollout.batch_prompts, "lr": base_cfg.optim.lr,
+                      "modes": {m: MODES[m] for m in st.modes}},
+           "units": "accuracy: held-out, mean over prompts of the success rate of the sampled "
+                    "answers (T = 1); train_s: training wall-clock, evaluations excluded",
+           "runs": runs,
+           "curves": {m: {axis: mean_curve(r, axis) for axis in AXES} for m, r in runs.items()
+                      if r},
+           "summary": summarise(runs), "wall_s": wall_s}
+    out["summary"].update(command=out["command"], date=out["date"])
+    return out
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     from actors.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
-    import ray
-
     from bench.learning.plots import plots
     from cluster.config import load_config
-    from cluster.placement import plan
-    from cluster.runtime import connect, reset_roles, start_roles
-    from cluster.trainer import Trainer
-    from tasks import make_task_from_config
 
-    budget = args.budget_s or (30.0 if args.quick else 240.0)
-    seeds = args.seeds or (1 if args.quick else 3)
-    evals = args.evals or (1 if args.quick else 6)
-    n_eval = args.eval_prompts or (48 if args.quick else 300)
-    modes = [m for m in (args.modes.split(",") if args.modes else
-                         (QUICK_MODES if args.quick else MODES)) if m]
-    unknown = set(modes) - set(MODES)
-    if unknown:
-        raise SystemExit(f"unknown modes {sorted(unknown)}; known: {sorted(MODES)}")
-    base_cfg = load_config(REPO / "v05.yaml", [
-        "run.max_steps=100000", f"run.max_train_s={budget}", "run.eval_every=0",
-        f"run.eval_every_s={budget / evals}", f"run.eval_prompts={n_eval}",
-        f"task.n_heldout={max(n_eval, 1)}", "run.save_final=false", "run.progress=false",
-        "cluster.address=local", *args.overrides])
-    base = base_cfg.model_dump(mode="json")
-    run_dir = Path(tempfile.mkdtemp(prefix="v05-learning-"))
-    shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
-    model_path = shape.model_path()
-    p = plan(shape)
-    t_all = time.time()
-    started = connect(shape, p)
-    roles = start_roles(shape, p, model_path)
-    task = make_task_from_config(shape.task)
-    init_dir = str(run_dir / "init")
-    roles.learner.save_checkpoint(init_dir, {"step": 0})
-    runs: dict[str, list[dict]] = {m: [] for m in modes}
-    try:
-        for seed in range(seeds):
-            order = modes[seed % len(modes):] + modes[:seed % len(modes)]
-            for mode in order:
-                cfg = run_config(base, mode, seed, run_dir)
-                reset_roles(cfg, roles, init_dir)
-                print(f"== {mode} seed {seed}: {budget:.0f} s of training", file=sys.stderr,
-                      flush=True)
-                Trainer(cfg, roles, task).run()
-                curve = read_curve(cfg.run_dir, cfg.run.eval_metric)
-                curve.update(mode=mode, seed=seed)
-                runs[mode].append(curve)
-                a, b = curve["points"][0], curve["points"][-1]
-                print(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
-                      f"{b['train_s']:.0f} s, {b['rollouts']} rollouts, {curve['steps']} steps",
-                      file=sys.stderr, flush=True)
-    finally:
-        roles.shutdown()
-        if started:
-            ray.shutdown()
-    out = {"command": "python -m bench.learning " + " ".join(argv),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"platform": platform.platform(), "cpus": __import__("os").cpu_count()},
-           "quick": args.quick,
-           "config": {"file": "v05.yaml", "overrides": base_cfg.model_dump(mode="json")["run"],
-                      "budget_train_s": budget, "seeds": seeds, "evals": evals,
-                      "eval_prompts": n_eval, "eval_samples": base_cfg.run.eval_samples,
-                      "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
-                      "batch_prompts": base_cfg.rollout.batch_prompts, "lr": base_cfg.optim.lr,
-                      "modes": {m: MODES[m] for m in modes}},
-           "units": "accuracy: held-out, mean over prompts of the success rate of the sampled "
-                    "answers (T = 1); train_s: training wall-clock, evaluations excluded",
-           "runs": runs,
-           "curves": {m: {axis: mean_curve(r, axis) for axis in ("train_s", "rollouts",
-                                                                 "trained_tokens")}
-                      for m, r in runs.items() if r},
-           "summary": summarise(runs), "wall_s": time.time() - t_all}
-    out["summary"].update(command=out["command"], date=out["date"])
+    st = Settings.of(args)
+    base_cfg = load_config(REPO / "v05.yaml", [*st.overrides(), *args.overrides])
+    t0 = time.time()
+    runs = run_all(st, base_cfg.model_dump(mode="json"),
+                   Path(tempfile.mkdtemp(prefix="v05-learning-")))
+    out = report(st, base_cfg, runs, argv, time.time() - t0)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     plots(out, Path(args.out).with_suffix(""))

@@ -13,7 +13,6 @@ observations go stale). Each step draws B fresh prompts and observes k rollouts 
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
