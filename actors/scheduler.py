@@ -524,8 +524,8 @@ class Scheduler:
     # -- checkpoints ---------------------------------------------------------------------------
     def snapshot(self, encode_problem: Callable, encode_payload: Callable) -> dict:
         """Everything needed to continue every admitted prompt after a crash: its estimator
-        state, its finished rollouts (``encode_payload``), its deadline; and the counters.
-        Rollouts in flight are not kept: ``restore`` asks for them again."""
+        state, its finished rollouts (``encode_payload``), its deadline; the counters and
+        the drops not yet handed over (``dropped``). Rollouts in flight are not kept: ``restore`` asks for them again."""
         prompts = []
         for g in self.inflight.values():
             prompts.append({
@@ -536,7 +536,10 @@ class Scheduler:
                 "cancelled_tokens": g.cancelled_tokens, "ready": g.uid in self.ready,
                 "rollouts": [[i, g.start_version[i], encode_payload(p)]
                              for i, p in sorted(g.payloads.items())]})
+        # ``dropped``: drops not yet handed over (they reach dropped.jsonl with the next
+        # batch); without them a resumed run would have those uids nowhere.
         return {"version": self.version, "counts": dict(self.counts), "drops": dict(self.drops),
+                "dropped": [[uid, why] for uid, why in self.dropped],
                 "refills": {str(d): n for d, n in self.refills.items()},
                 "quota": {str(d): n for d, n in self.quota.items()}, "inflight": prompts}
 
@@ -549,6 +552,8 @@ class Scheduler:
             raise ValueError("restore into a scheduler that already has prompts")
         self.counts.update(snap["counts"])
         self.drops.update(snap["drops"])
+        # Absent from checkpoints written before it was kept.
+        self.dropped = [(uid, why) for uid, why in snap.get("dropped", [])]
         self.refills.update({int(d): n for d, n in snap["refills"].items()})
         self.quota.update({int(d): n for d, n in snap["quota"].items()})
         actions = []

@@ -438,6 +438,28 @@ def test_a_checkpoint_written_before_the_rename_restores():
     assert set(legacy.inflight) == set(new.inflight) == set(s.inflight) and set(legacy.ready) == set(s.ready)
 
 
+def test_drops_not_yet_handed_over_survive_a_checkpoint():
+    """A drop reaches dropped.jsonl only with the next batch: a checkpoint taken before it
+    keeps the (uid, reason), else a resumed run has that uid nowhere. A checkpoint written
+    before ``dropped`` was kept still restores (with none)."""
+    import json
+
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
+    f = Fake(s)
+    d = f.admit(2)[0]
+    f.inflight.pop(d.request_id)
+    s.on_request_failed(d.request_id, drop_reason="generator_error: X")
+    snap = json.loads(json.dumps(s.snapshot(lambda p: p, lambda p: list(p))))
+    resumed = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
+    resumed.restore(snap, lambda p: p, tuple)
+    assert resumed.dropped == [(d.uid, "generator_error: X")] == s.dropped
+    assert resumed.drops == s.drops
+    old = {k: v for k, v in snap.items() if k != "dropped"}
+    legacy = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
+    legacy.restore(old, lambda p: p, tuple)
+    assert legacy.dropped == [] and set(legacy.inflight) == set(s.inflight)
+
+
 def test_skipped_learner_steps_never_starve_admission():
     """A NaN-skipped step hands a batch over without a new version; more than
     max_staleness + 1 of them in a row must not leave the scheduler unable to admit."""
