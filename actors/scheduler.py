@@ -525,7 +525,8 @@ class Scheduler:
     def snapshot(self, encode_problem: Callable, encode_payload: Callable) -> dict:
         """Everything needed to continue every admitted prompt after a crash: its estimator
         state, its finished rollouts (``encode_payload``), its deadline; the counters and
-        the drops not yet handed over (``dropped``). Rollouts in flight are not kept: ``restore`` asks for them again."""
+        the drops not yet handed over (``dropped``). Rollouts in flight are not kept:
+        ``restore`` asks for them again."""
         prompts = []
         for g in self.inflight.values():
             prompts.append({
