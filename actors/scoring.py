@@ -132,6 +132,7 @@ class Scorer:
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no Ray or asyncio state
         self._free: asyncio.Queue | None = None
         self._n = workers
+        self._closed = False
 
     def _pool(self) -> asyncio.Queue:
         if self._free is None:  # started lazily, inside the event loop that uses it
@@ -162,26 +163,40 @@ class Scorer:
             return self._failed("error")
 
     async def _pooled(self, problem, text: str, fault: str) -> Verdict:
-        pool = self._pool()
-        worker = await pool.get()
+        worker = await self._pool().get()
+        status, value = "error", None  # what any exception leaves: the worker is in doubt
         try:
             status, value = await asyncio.to_thread(worker.ask, problem, text, fault,
                                                     self.timeout_s)
         except (OSError, EOFError):  # the worker died under us
-            status, value = "error", None
-        if status in ("timeout",) or (status == "error" and value is None):
-            worker.kill()  # hung or dead: replace it
-            worker = _Worker(self._ctx, self.factory)
-        pool.put_nowait(worker)
+            pass
+        finally:
+            self._put_back(worker, status == "timeout" or (status == "error" and value is None))
         if status == "ok":
             return value
         return self._failed(status)
+
+    def _put_back(self, worker: _Worker, replace: bool) -> None:
+        """Every worker taken from the pool goes back, whatever happened (one left out for
+        good would make every later ``score`` wait on an empty pool): itself, or a fresh one
+        when it is hung, dead or in doubt. A scorer already closed keeps none."""
+        if not (replace or self._closed):
+            self._free.put_nowait(worker)
+            return
+        worker.kill()
+        if self._closed:
+            return
+        try:
+            worker = _Worker(self._ctx, self.factory)
+        finally:  # a failed replacement leaves the killed one: replaced at its next use
+            self._free.put_nowait(worker)
 
     def _failed(self, why: str) -> Verdict:
         self.counts[f"score_{why}"] += 1
         return Verdict(self.task.rewards[0], False, None)
 
     def close(self) -> None:
+        self._closed = True
         if self._free is not None:
             while not self._free.empty():
                 self._free.get_nowait().kill()

@@ -2,6 +2,7 @@
 verifier is killed and its answer gets the low reward, counted), a raising verifier, and
 DAPO's overlong shaping. Real processes, no mocks."""
 import asyncio
+import dataclasses
 import functools
 
 import pytest
@@ -63,6 +64,30 @@ def test_a_hung_answer_times_out_in_its_worker_and_the_pool_recovers():
     assert hung.reward == -1.0 and s.counts["score_timeout"] == 1
     assert ok.reward == 1.0 and after.reward == 1.0
     assert boom.reward == -1.0 and s.counts["score_error"] == 1
+
+
+class Unpicklable(Problem):
+    """A problem that cannot be sent to a worker: ``ask`` raises RuntimeError (neither
+    OSError nor EOFError) from inside the pooled call."""
+
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle")
+
+
+def test_an_unexpected_error_in_a_workers_call_still_puts_a_worker_back():
+    """Whatever ``ask`` raises, the pool gets a worker back (a replacement): else the pool is
+    empty and every later score waits forever."""
+    async def go():
+        s = Scorer(ArithmeticTask(), functools.partial(ArithmeticTask), workers=1, timeout_s=5.0)
+        try:
+            with pytest.raises(RuntimeError, match="cannot pickle"):
+                await s.score(Unpicklable(**dataclasses.asdict(P)), "3", 1)
+            assert s._free.qsize() == 1  # a worker is back in the pool
+            return (await asyncio.wait_for(s.score(P, "3", 1), 120)).reward
+        finally:
+            s.close()
+
+    assert run(go()) == 1.0
 
 
 def test_a_workers_start_up_does_not_count_against_the_answers_deadline():
