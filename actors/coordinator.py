@@ -16,7 +16,10 @@ Faults: a generator whose calls raise ``RayActorError`` (dead or restarting) is 
 service and its requests re-issued to the others; once Ray has restarted it, it gets the
 newest weights and rejoins. A generator restarted without a failed call in flight is caught
 by its incarnation token changing. A prior that fails, times out or answers garbage sends
-its prompts to the empirical-mean fallback (counted).
+its prompts to the empirical-mean fallback (counted). An error on this side while a
+request's completions are handled (a scorer or the scheduler raising) drops the prompt as
+``coordinator_error: <type>``; an exception in any task it spawns is recorded
+(``events``, ``last_error``, which ``waiting_on`` reports).
 """
 from __future__ import annotations
 
@@ -62,13 +65,15 @@ class Coordinator:
         self.prior_pending_since: float | None = None
         self.counts = Counter()
         self.failures = Counter()        # uid -> engine errors
-        self.events: list[tuple] = []    # generator faults, for the summary
+        self.events: list[tuple] = []    # faults for the summary: (t, kind, generator, detail)
         self._admitting = False
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._stopped = False
         self.t_start = time.time()
         self.last_prior_error = ""
+        self.last_error = ""        # the last exception on this side (a task, a scorer...)
+        self._noted: set[tuple] = set()  # (kind, generator, type) already in self.events
         self._restored: list = []  # dispatches of the rollouts in flight at the checkpoint
         self._drawing_from: int | None = None  # stream position of prompts awaiting the prior
         if restore is not None:
@@ -176,7 +181,8 @@ class Coordinator:
                   "in_flight": s.in_flight(), "room": s.room(), "paused": s.paused,
                   "outstanding_per_generator": loads, "alive": list(s.alive),
                   "seconds_since_generator_answered": [round(now - t, 1) for t in self.last_heard],
-                  "events": self.events[-5:], "last_prior_error": self.last_prior_error}
+                  "events": self.events[-5:], "last_prior_error": self.last_prior_error,
+                  "last_error": self.last_error}
         if self.prior_pending_since is not None:
             role = f"prior (asked {now - self.prior_pending_since:.0f}s ago)"
         elif not any(s.alive):
@@ -195,7 +201,8 @@ class Coordinator:
         s = self.sched
         return {"inflight": s.in_flight(), "ready": len(s.ready), "load": list(s.load),
                 "alive": list(s.alive), "version": s.version, "room": s.room(),
-                "last_prior_error": self.last_prior_error, **self.summary()}
+                "last_prior_error": self.last_prior_error, "last_error": self.last_error,
+                **self.summary()}
 
     def _counters(self) -> dict:
         a = self.sched.accounting()
@@ -265,8 +272,6 @@ class Coordinator:
                                         self.sched.version) for g in done])
 
     async def _generate(self, d: Dispatch) -> None:
-        import ray
-
         pif = self.sched.inflight.get(d.uid)
         if pif is None:
             return
@@ -275,17 +280,32 @@ class Coordinator:
         try:
             rollouts = await asyncio.wait_for(self.gens[d.generator].generate.remote(req),
                                               self.request_timeout_s)
-            self.last_heard[d.generator] = time.time()
-        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
+        except Exception as err:
+            return self._apply(self._request_failed(d, err))
+        try:
+            actions = await self._completed(d, pif, rollouts)
+        except Exception as err:  # a bug on this side: a scorer or the scheduler raised
+            actions = self._coordinator_error(d, err)
+        self._apply(actions)
+        self._kick()
+
+    def _request_failed(self, d: Dispatch, err: Exception) -> list:
+        """The scheduler's actions for a request whose generator call raised."""
+        import ray
+
+        if isinstance(err, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
             # Died, restarting (ActorUnavailableError) or hung: out of service until it
             # answers again with the newest weights; its work goes elsewhere.
             self._lost(d.generator, type(err).__name__)
-            return self._apply(self.sched.on_request_failed(d.request_id, generator_lost=True))
-        except Exception as err:  # an engine error on this request
-            self.failures[d.uid] += 1
-            reason = (f"generator_error: {type(err).__name__}"
-                      if self.failures[d.uid] >= MAX_REQUEST_FAILURES else None)
-            return self._apply(self.sched.on_request_failed(d.request_id, drop_reason=reason))
+            return self.sched.on_request_failed(d.request_id, generator_lost=True)
+        self.failures[d.uid] += 1  # an engine error on this request
+        reason = (f"generator_error: {type(err).__name__}"
+                  if self.failures[d.uid] >= MAX_REQUEST_FAILURES else None)
+        return self.sched.on_request_failed(d.request_id, drop_reason=reason)
+
+    async def _completed(self, d: Dispatch, pif, rollouts: list[Rollout]) -> list:
+        """Score a request's completions and report them to the scheduler; its actions."""
+        self.last_heard[d.generator] = time.time()
         self.counts[f"served{d.generator}"] += 1
         inc = rollouts[0].incarnation if rollouts else None
         if self.incarnations[d.generator] is None:
@@ -293,7 +313,7 @@ class Coordinator:
         elif inc != self.incarnations[d.generator]:
             # Restarted between two calls: it served initial weights. Discard, re-sync it.
             self._lost(d.generator, "new incarnation")
-            return self._apply(self.sched.on_request_failed(d.request_id, generator_lost=True))
+            return self.sched.on_request_failed(d.request_id, generator_lost=True)
         verdicts = await asyncio.gather(*(
             self.scorer.score(pif.problem, r.text, len(r.token_ids)) for r in rollouts
             if not r.cancelled))
@@ -305,8 +325,16 @@ class Coordinator:
                 r.reward, r.parsed = v.reward, v.parsed
             finished.append(Finished(pos, r.reward if r.reward is not None else 0.0,
                                      len(r.token_ids), r.version, r, r.cancelled))
-        self._apply(self.sched.on_rollouts(d.request_id, finished))
-        self._kick()
+        return self.sched.on_rollouts(d.request_id, finished)
+
+    def _coordinator_error(self, d: Dispatch, err: Exception) -> list:
+        """Handling request ``d``'s completions raised here: drop its prompt with a counted
+        reason (the scheduler may have taken part of the report, so the prompt cannot be
+        trusted to go on) and free its slots. Nothing is lost and nothing waits forever."""
+        self._note("coordinator_error", -1, err, f"request {d.request_id}: ")
+        reason = f"coordinator_error: {type(err).__name__}"
+        actions = self.sched.on_request_failed(d.request_id, drop_reason=reason)
+        return actions + self.sched.drop(d.uid, reason)  # [] if it was dropped just now
 
     async def _cancel(self, c: Cancel) -> None:
         try:
@@ -342,10 +370,30 @@ class Coordinator:
             except Exception:
                 await asyncio.sleep(1.0)
 
-    def _spawn(self, coro) -> None:
+    def _note(self, kind: str, i: int, err: BaseException, where: str = "") -> None:
+        """Record an error: counted (``counts[kind]``), kept as ``last_error`` for the
+        watchdog, and put in ``events`` once per (kind, generator, exception type), so that a
+        fault repeating every second does not flood the summary."""
+        text = f"{where}{type(err).__name__}: {str(err)[:300]}"
+        self.counts[kind] += 1
+        self.last_error = f"{kind} (generator {i}): {text}" if i >= 0 else f"{kind}: {text}"
+        key = (kind, i, type(err).__name__)
+        if key not in self._noted:
+            self._noted.add(key)
+            self.events.append((round(time.time() - self.t_start, 3), kind, i, text))
+
+    def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(self._task_done)
+        return t
+
+    def _task_done(self, t: asyncio.Task) -> None:
+        """A spawned task ended: an exception nobody awaits would vanish; record it."""
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            name = getattr(t.get_coro(), "__qualname__", "task")
+            self._note("task_error", -1, t.exception(), f"{name}: ")
 
 
 def _write_file(path: str, data: bytes) -> None:

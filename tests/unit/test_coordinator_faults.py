@@ -1,0 +1,127 @@
+"""The coordinator's fault paths on a real asyncio loop with stand-in actor handles (no Ray
+calls are made): an error on the coordinator's side (the scheduler or a scorer raising while
+a request's completions are handled) drops the prompt with a counted reason and frees its
+slots, and an exception in any task the coordinator spawned is recorded for the watchdog."""
+from __future__ import annotations
+
+import asyncio
+
+from actors.coordinator import Coordinator
+from actors.scheduler import SchedulerConfig
+from actors.types import Rollout, SamplingConfig
+from estimator import make_estimator
+from tasks import TaskConfig
+
+
+class Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+async def until(cond, what: str, turns: int = 2000) -> None:
+    """Let the loop run until ``cond()`` holds (a bounded number of turns)."""
+    for _ in range(turns):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"still waiting for {what} after {turns} turns of the loop")
+
+
+def rollout(req, cancelled: bool = False) -> Rollout:
+    return Rollout(request_id=req.request_id, prompt_id=req.prompt_id, prompt_token_ids=[1],
+                   token_ids=[2, 3], logprobs=[-0.5, -0.5], text="3", finish_reason="stop",
+                   version=0, incarnation="g0-life1", cancelled=cancelled)
+
+
+class FirstAnswerGenerator:
+    """Answers its first request with ``answer(req)``; holds every later one (never answers),
+    so that the prompt admitted after a drop stays in flight and the test ends."""
+
+    def __init__(self, answer):
+        self.answer, self.requests = answer, []
+        self.generate = Remote(self._generate)
+
+    def _generate(self, req):
+        self.requests.append(req)
+        fut = asyncio.get_running_loop().create_future()
+        if len(self.requests) == 1:
+            fut.set_result(self.answer(req))
+        return fut
+
+
+class RaisingScorer:
+    counts: dict = {}
+
+    async def score(self, problem, text, n_tokens):
+        raise RuntimeError("scorer bug")
+
+    def close(self) -> None:
+        pass
+
+
+def coordinator(gen) -> Coordinator:
+    return Coordinator([gen], None, TaskConfig(), make_estimator("grpo"),
+                       SchedulerConfig(batch_prompts=1, max_staleness=0, slots_per_generator=4),
+                       SamplingConfig())
+
+
+async def first_prompt_fails(c: Coordinator, gen) -> None:
+    await c.start()
+    await until(lambda: c.sched.drops, "the first prompt to be dropped")
+    await until(lambda: len(gen.requests) == 2, "the next prompt to be admitted")
+    s = c.sched
+    assert s.dropped == [("s0", next(iter(s.drops)))]
+    assert set(s.inflight) == {"s1"}                 # the next prompt runs; s0 is nowhere
+    assert [r.dispatch.uid for r in s.requests.values()] == ["s1"]  # s0's request is gone
+    assert s.load == [4]                             # only s1's 4 rollouts hold slots
+    a = s.accounting()
+    assert a["prompts_admitted"] == (a["prompts_handed"] + a["prompts_dropped"]
+                                     + a["prompts_in_flight"])
+    assert c.counts["coordinator_error"] == 1
+    assert c.waiting_on()["last_error"] == c.last_error and "s0/" in c.last_error
+    assert [e[1] for e in c.events] == ["coordinator_error"]
+    await c.stop()
+
+
+def test_a_scheduler_error_on_a_requests_completions_drops_the_prompt_and_frees_its_slots():
+    # A completion that comes back cancelled although the scheduler never cancelled it:
+    # Scheduler.on_rollouts raises ValueError.
+    async def main():
+        gen = FirstAnswerGenerator(lambda req: [rollout(req, cancelled=i == 0)
+                                                for i in range(req.n)])
+        c = coordinator(gen)
+        await first_prompt_fails(c, gen)
+        assert c.sched.drops == {"coordinator_error: ValueError": 1}
+        assert "ValueError" in c.last_error
+
+    asyncio.run(main())
+
+
+def test_a_scorer_error_drops_the_prompt_with_its_reason():
+    async def main():
+        gen = FirstAnswerGenerator(lambda req: [rollout(req) for _ in range(req.n)])
+        c = coordinator(gen)
+        c.scorer = RaisingScorer()
+        await first_prompt_fails(c, gen)
+        assert c.sched.drops == {"coordinator_error: RuntimeError": 1}
+        assert "RuntimeError: scorer bug" in c.last_error
+
+    asyncio.run(main())
+
+
+def test_an_exception_in_a_spawned_task_is_recorded_once_per_kind():
+    async def main():
+        c = coordinator(FirstAnswerGenerator(lambda req: []))
+
+        async def broken():
+            raise KeyError("lost track")
+
+        for _ in range(3):
+            c._spawn(broken())
+        await until(lambda: not c._tasks, "the tasks to end")
+        assert c.counts["task_error"] == 3
+        assert "broken: KeyError" in c.last_error and c.waiting_on()["last_error"] == c.last_error
+        assert [e[1] for e in c.events] == ["task_error"]  # one event, not one per failure
+        await c.stop()
+
+    asyncio.run(main())
