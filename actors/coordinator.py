@@ -68,6 +68,7 @@ class Coordinator:
         self.events: list[tuple] = []    # faults for the summary: (t, kind, generator, detail)
         self._admitting = False
         self._tasks: set[asyncio.Task] = set()
+        self._aborts: list[set[asyncio.Task]] = [set() for _ in self.gens]  # of timed-out requests
         self._wake = asyncio.Event()
         self._stopped = False
         self.t_start = time.time()
@@ -293,6 +294,8 @@ class Coordinator:
         """The scheduler's actions for a request whose generator call raised."""
         import ray
 
+        if isinstance(err, asyncio.TimeoutError):
+            self._abort_timed_out(d)  # before it is out of service: its rejoin waits for it
         if isinstance(err, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
             # Died, restarting (ActorUnavailableError) or hung: out of service until it
             # answers again with the newest weights; its work goes elsewhere.
@@ -336,6 +339,16 @@ class Coordinator:
         actions = self.sched.on_request_failed(d.request_id, drop_reason=reason)
         return actions + self.sched.drop(d.uid, reason)  # [] if it was dropped just now
 
+    def _abort_timed_out(self, d: Dispatch) -> None:
+        """``wait_for`` gave up on request ``d`` but does not cancel the Ray task: it still
+        runs in the engine, on slots the scheduler stops counting once it re-issues the work.
+        Ask the engine to abort all of it (best effort, bounded by ``request_timeout_s``); the
+        generator is used again only once that call has ended (see ``_rejoin``)."""
+        every = tuple(range(len(d.indices)))
+        t = self._spawn(self._cancel(Cancel(d.request_id, d.uid, every, d.generator)))
+        self._aborts[d.generator].add(t)
+        t.add_done_callback(self._aborts[d.generator].discard)
+
     async def _cancel(self, c: Cancel) -> None:
         try:
             await asyncio.wait_for(self.gens[c.generator].cancel.remote(c.request_id,
@@ -363,6 +376,8 @@ class Coordinator:
                     await g.update_weights.remote(self.payload, self.sched.version)
                     continue  # re-check: a newer version may have been published meanwhile
                 self.incarnations[i] = await g.incarnation.remote()
+                # Its timed-out requests are aborted first: their sequences hold slots.
+                await asyncio.gather(*self._aborts[i])
                 self.events.append((round(time.time() - self.t_start, 3), "rejoined", i, loaded))
                 self._apply(self.sched.mark_back(i))
                 self._kick()

@@ -1,7 +1,9 @@
 """The coordinator's fault paths on a real asyncio loop with stand-in actor handles (no Ray
 calls are made): an error on the coordinator's side (the scheduler or a scorer raising while
 a request's completions are handled) drops the prompt with a counted reason and frees its
-slots, and an exception in any task the coordinator spawned is recorded for the watchdog."""
+slots; an exception in any task the coordinator spawned is recorded for the watchdog; a
+request that times out is aborted in its engine, and its generator is used again only once
+that abort has been answered."""
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +20,12 @@ class Remote:
         self.remote = fn
 
 
-async def until(cond, what: str, turns: int = 2000) -> None:
-    """Let the loop run until ``cond()`` holds (a bounded number of turns)."""
+async def until(cond, what: str, turns: int = 2000, pause_s: float = 0.0) -> None:
+    """Let the loop run until ``cond()`` holds (a bounded number of turns of ``pause_s``)."""
     for _ in range(turns):
         if cond():
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(pause_s)
     raise AssertionError(f"still waiting for {what} after {turns} turns of the loop")
 
 
@@ -122,6 +124,70 @@ def test_an_exception_in_a_spawned_task_is_recorded_once_per_kind():
         assert c.counts["task_error"] == 3
         assert "broken: KeyError" in c.last_error and c.waiting_on()["last_error"] == c.last_error
         assert [e[1] for e in c.events] == ["task_error"]  # one event, not one per failure
+        await c.stop()
+
+    asyncio.run(main())
+
+
+class HungGenerator:
+    """generate() never answers; cancel() answers when the test says so; ready, version and
+    incarnation answer at once. Every call is logged, in order."""
+
+    def __init__(self):
+        self.log: list[tuple] = []
+        self.abort_answer: asyncio.Future | None = None
+        for name in ("generate", "cancel", "ready", "version", "incarnation"):
+            setattr(self, name, Remote(getattr(self, f"_{name}")))
+
+    def _future(self, value=None, answer: bool = True):
+        fut = asyncio.get_running_loop().create_future()
+        if answer:
+            fut.set_result(value)
+        return fut
+
+    def _generate(self, req):
+        self.log.append(("generate", req.request_id))
+        return self._future(answer=False)
+
+    def _cancel(self, request_id, positions):
+        self.log.append(("cancel", request_id, positions))
+        self.abort_answer = self._future(answer=False)
+        return self.abort_answer
+
+    def _ready(self):
+        self.log.append(("ready",))
+        return self._future(True)
+
+    def _version(self):
+        return self._future(0)
+
+    def _incarnation(self):
+        self.log.append(("incarnation",))
+        return self._future("g0-life1")
+
+
+def test_a_timed_out_request_is_aborted_in_the_engine_before_the_generator_is_used_again():
+    async def main():
+        gen = HungGenerator()
+        c = Coordinator([gen], None, TaskConfig(), make_estimator("grpo"),
+                        SchedulerConfig(batch_prompts=1, max_staleness=0, slots_per_generator=4),
+                        SamplingConfig(), request_timeout_s=1.0)
+        await c.start()
+        await until(lambda: ("incarnation",) in gen.log, "the generator to be asked to rejoin",
+                    turns=1000, pause_s=0.01)
+        first = gen.log[0][1]
+        # The whole timed-out request was aborted, and asked before the rejoin began.
+        assert gen.log[1:3] == [("cancel", first, [0, 1, 2, 3]), ("ready",)]
+        assert [e[1:] for e in c.events] == [("lost", 0, "TimeoutError")]
+        for _ in range(20):  # it answers again, but its abort has not been answered yet
+            await asyncio.sleep(0)
+        assert c.sched.alive == [False] and len(gen.log) == 4
+        gen.abort_answer.set_result(4)
+        gen.log.append(("abort answered",))
+        await until(lambda: c.sched.alive == [True], "the generator to rejoin")
+        await until(lambda: gen.log[-1][0] == "generate", "the work to be re-issued")
+        assert gen.log[-2:] == [("abort answered",), ("generate", gen.log[-1][1])]
+        assert gen.log[-1][1] != first and c.sched.counts["reissued_requests"] == 1
         await c.stop()
 
     asyncio.run(main())
