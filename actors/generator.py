@@ -120,6 +120,22 @@ def build_sampling_params(req: RolloutRequest, i: int):
         logprobs=0)  # 0: just the sampled token's log-prob
 
 
+async def gather_or_cancel(aws) -> list:
+    """The results of awaitables ``aws``, in order, like ``asyncio.gather``; but when one
+    raises, the others are cancelled and awaited before its exception is re-raised (plain
+    ``gather`` leaves them running). For a request's completions: a cancelled ``_one`` leaves
+    vLLM's ``generate`` with CancelledError, which aborts that engine request, so a failed
+    request holds no engine slots."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:  # one raised, or this call itself was cancelled
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 def validate_request(req: RolloutRequest, max_model_len: int) -> None:
     if req.n < 1:
         raise ValueError(f"request {req.request_id}: n must be >= 1, got {req.n}")
@@ -205,8 +221,7 @@ class Generator:
         self._enter()
         try:
             v0 = self._version
-            return list(await asyncio.gather(
-                *(self._one(req, i, v0) for i in range(req.n))))
+            return await gather_or_cancel([self._one(req, i, v0) for i in range(req.n)])
         finally:
             self._leave()
             self._counts["requests"] += 1
