@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -20,6 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from cluster.checkpoints import Checkpoints
 from cluster.config import Config, dump_config
 from cluster.evaluation import evaluate
+from cluster.paths import REPLACED, fresh_run_dir
 from cluster.metrics import (RunWriter, StepTimes, generator_delta, per_generator, run_summary,
                              step_metrics)
 
@@ -59,6 +61,10 @@ class Trainer:
 
         self.cfg, self.roles, self.task = cfg, roles, task
         self.after_step = after_step
+        # A fresh run: nothing of an older run's in its directory (the launcher has cleared
+        # logs/ before the roles started; roles that outlive a run keep writing theirs).
+        if not cfg.run.resume and fresh_run_dir(cfg.run_dir, logs=False) and cfg.run.progress:
+            print(REPLACED, file=sys.stderr, flush=True)
         self.ckpts = Checkpoints(cfg.run_dir / "checkpoints", cfg.run.keep_checkpoints)
         state = self.state = resume_state(cfg, roles)
         self.version, self.step = state.version, state.step
@@ -73,10 +79,15 @@ class Trainer:
         if state.resumed:
             self.publish()  # generators serve the checkpoint's weights before any rollout
         self.recorder = None
+        rollouts = cfg.run_dir / "rollouts.msgpack"
+        if state.resumed:  # what was recorded after the checkpoint is trained again
+            from learner.replay import keep_records
+
+            keep_records(rollouts, self.step)
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
 
-            self.recorder = RolloutRecorder(cfg.run_dir / "rollouts.msgpack")
+            self.recorder = RolloutRecorder(rollouts)
 
     # -- the watchdog --------------------------------------------------------------------
     def call(self, role: str, fn, *args):
@@ -275,7 +286,7 @@ class Trainer:
             it = iter(batch.samples)
             for r in batch.records:
                 self.recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, self.version,
-                                     [next(it) for _ in range(r.k)])
+                                     [next(it) for _ in range(r.k)], step=self.step)
 
     def _rates(self) -> dict:
         """Totals per second of training wall-clock (evaluations excluded), since the start."""
