@@ -38,6 +38,25 @@ def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tu
     return last, due
 
 
+def failed_updates(refs: list, ready: list, get) -> dict[int, str]:
+    """The generators (by index in ``refs``, one update ref each) that did not load a
+    publish's weights, and why: a ref not in ``ready`` when the wait ended ("timeout": hung,
+    or never got them), or one whose result raised (the error's type: ``RayActorError`` for a
+    dead one, ``RayTaskError`` when its ``update_weights`` raised). ``get`` fetches a ready
+    ref's result."""
+    done = set(ready)
+    out = {}
+    for i, ref in enumerate(refs):
+        if ref not in done:
+            out[i] = "timeout"
+            continue
+        try:
+            get(ref)
+        except Exception as err:  # noqa: BLE001 - any failure is this generator's, not the run's
+            out[i] = type(err).__name__
+    return out
+
+
 class Stalled(RuntimeError):
     """No learner step completed for ``run.stall_timeout_s``: ``role`` is what the run was
     waiting on, ``report`` what that role last reported."""
@@ -73,6 +92,7 @@ class Trainer:
                        "generator_update_failures": 0, "learner_wait_s": 0.0, "eval_time_s": 0.0,
                        **state.totals}
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
+        self.update_failed: list[tuple[int, int, str]] = []  # (version, generator, why)
         self.last_progress = time.time()
         # The run's own roles, beside the long-lived ones: the coordinator and telemetry.
         self.coord, self.telemetry = start_run_roles(cfg, roles, task, state)
@@ -90,12 +110,16 @@ class Trainer:
             self.recorder = RolloutRecorder(rollouts)
 
     # -- the watchdog --------------------------------------------------------------------
+    def time_left(self) -> float:
+        """Seconds until the watchdog's deadline (``run.stall_timeout_s`` after the last
+        progress), at least 0."""
+        return max(0.0, self.cfg.run.stall_timeout_s - (time.time() - self.last_progress))
+
     def call(self, role: str, fn, *args):
         """``fn(*args)`` within the watchdog's deadline; past it, ``Stalled(role, report)``."""
-        left = self.cfg.run.stall_timeout_s - (time.time() - self.last_progress)
         fut = self._calls.submit(fn, *args)
         try:
-            return fut.result(timeout=max(0.0, left))
+            return fut.result(timeout=self.time_left())
         except FutureTimeout:
             raise Stalled(*self._blame(role)) from None
 
@@ -120,18 +144,25 @@ class Trainer:
 
     # -- weights -------------------------------------------------------------------------
     def publish(self) -> None:
-        """Learner rank 0's weights -> every generator, in place; then the coordinator."""
+        """Learner rank 0's weights -> every generator, in place; then the coordinator.
+
+        The generators' updates are waited for together, at most ``run.call_timeout_s`` and
+        never past the watchdog's deadline. A generator that did not load them (dead, hung,
+        or its ``update_weights`` raised) is counted in ``generator_update_failures`` and
+        named in the summary's ``generator_update_failed``; the coordinator re-syncs one
+        that Ray restarts (its incarnation changes)."""
         import ray
 
         payload, refs = self.call("learner (weight publish)", self.roles.learner.publish_weights,
                                   self.roles.generators, self.version)
         self.roles.published = self.version
-        for ref in refs:
-            try:
-                ray.get(ref, timeout=self.cfg.run.call_timeout_s)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                # A generator died mid-update; the coordinator re-syncs it when Ray restarts it.
-                self.totals["generator_update_failures"] += 1
+        refs = list(refs)
+        ready, _ = ray.wait(refs, num_returns=len(refs),
+                            timeout=min(self.cfg.run.call_timeout_s, self.time_left())) \
+            if refs else ([], [])
+        failed = failed_updates(refs, ready, functools.partial(ray.get, timeout=10))
+        self.totals["generator_update_failures"] += len(failed)
+        self.update_failed += [(self.version, i, why) for i, why in failed.items()]
         self.ray_get("coordinator", self.coord.set_version.remote(self.version, payload))
 
     def save(self) -> None:
@@ -201,6 +232,7 @@ class Trainer:
                                "resumed_from": self.state.resumed_from,
                                "startup": dict(self.roles.startup),
                                "skipped_checkpoints": self.state.skipped_checkpoints,
+                               "generator_update_failed": self.update_failed,
                                "generators": per_generator(gen0, gen_end, peaks),
                                "decode_peak_tokens_per_s": sum(peaks) if peaks else None})
         self.writer.summary(summary)

@@ -62,3 +62,26 @@ def test_pair_auc_counts_ordered_pairs_and_ties():
     assert pair_auc([0.9, 0.5, 0.1], [0.0, 0.5, 1.0]) == 0.0
     assert pair_auc([0.5, 0.5], [0.0, 1.0]) == 0.5
     assert pair_auc([0.2, 0.3], [1.0, 1.0]) != pair_auc([0.2, 0.3], [1.0, 1.0])  # NaN: no pair
+
+
+def test_every_kind_of_failed_weight_update_is_counted_by_generator():
+    from cluster.trainer import failed_updates
+
+    class ActorDied(Exception):   # what ray.get raises for a dead generator's ref
+        pass
+
+    class TaskRaised(Exception):  # ... and for one whose update_weights raised
+        pass
+
+    results = {"r0": 1.5, "r1": ActorDied("dead"), "r2": TaskRaised("NotInGroupError"),
+               "r3": 0.5}
+
+    def get(ref):
+        if isinstance(results[ref], Exception):
+            raise results[ref]
+        return results[ref]
+
+    refs = ["r0", "r1", "r2", "r3", "r4"]  # r4 never answered: still pending after the wait
+    assert failed_updates(refs, ["r3", "r1", "r0", "r2"], get) == {
+        1: "ActorDied", 2: "TaskRaised", 4: "timeout"}
+    assert failed_updates([], [], get) == {}
