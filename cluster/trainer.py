@@ -279,6 +279,7 @@ class Trainer:
         self.last_progress = t3 = time.time()
         ev = self.evaluate() if eval_due else {}
         if ev:
+            self.last_progress = time.time()  # the next step gets the whole watchdog limit
             self.final = ev
             self.eval_s += ev["eval_time_s"]
             self.last_eval_at = self.train_wall()
@@ -293,6 +294,7 @@ class Trainer:
         self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
         if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
             self.save()
+            self.last_progress = time.time()  # as after an evaluation
         if self.after_step is not None:
             self.after_step(self.step, m)
         return last
