@@ -43,8 +43,9 @@ class RunConfig(Section):
     max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
     max_train_s: float | None = Field(None, gt=0, description=(
         "Also stop at the end of the step that brings training wall-clock (evaluations "
-        "excluded) to this many seconds; None: max_steps alone decides. Runs compared on the "
-        "same wall-clock budget (bench.learning) use it."))
+        "excluded; counted over the run and its resumes) to this many seconds; None: "
+        "max_steps alone decides. Runs compared on the same wall-clock budget "
+        "(bench.learning) use it."))
     seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
     eval_every: int = Field(5, ge=0, description=(
         "Held-out evaluation every N steps, and after the last step (0: never, unless "

@@ -29,6 +29,37 @@ class StepTimes:
         return self.end - self.published
 
 
+class TrainClock:
+    """Training wall-clock, evaluations excluded, over a run and its resumes: ``train_s``
+    in ``totals`` (the trainer's counters, saved in every checkpoint) counts up to the last
+    ``tick``; the time between a ``tick`` and the next ``skip`` (an evaluation) is not
+    training. Rates, the summary's ``train_wall_time_s`` and the ``run.max_train_s`` budget
+    all read ``totals["train_s"]``."""
+
+    def __init__(self, totals: dict, now: float):
+        totals.setdefault("train_s", 0.0)
+        self.totals, self.mark = totals, now
+
+    def tick(self, now: float) -> float:
+        """Count the time since the last mark as training; returns ``train_s``."""
+        self.totals["train_s"] += max(0.0, now - self.mark)
+        self.mark = now
+        return self.totals["train_s"]
+
+    def skip(self, now: float) -> None:
+        """The time since the last mark was not training (an evaluation)."""
+        self.mark = now
+
+
+def rates(totals: dict) -> dict:
+    """Totals per second of training wall-clock (``train_s``: evaluations excluded, over the
+    run and its resumes)."""
+    wall = max(1e-9, totals["train_s"])
+    return {"prompts_per_s": totals["prompts_trained"] / wall,
+            "rollouts_per_s": totals["rollouts"] / wall,
+            "tokens_per_s": totals["tokens_generated"] / wall}
+
+
 def per_generator(before: list[dict | None], after: list[dict | None],
                   peaks: list[float] | None = None) -> list[dict]:
     """Each generator's busy fraction, slot occupancy and decode tokens/s between two
@@ -217,16 +248,19 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: float,
                 initial: dict, final: dict, generators: dict) -> dict:
     """summary.json: the coordinator's accounting, the trainer's totals, rates over training
-    wall-clock (evaluations excluded), the held-out accuracy at the start and the end."""
+    wall-clock (``totals["train_s"]``: evaluations excluded, over the run and its resumes, as
+    the totals are), the held-out accuracy at the start and the end. ``wall``: this process's
+    wall-clock since its loop started (``wall_time_s``)."""
     acct = dict(acct, drop_reasons=dict(acct.get("drop_reasons", {})))
     # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
     acct["prompts_dropped"] += totals["prompts_skipped_nan"]
     acct["drop_reasons"]["learner_nan_skip"] = totals["prompts_skipped_nan"]
-    train_wall = max(1e-9, wall - totals["eval_time_s"])
+    train_wall = max(1e-9, totals["train_s"])
+    per_s = rates(totals)
     return {**acct, **totals, "steps": steps, "policy_version": version, "mode": cfg.mode,
             "algo": cfg.algo.name, "wall_time_s": wall, "train_wall_time_s": train_wall,
-            "prompts_per_s": totals["prompts_trained"] / train_wall,
-            "rollouts_per_s": totals["rollouts"] / train_wall, **generators,
+            "prompts_per_s": per_s["prompts_per_s"],
+            "rollouts_per_s": per_s["rollouts_per_s"], **generators,
             "learner_idle_fraction": totals["learner_wait_s"] / train_wall,
             "eval_metric": cfg.run.eval_metric,
             "eval_time_initial_s": initial.get("eval_time_s"),

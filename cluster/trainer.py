@@ -22,13 +22,13 @@ from cluster.checkpoints import Checkpoints
 from cluster.config import Config, dump_config
 from cluster.evaluation import evaluate
 from cluster.paths import REPLACED, fresh_run_dir
-from cluster.metrics import (RunWriter, StepTimes, generator_delta, per_generator, run_summary,
-                             step_metrics)
+from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, per_generator,
+                             rates, run_summary, step_metrics)
 
 
 def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
-    """After step ``step``'s update, ``train_s`` seconds of training into the run (the last
-    evaluation at ``last_eval_at``): is it the last step (``run.max_steps``, or the
+    """After step ``step``'s update, ``train_s`` seconds of training into the run, resumes
+    included (the last evaluation at ``last_eval_at``, on the same clock): is it the last step (``run.max_steps``, or the
     ``run.max_train_s`` budget spent), and is an evaluation due (every ``eval_every`` steps,
     every ``eval_every_s`` seconds of training, and after the last step when evaluating)?"""
     last = step >= run.max_steps or (run.max_train_s is not None and train_s >= run.max_train_s)
@@ -87,10 +87,12 @@ class Trainer:
         self.ckpts = Checkpoints(cfg.run_dir / "checkpoints", cfg.run.keep_checkpoints)
         state = self.state = resume_state(cfg, roles)
         self.version, self.step = state.version, state.step
+        # Counters over the run and its resumes (restored from the checkpoint): train_s is
+        # the training wall-clock (TrainClock), last_eval_train_s where the last evaluation was.
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
                        "tokens_generated": 0, "nan_skipped_steps": 0,
                        "generator_update_failures": 0, "learner_wait_s": 0.0, "eval_time_s": 0.0,
-                       **state.totals}
+                       "train_s": 0.0, "last_eval_train_s": 0.0, **state.totals}
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
         self.update_failed: list[tuple[int, int, str]] = []  # (version, generator, why)
         self.last_progress = time.time()
@@ -179,7 +181,6 @@ class Trainer:
             samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature, seed=cfg.seed))
         ev["eval_accuracy"] = ev.get(f"eval_{cfg.eval_metric}")
         ev["eval_accuracy_se"] = ev.get(f"eval_{cfg.eval_metric}_se")
-        self.totals["eval_time_s"] += ev["eval_time_s"]
         return ev
 
     # -- the loop ------------------------------------------------------------------------
@@ -191,9 +192,8 @@ class Trainer:
                                 resume_step=self.step if self.state.resumed else None,
                                 tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
         self.heldout = self.task.heldout()[: cfg.run.eval_prompts]
+        # The initial evaluation is before the clock starts (summary: eval_time_initial_s).
         initial = self.final = self.evaluate() if self.evaluating and not self.state.resumed else {}
-        self.totals["eval_time_s"] -= initial.get("eval_time_s", 0.0)  # before the clock starts
-        self.eval_s = self.last_eval_at = 0.0  # this run's evaluation time; train clock then
         if initial:
             self.writer.note(f"held-out {cfg.run.eval_metric} accuracy at the start: "
                              f"{initial['eval_accuracy']:.3f} +- {initial['eval_accuracy_se']:.3f}")
@@ -201,6 +201,7 @@ class Trainer:
         self.prompts_log = self.writer.prompts_path.open("a")
         self.t_start, gen0 = time.time(), self._gen_stats()
         self.last_progress = self.t_start  # the watchdog counts from here
+        self.clock = TrainClock(self.totals, self.t_start)  # training time too
         try:
             self.ray_get("coordinator", self.coord.start.remote())
             self.finished = self.step >= cfg.run.max_steps
@@ -252,10 +253,6 @@ class Trainer:
     def evaluating(self) -> bool:
         return bool(self.cfg.run.eval_every or self.cfg.run.eval_every_s)
 
-    def train_wall(self) -> float:
-        """Seconds of training wall-clock in this run so far (evaluations excluded)."""
-        return time.time() - self.t_start - self.eval_s
-
     def one_step(self) -> bool:
         """One learner step (batch, train, publish, maybe evaluate, record); True when it was
         the last."""
@@ -267,8 +264,8 @@ class Trainer:
         t1 = time.time()
         lm = self.call("learner (train step)", self.roles.learner.train_step, batch.samples)
         t2 = time.time()
-        last, eval_due = last_and_eval_due(cfg.run, self.step, self.train_wall(),
-                                           self.last_eval_at)
+        last, eval_due = last_and_eval_due(cfg.run, self.step, self.clock.tick(t2),
+                                           self.totals["last_eval_train_s"])
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
             self.ray_get("coordinator", coord.pause.remote())
         if not lm.get("skipped"):
@@ -277,18 +274,20 @@ class Trainer:
         else:  # the same version: the coordinator reopens its admission for it
             self.ray_get("coordinator", coord.set_version.remote(self.version))
         self.last_progress = t3 = time.time()
+        self.clock.tick(t3)
         ev = self.evaluate() if eval_due else {}
         if ev:
             self.last_progress = time.time()  # the next step gets the whole watchdog limit
+            self.clock.skip(self.last_progress)  # evaluation is not training time
             self.final = ev
-            self.eval_s += ev["eval_time_s"]
-            self.last_eval_at = self.train_wall()
+            self.totals["eval_time_s"] += ev["eval_time_s"]
+            self.totals["last_eval_train_s"] = self.totals["train_s"]
             if not last:
                 self.ray_get("coordinator", coord.resume.remote())
         m = step_metrics(self.step, self.version, batch, lm, StepTimes(t0, t1, t2, t3, time.time()),
                          generator_delta(g0, self._gen_stats()), self.k_init)
         self._account(batch, lm, m)
-        m.update(ev, **self._rates())
+        m.update(ev, **rates(self.totals))
         self.writer.step(m)
         self._log_prompts(batch, t1, bool(lm.get("skipped")))
         self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
@@ -321,14 +320,6 @@ class Trainer:
             for r in batch.records:
                 self.recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, self.version,
                                      [next(it) for _ in range(r.k)], step=self.step)
-
-    def _rates(self) -> dict:
-        """Totals per second of training wall-clock (evaluations excluded), since the start."""
-        t = self.totals
-        wall = max(1e-9, time.time() - self.t_start - t["eval_time_s"])
-        return {"prompts_per_s": t["prompts_trained"] / wall,
-                "rollouts_per_s": t["rollouts"] / wall,
-                "tokens_per_s": t["tokens_generated"] / wall}
 
     def _measure_peaks(self) -> list[float]:
         """Each engine's decode tokens/s with every slot busy, all engines at once (they share

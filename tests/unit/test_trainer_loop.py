@@ -14,7 +14,7 @@ import pytest
 import cluster.trainer as trainer_mod
 from actors.types import TrainBatch
 from cluster.config import build_config
-from cluster.metrics import RunWriter
+from cluster.metrics import RunWriter, TrainClock
 from cluster.trainer import Trainer
 
 EVAL_S, SAVE_S, STEP_S = 30.0, 20.0, 5.0  # what each takes on the fake clock
@@ -47,7 +47,7 @@ class FakeCoordinator:
 class Loop(Trainer):
     """The real ``one_step`` over fake roles."""
 
-    def __init__(self, cfg, clock: Clock):
+    def __init__(self, cfg, clock: Clock, totals: dict):
         self.cfg, self.clock_ = cfg, clock
         self.log: list = []
         self.saves: list[int] = []
@@ -61,13 +61,13 @@ class Loop(Trainer):
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
                        "tokens_generated": 0, "nan_skipped_steps": 0,
                        "generator_update_failures": 0, "learner_wait_s": 0.0,
-                       "eval_time_s": 0.0}
+                       "eval_time_s": 0.0, "train_s": 0.0, "last_eval_train_s": 0.0, **totals}
         self._calls = ThreadPoolExecutor(max_workers=1)
         self.recorder, self.after_step = None, None
         self.writer = RunWriter(cfg.run_dir, "", progress=False)
         self.prompts_log = self.writer.prompts_path.open("a")
         self.t_start = self.last_progress = clock.time()
-        self.eval_s = self.last_eval_at = 0.0
+        self.clock = TrainClock(self.totals, self.t_start)
 
     def ray_get(self, role, ref):
         return self.call(role, lambda r: r, ref)
@@ -94,13 +94,12 @@ def clock_advance(clock: Clock, s: float) -> None:
 
 @pytest.fixture
 def loop(tmp_path, monkeypatch):
-    def make(**run):
+    def make(totals=None, **run):
         clock = Clock()
         monkeypatch.setattr(trainer_mod, "time", clock)
         cfg = build_config({"run": {"name": "r", "output_dir": str(tmp_path), "progress": False,
                                     "stall_timeout_s": 100.0, **run}})
-        t = Loop(cfg, clock)
-        return t
+        return Loop(cfg, clock, totals or {})
     return make
 
 
@@ -112,3 +111,17 @@ def test_the_next_step_gets_the_whole_watchdog_limit_after_an_evaluation_and_a_c
     # Step 2 started 30 s of evaluation and 20 s of checkpoint after step 1's end: the
     # watchdog still gives it its 100 s.
     assert t.left_at_next_batch == [100.0, 100.0]
+
+
+def test_a_resumed_run_continues_its_training_clock_and_budget(loop):
+    """Resumed with 100 s of training behind it (its checkpoint's totals): the 120 s budget
+    ends it after 4 more 5 s steps, evaluations (30 s each) not counted."""
+    t = loop(totals={"train_s": 100.0, "last_eval_train_s": 100.0, "prompts_trained": 60},
+             max_steps=1000, max_train_s=120.0, eval_every=0, eval_every_s=10.0)
+    t.step = 20
+    last = [t.one_step() for _ in range(4)]
+    assert last == [False, False, False, True]
+    assert t.totals["train_s"] == pytest.approx(120.0)
+    assert t.log.count("evaluate") == 2  # 10 s after the last one (110), and at the end
+    assert t.totals["eval_time_s"] == 2 * EVAL_S
+    assert t.totals["last_eval_train_s"] == pytest.approx(120.0)

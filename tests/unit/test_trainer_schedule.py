@@ -85,3 +85,34 @@ def test_every_kind_of_failed_weight_update_is_counted_by_generator():
     assert failed_updates(refs, ["r3", "r1", "r0", "r2"], get) == {
         1: "ActorDied", 2: "TaskRaised", 4: "timeout"}
     assert failed_updates([], [], get) == {}
+
+
+def test_training_time_is_cumulative_over_resumes_and_excludes_evaluations():
+    from cluster.metrics import TrainClock, rates
+
+    totals = {"train_s": 100.0, "prompts_trained": 300, "rollouts": 1200,
+              "tokens_generated": 24000}  # restored from the checkpoint
+    clock = TrainClock(totals, now=5000.0)  # this process's loop starts
+    assert clock.tick(5010.0) == 110.0  # a step
+    clock.skip(5040.0)                  # then a 30 s evaluation
+    assert clock.tick(5050.0) == 120.0 and totals["train_s"] == 120.0
+    assert rates(totals) == {"prompts_per_s": 2.5, "rollouts_per_s": 10.0,
+                             "tokens_per_s": 200.0}
+    assert TrainClock({}, now=0.0).totals == {"train_s": 0.0}  # a fresh run
+
+
+def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
+    """A run resumed at 100 s of training, 60 s more here (50 s of it training, 10 s an
+    evaluation); the cumulative totals are divided by the cumulative training time, not by
+    this process's wall-clock minus the run's whole evaluation time."""
+    from cluster.config import build_config
+    from cluster.metrics import run_summary
+
+    totals = {"prompts_trained": 300, "prompts_skipped_nan": 0, "rollouts": 1500,
+              "tokens_generated": 30000, "learner_wait_s": 15.0, "eval_time_s": 70.0,
+              "train_s": 150.0}
+    acct = {"prompts_admitted": 320, "prompts_dropped": 0, "drop_reasons": {}}
+    s = run_summary(build_config({}), acct, totals, 30, 30, 60.0, {}, {}, {})
+    assert s["train_wall_time_s"] == 150.0 and s["wall_time_s"] == 60.0
+    assert s["prompts_per_s"] == 2.0 and s["rollouts_per_s"] == 10.0
+    assert s["learner_idle_fraction"] == 0.1
