@@ -38,6 +38,13 @@ def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tu
     return last, due
 
 
+def checkpoint_due(run, step: int, last: bool) -> bool:
+    """A checkpoint after step ``step``, in the loop: every ``run.checkpoint_every`` steps,
+    but not after the last one, which ``Trainer.run`` saves once, after the coordinator has
+    stopped (so it holds the prompts still in flight at the end)."""
+    return bool(run.checkpoint_every) and step % run.checkpoint_every == 0 and not last
+
+
 def failed_updates(refs: list, ready: list, get) -> dict[int, str]:
     """The generators (by index in ``refs``, one update ref each) that did not load a
     publish's weights, and why: a ref not in ``ready`` when the wait ended ("timeout": hung,
@@ -291,7 +298,7 @@ class Trainer:
         self.writer.step(m)
         self._log_prompts(batch, t1, bool(lm.get("skipped")))
         self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
-        if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
+        if checkpoint_due(cfg.run, self.step, last):
             self.save()
             self.last_progress = time.time()  # as after an evaluation
         if self.after_step is not None:

@@ -125,3 +125,9 @@ def test_a_resumed_run_continues_its_training_clock_and_budget(loop):
     assert t.log.count("evaluate") == 2  # 10 s after the last one (110), and at the end
     assert t.totals["eval_time_s"] == 2 * EVAL_S
     assert t.totals["last_eval_train_s"] == pytest.approx(120.0)
+
+
+def test_the_last_step_leaves_its_checkpoint_to_the_end_of_the_run(loop):
+    t = loop(max_steps=2, eval_every=0, checkpoint_every=1)
+    assert [t.one_step(), t.one_step()] == [False, True]
+    assert t.saves == [1]  # Trainer.run saves step 2 once, after the coordinator stops

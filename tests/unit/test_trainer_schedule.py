@@ -116,3 +116,11 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
     assert s["train_wall_time_s"] == 150.0 and s["wall_time_s"] == 60.0
     assert s["prompts_per_s"] == 2.0 and s["rollouts_per_s"] == 10.0
     assert s["learner_idle_fraction"] == 0.1
+
+
+def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():
+    from cluster.trainer import checkpoint_due
+
+    run = RunConfig(max_steps=10, checkpoint_every=5)
+    assert [s for s in range(1, 11) if checkpoint_due(run, s, last=s == 10)] == [5]
+    assert not checkpoint_due(RunConfig(checkpoint_every=0), 5, last=False)
