@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.types import PromptRecord, TrainBatch
+from estimator.core import reward_to_prob
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,12 @@ def pair_auc(score, label) -> float:
     return float(((ds[mask] + 1.0) / 2.0).mean())
 
 
-def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
-    """What the trained prompts looked like: rewards, k, rounds, the prior's calibration."""
+def batch_metrics(records: list[PromptRecord], estimator_k_init: int,
+                  rewards: tuple[float, float]) -> dict:
+    """What the trained prompts looked like: rewards, k, rounds, the prior's calibration.
+    ``rewards``: the task's (r_lo, r_hi); a prompt's observed success rate is its mean reward
+    on that range (``estimator.core.reward_to_prob``, clipped: overlong-shaped rewards fall
+    below r_lo), the rate the prior is trained on (``actors.prompts.success_rate``)."""
     if not records:
         return {"prompts": 0, "reward_mean": math.nan, "rollouts": 0, "tokens_generated": 0, "k_mean": math.nan,
                 "k_hist": [], "prior_accept_rate": None, "unparsed_fraction": 0.0}
@@ -122,8 +127,6 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
     accepted = [r.prior_accepted for r in records if r.prior_accepted is not None]
     with_prior = [r for r in records if r.prior_p is not None]
     rollouts = int(ks.sum())
-    r_lo = min(min(r.rewards) for r in records)
-    r_hi = max(max(r.rewards) for r in records)
     out = {"prompts": len(records),
            "reward_mean": float(np.mean([x for r in records for x in r.rewards])),
            "rollouts": rollouts, "tokens_generated": int(sum(r.tokens for r in records)),
@@ -134,9 +137,9 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
            "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
            "unparsed_fraction": sum(r.unparsed for r in records) / max(1, rollouts),
            "response_len_mean": float(np.mean([n for r in records for n in r.lengths]))}
-    if with_prior and r_hi > r_lo:
+    if with_prior:
         # The prior's running error: |p - observed success rate| over this step's prompts.
-        obs = [(np.mean(r.rewards) - r_lo) / (r_hi - r_lo) for r in with_prior]
+        obs = [float(reward_to_prob(np.mean(r.rewards), rewards)) for r in with_prior]
         out["prior_abs_error"] = float(np.mean([abs(r.prior_p - o) for r, o in zip(with_prior, obs)]))
         # Within-step ranking: does the prior order this step's prompts by success rate?
         out["prior_auc"] = pair_auc([r.prior_p for r in with_prior], obs)
@@ -145,11 +148,12 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: dict, t: StepTimes,
-                 generators: dict, k_init: int) -> dict:
-    """One line of metrics.jsonl."""
+                 generators: dict, k_init: int, rewards: tuple[float, float]) -> dict:
+    """One line of metrics.jsonl (``rewards``: the task's range, see ``batch_metrics``)."""
     staleness = np.array([batch.version - s.version for s in batch.samples] or [0])
     step_s = t.published - t.start
-    return {"step": step, "policy_version": version, **batch_metrics(batch.records, k_init),
+    return {"step": step, "policy_version": version,
+            **batch_metrics(batch.records, k_init, rewards),
             "trained_tokens": sum(len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples),
             **{k: learner.get(k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
                                              "approx_kl", "lr", "skipped", "skip_reason")},

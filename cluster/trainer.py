@@ -28,9 +28,10 @@ from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, 
 
 def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
     """After step ``step``'s update, ``train_s`` seconds of training into the run, resumes
-    included (the last evaluation at ``last_eval_at``, on the same clock): is it the last step (``run.max_steps``, or the
-    ``run.max_train_s`` budget spent), and is an evaluation due (every ``eval_every`` steps,
-    every ``eval_every_s`` seconds of training, and after the last step when evaluating)?"""
+    included (the last evaluation at ``last_eval_at``, on the same clock): is it the last
+    step (``run.max_steps``, or the ``run.max_train_s`` budget spent), and is an evaluation
+    due (every ``eval_every`` steps, every ``eval_every_s`` seconds of training, and after
+    the last step when evaluating)?"""
     last = step >= run.max_steps or (run.max_train_s is not None and train_s >= run.max_train_s)
     due = bool(run.eval_every or run.eval_every_s) and (
         last or (bool(run.eval_every) and step % run.eval_every == 0)
@@ -291,8 +292,9 @@ class Trainer:
             self.totals["last_eval_train_s"] = self.totals["train_s"]
             if not last:
                 self.ray_get("coordinator", coord.resume.remote())
-        m = step_metrics(self.step, self.version, batch, lm, StepTimes(t0, t1, t2, t3, time.time()),
-                         generator_delta(g0, self._gen_stats()), self.k_init)
+        m = step_metrics(self.step, self.version, batch, lm,
+                         StepTimes(t0, t1, t2, t3, time.time()),
+                         generator_delta(g0, self._gen_stats()), self.k_init, self.task.rewards)
         self._account(batch, lm, m)
         m.update(ev, **rates(self.totals))
         self.writer.step(m)

@@ -49,6 +49,7 @@ class Loop(Trainer):
 
     def __init__(self, cfg, clock: Clock, totals: dict):
         self.cfg, self.clock_ = cfg, clock
+        self.task = SimpleNamespace(rewards=(-1.0, 1.0))
         self.log: list = []
         self.saves: list[int] = []
         self.left_at_next_batch: list[float] = []  # the watchdog's time left, each step

@@ -124,3 +124,31 @@ def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():
     run = RunConfig(max_steps=10, checkpoint_every=5)
     assert [s for s in range(1, 11) if checkpoint_due(run, s, last=s == 10)] == [5]
     assert not checkpoint_due(RunConfig(checkpoint_every=0), 5, last=False)
+
+
+def _with_prior(prior_p: float, rewards: list[float]):
+    from actors.types import PromptRecord
+
+    k = len(rewards)
+    return PromptRecord(
+        prompt_id="p", uid="s0", prompt="1+1=", k=k, rewards=rewards, baseline=0.0,
+        prior_p=prior_p, prior_accepted=False, fallback=False, unparsed=0, admitted_version=0,
+        deadline=0, versions=[0], generators=[0], rounds=1, cancelled_rollouts=0,
+        cancelled_tokens=0, regenerations=0, tokens=k, lengths=[1] * k, prompt_tokens=1,
+        t_admit=0.0, t_done=0.0, spans=[])
+
+
+def test_the_priors_error_uses_the_tasks_reward_range_not_the_batchs():
+    """A batch where every prompt succeeded (no r_lo in it) and one whose rewards were
+    shaped below r_lo (overlong): observed rates are the task-range rates the prior learns
+    from, 1.0 and 0.0, not the batch's own min-max rescaling."""
+    from cluster.metrics import batch_metrics
+
+    wins = [_with_prior(0.9, [1.0, 1.0]), _with_prior(0.7, [1.0, 1.0])]
+    m = batch_metrics(wins, 2, (-1.0, 1.0))
+    assert m["prior_abs_error"] == pytest.approx(0.2) and m["prior_prompts"] == 2
+    shaped = [_with_prior(0.1, [-1.5, -1.0]), _with_prior(0.8, [1.0, 1.0])]
+    m = batch_metrics(shaped, 2, (-1.0, 1.0))
+    assert m["prior_abs_error"] == pytest.approx(0.15) and m["prior_auc"] == 1.0
+    m = batch_metrics([_with_prior(0.5, [0.0, 1.0])], 2, (0.0, 1.0))  # a {0, 1} task
+    assert m["prior_abs_error"] == pytest.approx(0.0)
