@@ -20,7 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from cluster.checkpoints import Checkpoints
 from cluster.config import Config, dump_config
-from cluster.evaluation import evaluate
+from cluster.evaluation import AnswerScorer, evaluate
 from cluster.paths import REPLACED, fresh_run_dir
 from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, per_generator,
                              rates, run_summary, step_metrics)
@@ -103,6 +103,7 @@ class Trainer:
                        "train_s": 0.0, "last_eval_train_s": 0.0, **state.totals}
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
         self.update_failed: list[tuple[int, int, str]] = []  # (version, generator, why)
+        self.scorer: AnswerScorer | None = None  # evaluation's verifier, from the first one
         self.last_progress = time.time()
         # The run's own roles, beside the long-lived ones: the coordinator and telemetry.
         self.coord, self.telemetry = start_run_roles(cfg, roles, task, state)
@@ -183,10 +184,20 @@ class Trainer:
                   self.coord, state)
 
     def evaluate(self) -> dict:
+        """Held-out accuracy (cluster/evaluation.py): answers scored as the coordinator
+        scores rollouts (``reward.workers``, ``reward.timeout_s``), a generator that fails or
+        hangs (``run.call_timeout_s``) replaced by the others."""
         cfg = self.cfg.run
+        if self.scorer is None:  # worker processes start once per run
+            from tasks import make_task_from_config
+
+            self.scorer = AnswerScorer(self.task,
+                                       functools.partial(make_task_from_config, self.cfg.task),
+                                       self.cfg.score_workers(), self.cfg.reward.timeout_s)
         ev = self.call("generators (evaluation)", functools.partial(
             evaluate, self.roles.generators, self.task, self.heldout, self.cfg.rollout.max_tokens,
-            samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature, seed=cfg.seed))
+            samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature, seed=cfg.seed,
+            scorer=self.scorer, timeout_s=cfg.call_timeout_s))
         ev["eval_accuracy"] = ev.get(f"eval_{cfg.eval_metric}")
         ev["eval_accuracy_se"] = ev.get(f"eval_{cfg.eval_metric}_se")
         return ev
@@ -232,6 +243,8 @@ class Trainer:
             ray.kill(self.telemetry)
             self.prompts_log.close()
             self._calls.shutdown(wait=False, cancel_futures=True)
+            if self.scorer is not None:
+                self.scorer.close()
             if self.recorder:
                 self.recorder.close()
         gen_end = self._gen_stats()
