@@ -44,6 +44,16 @@ def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
     return ckpts
 
 
+def stale_tags(tags: list[str], saved: int, keep: int) -> list[str]:
+    """The checkpoints to remove once ``step<saved>`` is written: those of later steps (left
+    by a run that was resumed from an older checkpoint: not this run's past, and a resume
+    must never fall back to them) and all but the ``keep`` newest of the others. The one just
+    saved is always kept: pruning by step number alone would remove it next to a later one."""
+    steps = {t: int(t[4:]) for t in tags}
+    past = sorted((t for t in tags if steps[t] <= saved), key=steps.get, reverse=True)
+    return [t for t in tags if steps[t] > saved] + past[keep:]
+
+
 class Checkpoints:
     def __init__(self, root: Path, keep: int = 2):
         if keep < 1:
@@ -73,12 +83,17 @@ class Checkpoints:
         learner.save_checkpoint(str(staging), client_state)  # -> staging/step<N>/ (all ranks)
         (tag_dir,) = [p for p in staging.iterdir() if p.is_dir()]
         ray.get(coordinator.snapshot_to.remote(str(tag_dir / RUN_STATE)))
+        return self.commit(tag_dir, step)
+
+    def commit(self, tag_dir: Path, step: int) -> Path:
+        """A checkpoint written whole under ``.staging/`` goes into place as ``step<N>``,
+        ``latest`` names it, and older ones are pruned (``stale_tags``)."""
         final = self.root / f"step{step}"
         shutil.rmtree(final, ignore_errors=True)  # a re-save of this step after a resume
         os.replace(tag_dir, final)
         _replace_text(self.root / "latest", final.name)
-        shutil.rmtree(staging, ignore_errors=True)
-        for old in self.tags()[self.keep:]:
+        shutil.rmtree(self.root / ".staging", ignore_errors=True)
+        for old in stale_tags(self.tags(), step, self.keep):
             shutil.rmtree(self.root / old, ignore_errors=True)
         return final
 

@@ -20,6 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_validator)
 
 from actors.generator import GeneratorConfig
+from actors.weight_sync.base import TRANSPORT_NAMES, WeightSyncConfig, check_transport
 from estimator.core import DEFAULT_REWARDS
 from estimator.registry import ESTIMATORS, EstimatorConfig
 from learner.config import LearnerConfig
@@ -43,8 +44,9 @@ class RunConfig(Section):
     max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
     max_train_s: float | None = Field(None, gt=0, description=(
         "Also stop at the end of the step that brings training wall-clock (evaluations "
-        "excluded) to this many seconds; None: max_steps alone decides. Runs compared on the "
-        "same wall-clock budget (bench.learning) use it."))
+        "excluded; counted over the run and its resumes) to this many seconds; None: "
+        "max_steps alone decides. Runs compared on the same wall-clock budget "
+        "(bench.learning) use it."))
     seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
     eval_every: int = Field(5, ge=0, description=(
         "Held-out evaluation every N steps, and after the last step (0: never, unless "
@@ -275,9 +277,13 @@ class ClusterConfig(Section):
         "Ray address to join; None: join a running cluster (RAY_ADDRESS or `ray start`) if any, "
         "else start a local one on 127.0.0.1; 'local': always start a private local one."))
     num_cpus: float | None = Field(None, gt=0, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
-    weight_sync: Literal["object_store", "nccl", "gloo"] = Field("object_store", description=(
-        "Weight-sync transport (docs/weight_sync.md): object_store (CPU default), nccl (GPU "
-        "broadcast from learner rank 0), gloo (the same broadcast protocol on CPUs)."))
+    weight_sync: Literal[TRANSPORT_NAMES] | WeightSyncConfig = Field(
+        "object_store", description=(
+            "Weight-sync transport (docs/weight_sync.md): object_store (CPU default), nccl "
+            "(GPU broadcast from learner rank 0), gloo (the same broadcast protocol on CPUs); "
+            "or a mapping of actors.weight_sync.WeightSyncConfig's settings, e.g. {type: nccl, "
+            "restart_fallback: true, timeout_s: 300, probe_timeout_s: 10, max_attempts: 3, "
+            "master_port: 0}."))
     nodes: int | None = Field(None, ge=1, description=(
         "Nodes of the cluster this config is meant for. Only `--check-placement` reads it: "
         "with no cluster running it simulates nodes x gpus_per_node here (None: one node). "
@@ -288,6 +294,29 @@ class ClusterConfig(Section):
     cpus_per_node: int | None = Field(None, ge=1, description=(
         "Logical CPUs per node of `--check-placement`'s simulated cluster (None: as many as "
         "the whole plan asks, so that CPUs never limit the check)."))
+
+    @field_validator("weight_sync", mode="before")
+    @classmethod
+    def _name_or_mapping(cls, v):
+        """One clear message for a bad name or a bad setting (a plain union would report the
+        value against both of its forms)."""
+        if isinstance(v, str):
+            check_transport(v)
+        elif isinstance(v, dict):
+            try:
+                return WeightSyncConfig(**v)
+            except ValidationError as err:
+                raise ValueError("; ".join(_error_lines(err))) from None
+        elif not isinstance(v, WeightSyncConfig):
+            raise ValueError(f"must be a transport name {list(TRANSPORT_NAMES)} or a mapping "
+                             f"of {sorted(WeightSyncConfig.model_fields)}")
+        return v
+
+    @property
+    def weight_sync_config(self) -> WeightSyncConfig:
+        """``weight_sync`` with every setting (a name is its transport's defaults)."""
+        ws = self.weight_sync
+        return ws if isinstance(ws, WeightSyncConfig) else WeightSyncConfig(type=ws)
 
 
 class LoggingConfig(Section):
@@ -373,6 +402,14 @@ def _sub_model(annotation) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
+def _model_in_union(annotation) -> type[BaseModel] | None:
+    """The model of a field typed ``<something> | Model`` (a name or a mapping of settings)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        models = [a for a in get_args(annotation) if _sub_model(a) is not None]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
 def _wants_number(annotation) -> bool:
     """A field typed int or float (or a Literal of numbers), possibly Optional, never bool."""
     origin, args = get_origin(annotation), get_args(annotation)
@@ -402,6 +439,8 @@ def _check_keys(data: Any, model: type[BaseModel], where: str) -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"config key {path!r} must be a mapping of {sorted(_model_fields(sub))}")
             _check_keys(value, sub, path)
+        elif isinstance(value, dict) and (alt := _model_in_union(fields[key].annotation)):
+            _check_keys(value, alt, path)
 
 
 def apply_override(data: dict, dotted: str) -> None:
@@ -421,6 +460,11 @@ def apply_override(data: dict, dotted: str) -> None:
 
 
 def _format_validation(err: ValidationError) -> str:
+    return "invalid config: " + "; ".join(_error_lines(err))
+
+
+def _error_lines(err: ValidationError) -> list[str]:
+    """One line per error: the dotted key, the message, the valid choices, what was given."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
@@ -430,7 +474,7 @@ def _format_validation(err: ValidationError) -> str:
         choices = e.get("ctx", {}).get("expected")
         lines.append(msg + (f" (valid: {choices})" if choices and str(choices) not in msg else "")
                      + (f"; got {e['input']!r}" if "input" in e and not isinstance(e["input"], dict) else ""))
-    return "invalid config: " + "; ".join(lines)
+    return lines
 
 
 def _non_finite(model: BaseModel, where: str = "") -> Iterator[tuple[str, Any]]:

@@ -3,15 +3,30 @@ each with its standard error, overall and by difficulty.
 
 The trainer pauses the coordinator's admission while this runs and reports its time apart
 from training time: evaluation never counts in throughput.
+
+    requests = eval_requests(problems, ...)                    # pure
+    results  = spread(len(requests), n_generators, send, ...)  # a lost generator's go elsewhere
+    correct  = scorer.correct(answers)                         # the task's verifier, bounded
+
+Faults: a generator whose call raises (dead, restarting, an engine error) or does not answer
+within ``timeout_s`` is not used again in this evaluation, and its requests go to the
+others; with none left they are skipped, counted in ``eval_failed_requests``. Answers are
+scored through ``actors.scoring.Scorer``, in worker processes with a per-answer deadline for a
+task that needs them (``reward.workers``): the evaluation runs in the trainer's watchdog
+thread, where math_verify's own timeouts are off (they need the main thread), so one
+pathological answer would otherwise hang it.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
+from collections import Counter
 
 import numpy as np
 
+from actors.scoring import Scorer
 from actors.types import RolloutRequest, SamplingConfig
 
 EVAL_METRICS = ("sampled", "greedy")
@@ -27,39 +42,163 @@ def accuracy_stats(correct: np.ndarray) -> tuple[float, float]:
     return float(correct.mean()), se
 
 
-def evaluate(generators: list, task, problems: list, max_tokens: int, samples: int = 4,
-             temperature: float = 1.0, seed: int = 0, prefix: str = "eval") -> dict:
-    """Greedy and ``samples`` sampled answers per held-out problem, spread over the generators.
+class AnswerScorer:
+    """The task's verifier for held-out answers: ``actors.scoring.Scorer`` (inline with
+    ``workers=0``, else worker processes with a ``timeout_s`` deadline per answer; a timed-out
+    or raising answer counts as wrong), driven from any thread on a private event loop. One
+    per run: worker processes start once."""
 
-    Returns ``{eval_greedy, eval_greedy_se, eval_sampled, eval_sampled_se, eval_time_s,
-    eval_prompts, eval_samples, eval_greedy_by_difficulty, eval_sampled_by_difficulty}``
-    (the sampled keys are absent with ``samples=0``)."""
-    import ray
+    def __init__(self, task, factory=None, workers: int = 0, timeout_s: float = 10.0):
+        self.high = task.rewards[1]
+        self.scorer = Scorer(task, factory, workers, timeout_s)
+        self.loop = asyncio.new_event_loop()
 
-    t0 = time.time()
+    def correct(self, answers: list[tuple]) -> list[bool]:
+        """For each (problem, text): did it get the task's high reward?"""
+        async def score_all():
+            return await asyncio.gather(*(self.scorer.score(p, text, 0) for p, text in answers))
+
+        return [v.reward == self.high for v in self.loop.run_until_complete(score_all())]
+
+    @property
+    def counts(self) -> Counter:
+        return self.scorer.counts
+
+    def close(self) -> None:
+        """Stop the worker processes; the loop too unless an evaluation still runs on it (a
+        run stopped by its watchdog mid-evaluation: its thread is abandoned)."""
+        self.scorer.close()
+        if not self.loop.is_running():
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
+
+
+def eval_requests(problems: list, max_tokens: int, samples: int, temperature: float,
+                  seed: int, prefix: str = "eval") -> list[tuple]:
+    """(problem, "greedy" | "sampled", RolloutRequest) for every held-out problem: one greedy
+    answer each, and ``samples`` sampled ones (none with ``samples=0``)."""
     ids = itertools.count()
     greedy = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
     sampled = SamplingConfig(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    gens = itertools.cycle(generators)
-    refs = [(p, "greedy", next(gens).generate.remote(
-        RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, 1, greedy))) for p in problems]
+    out = [(p, "greedy", RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, 1, greedy))
+           for p in problems]
     if samples:
-        refs += [(p, "sampled", next(gens).generate.remote(
-            RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, samples, sampled)))
-            for p in problems]
-    hi = task.rewards[1]
+        out += [(p, "sampled", RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, samples,
+                                              sampled)) for p in problems]
+    return out
+
+
+def spread(n_requests: int, n_generators: int, send, wait, get, timeout_s: float,
+           clock=time.monotonic) -> tuple[dict, list[int], list[int]]:
+    """Run requests 0..n_requests-1 on the generators, round robin. ``send(g, i)`` starts
+    request i on generator g and returns a handle; ``wait(handles, timeout)`` returns those
+    done (at least one unless the timeout passed); ``get(handle)`` its result or raises. A
+    generator whose call raises, or that holds requests and has finished none for
+    ``timeout_s`` (hung; a busy one finishes some), is not used again; its outstanding
+    requests go to the others. Returns ({request: result}, requests skipped because no
+    generator was left, generators lost)."""
+    live, lost, skipped = list(range(n_generators)), [], []
+    results: dict[int, object] = {}
+    pending: dict = {}  # handle -> (request, generator)
+    heard = [clock()] * n_generators  # when each generator last finished a request
+    turn = itertools.count()
+
+    def dispatch(i: int) -> None:
+        if not live:
+            skipped.append(i)
+            return
+        g = live[next(turn) % len(live)]
+        pending[send(g, i)] = (i, g)
+
+    for i in range(n_requests):
+        dispatch(i)
+    while pending:
+        busy = {g for _, g in pending.values()}
+        done = wait(list(pending), max(0.0, min(heard[g] for g in busy) + timeout_s - clock()))
+        failed, redo = set(), []
+        for h in done:
+            i, g = pending.pop(h)
+            try:
+                results[i] = get(h)
+                heard[g] = clock()
+            except Exception:  # noqa: BLE001 - the generator's fault, not the evaluation's
+                failed.add(g)
+                redo.append(i)
+        now = clock()
+        failed |= {g for _, g in pending.values() if now - heard[g] >= timeout_s}
+        for h, (i, g) in list(pending.items()):
+            if g in failed:  # a dead or hung generator's other requests go elsewhere too
+                del pending[h]
+                redo.append(i)
+        for g in failed:
+            live.remove(g)
+            lost.append(g)
+        for i in sorted(redo):
+            dispatch(i)
+    return results, sorted(skipped), sorted(lost)
+
+
+def evaluate(generators: list, task, problems: list, max_tokens: int, samples: int = 4,
+             temperature: float = 1.0, seed: int = 0, prefix: str = "eval",
+             scorer: AnswerScorer | None = None, timeout_s: float = 600.0) -> dict:
+    """Greedy and ``samples`` sampled answers per held-out problem, spread over the generators
+    (``spread``; ``timeout_s``: how long a generator holding requests may finish none), scored
+    by ``scorer`` (inline by default).
+
+    Returns ``{eval_greedy, eval_greedy_se, eval_sampled, eval_sampled_se, eval_time_s,
+    eval_prompts, eval_samples, eval_greedy_by_difficulty, eval_sampled_by_difficulty,
+    eval_failed_requests, eval_generators_lost, eval_score_timeouts, eval_score_errors}``
+    (the sampled keys are absent with ``samples=0``)."""
+    import ray
+
+    def wait(refs, timeout):
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        return ray.wait(refs, num_returns=len(refs), timeout=0)[0] if ready else []
+
+    t0 = time.time()
+    requests = eval_requests(problems, max_tokens, samples, temperature, seed, prefix)
+    results, skipped, lost = spread(
+        len(requests), len(generators),
+        lambda g, i: generators[g].generate.remote(requests[i][2]), wait, ray.get, timeout_s)
+    own = scorer is None
+    scorer = AnswerScorer(task) if own else scorer
+    try:
+        out = score_answers(problems, requests, results, scorer)
+    finally:
+        if own:
+            scorer.close()
+    return {**out, "eval_prompts": len(problems), "eval_samples": samples,
+            "eval_failed_requests": len(skipped), "eval_generators_lost": lost,
+            "eval_time_s": time.time() - t0}
+
+
+def score_answers(problems: list, requests: list[tuple], results: dict,
+                  scorer: AnswerScorer) -> dict:
+    """Accuracy per kind (greedy, sampled), overall with its SE and by difficulty, from the
+    answers in ``results`` (request index -> rollouts); a problem whose request was skipped
+    is left out of its kind. Plus this scoring's verifier timeouts and errors."""
+    before = Counter(scorer.counts)
+    answers = [(i, r) for i in sorted(results) for r in results[i]]
+    correct = scorer.correct([(requests[i][0], r.text) for i, r in answers])
+    per_request: dict[int, list[bool]] = {}
+    for (i, _), ok in zip(answers, correct):
+        per_request.setdefault(i, []).append(ok)
     scores: dict[str, dict[str, float]] = {"greedy": {}, "sampled": {}}
-    for (p, kind, ref), rollouts in zip(refs, ray.get([r for _, _, r in refs])):
-        scores[kind][p.id] = float(np.mean([task.score(p, r.text).reward == hi for r in rollouts]))
-    out = {"eval_prompts": len(problems), "eval_samples": samples}
+    for i, oks in per_request.items():
+        p, kind, _ = requests[i]
+        scores[kind][p.id] = float(np.mean(oks))
+    out = {}
     for kind in EVAL_METRICS:
-        if not scores[kind]:
+        answered = [p for p in problems if p.id in scores[kind]]
+        if not answered:
             continue
-        vals = np.array([scores[kind][p.id] for p in problems])
+        vals = np.array([scores[kind][p.id] for p in answered])
         out[f"eval_{kind}"], out[f"eval_{kind}_se"] = accuracy_stats(vals)
         by: dict[int, list[float]] = {}
-        for p, v in zip(problems, vals):
+        for p, v in zip(answered, vals):
             by.setdefault(p.difficulty, []).append(v)
         out[f"eval_{kind}_by_difficulty"] = {str(d): float(np.mean(v)) for d, v in sorted(by.items())}
-    out["eval_time_s"] = time.time() - t0
+    after = scorer.counts
+    out["eval_score_timeouts"] = after["score_timeout"] - before["score_timeout"]
+    out["eval_score_errors"] = after["score_error"] - before["score_error"]
     return out

@@ -4,7 +4,8 @@ Starts a local Ray cluster on 127.0.0.1 when none is running, joins the running 
 (so ``ray job submit -- python -m cluster.launch v05.yaml`` works against ``ray start --head``).
 The config is parsed and checked (keys, model path, dataset file, placement) before any actor
 starts (the model loads, the tokenizer encodes the prompts). Outputs go to the absolute run
-directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end.
+directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end;
+a fresh run (``run.resume=false``) first removes a previous run's outputs and logs there.
 Exit status: 0 done, 2 a bad request (config, model, data, placement), 3 the watchdog stopped
 a stalled run, 1 anything else.
 """
@@ -15,6 +16,7 @@ import sys
 import time
 
 from cluster.config import dump_config, load_config
+from cluster.paths import REPLACED, fresh_run_dir
 from cluster.placement import plan
 from cluster.preflight import check_model, check_prompts
 
@@ -55,6 +57,8 @@ def run(cfg, checked=None) -> dict:
     from cluster.trainer import Trainer
 
     p, task, model_path = checked or (*preflight(cfg), cfg.model_path())
+    if not cfg.run.resume and fresh_run_dir(cfg.run_dir):  # before the roles open logs/
+        print(REPLACED, file=sys.stderr, flush=True)
     started = connect(cfg, p)
     roles = None
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.types import PromptRecord, TrainBatch
+from estimator.core import reward_to_prob
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,37 @@ class StepTimes:
     @property
     def eval_s(self) -> float:
         return self.end - self.published
+
+
+class TrainClock:
+    """Training wall-clock, evaluations excluded, over a run and its resumes: ``train_s``
+    in ``totals`` (the trainer's counters, saved in every checkpoint) counts up to the last
+    ``tick``; the time between a ``tick`` and the next ``skip`` (an evaluation) is not
+    training. Rates, the summary's ``train_wall_time_s`` and the ``run.max_train_s`` budget
+    all read ``totals["train_s"]``."""
+
+    def __init__(self, totals: dict, now: float):
+        totals.setdefault("train_s", 0.0)
+        self.totals, self.mark = totals, now
+
+    def tick(self, now: float) -> float:
+        """Count the time since the last mark as training; returns ``train_s``."""
+        self.totals["train_s"] += max(0.0, now - self.mark)
+        self.mark = now
+        return self.totals["train_s"]
+
+    def skip(self, now: float) -> None:
+        """The time since the last mark was not training (an evaluation)."""
+        self.mark = now
+
+
+def rates(totals: dict) -> dict:
+    """Totals per second of training wall-clock (``train_s``: evaluations excluded, over the
+    run and its resumes)."""
+    wall = max(1e-9, totals["train_s"])
+    return {"prompts_per_s": totals["prompts_trained"] / wall,
+            "rollouts_per_s": totals["rollouts"] / wall,
+            "tokens_per_s": totals["tokens_generated"] / wall}
 
 
 def per_generator(before: list[dict | None], after: list[dict | None],
@@ -82,8 +114,12 @@ def pair_auc(score, label) -> float:
     return float(((ds[mask] + 1.0) / 2.0).mean())
 
 
-def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
-    """What the trained prompts looked like: rewards, k, rounds, the prior's calibration."""
+def batch_metrics(records: list[PromptRecord], estimator_k_init: int,
+                  rewards: tuple[float, float]) -> dict:
+    """What the trained prompts looked like: rewards, k, rounds, the prior's calibration.
+    ``rewards``: the task's (r_lo, r_hi); a prompt's observed success rate is its mean reward
+    on that range (``estimator.core.reward_to_prob``, clipped: overlong-shaped rewards fall
+    below r_lo), the rate the prior is trained on (``actors.prompts.success_rate``)."""
     if not records:
         return {"prompts": 0, "reward_mean": math.nan, "rollouts": 0, "tokens_generated": 0, "k_mean": math.nan,
                 "k_hist": [], "prior_accept_rate": None, "unparsed_fraction": 0.0}
@@ -91,8 +127,6 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
     accepted = [r.prior_accepted for r in records if r.prior_accepted is not None]
     with_prior = [r for r in records if r.prior_p is not None]
     rollouts = int(ks.sum())
-    r_lo = min(min(r.rewards) for r in records)
-    r_hi = max(max(r.rewards) for r in records)
     out = {"prompts": len(records),
            "reward_mean": float(np.mean([x for r in records for x in r.rewards])),
            "rollouts": rollouts, "tokens_generated": int(sum(r.tokens for r in records)),
@@ -103,9 +137,9 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
            "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
            "unparsed_fraction": sum(r.unparsed for r in records) / max(1, rollouts),
            "response_len_mean": float(np.mean([n for r in records for n in r.lengths]))}
-    if with_prior and r_hi > r_lo:
+    if with_prior:
         # The prior's running error: |p - observed success rate| over this step's prompts.
-        obs = [(np.mean(r.rewards) - r_lo) / (r_hi - r_lo) for r in with_prior]
+        obs = [float(reward_to_prob(np.mean(r.rewards), rewards)) for r in with_prior]
         out["prior_abs_error"] = float(np.mean([abs(r.prior_p - o) for r, o in zip(with_prior, obs)]))
         # Within-step ranking: does the prior order this step's prompts by success rate?
         out["prior_auc"] = pair_auc([r.prior_p for r in with_prior], obs)
@@ -114,11 +148,12 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int) -> dict:
 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: dict, t: StepTimes,
-                 generators: dict, k_init: int) -> dict:
-    """One line of metrics.jsonl."""
+                 generators: dict, k_init: int, rewards: tuple[float, float]) -> dict:
+    """One line of metrics.jsonl (``rewards``: the task's range, see ``batch_metrics``)."""
     staleness = np.array([batch.version - s.version for s in batch.samples] or [0])
     step_s = t.published - t.start
-    return {"step": step, "policy_version": version, **batch_metrics(batch.records, k_init),
+    return {"step": step, "policy_version": version,
+            **batch_metrics(batch.records, k_init, rewards),
             "trained_tokens": sum(len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples),
             **{k: learner.get(k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
                                              "approx_kl", "lr", "skipped", "skip_reason")},
@@ -217,16 +252,19 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: float,
                 initial: dict, final: dict, generators: dict) -> dict:
     """summary.json: the coordinator's accounting, the trainer's totals, rates over training
-    wall-clock (evaluations excluded), the held-out accuracy at the start and the end."""
+    wall-clock (``totals["train_s"]``: evaluations excluded, over the run and its resumes, as
+    the totals are), the held-out accuracy at the start and the end. ``wall``: this process's
+    wall-clock since its loop started (``wall_time_s``)."""
     acct = dict(acct, drop_reasons=dict(acct.get("drop_reasons", {})))
     # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
     acct["prompts_dropped"] += totals["prompts_skipped_nan"]
     acct["drop_reasons"]["learner_nan_skip"] = totals["prompts_skipped_nan"]
-    train_wall = max(1e-9, wall - totals["eval_time_s"])
+    train_wall = max(1e-9, totals["train_s"])
+    per_s = rates(totals)
     return {**acct, **totals, "steps": steps, "policy_version": version, "mode": cfg.mode,
             "algo": cfg.algo.name, "wall_time_s": wall, "train_wall_time_s": train_wall,
-            "prompts_per_s": totals["prompts_trained"] / train_wall,
-            "rollouts_per_s": totals["rollouts"] / train_wall, **generators,
+            "prompts_per_s": per_s["prompts_per_s"],
+            "rollouts_per_s": per_s["rollouts_per_s"], **generators,
             "learner_idle_fraction": totals["learner_wait_s"] / train_wall,
             "eval_metric": cfg.run.eval_metric,
             "eval_time_initial_s": initial.get("eval_time_s"),

@@ -31,3 +31,36 @@ def output_root(output_dir: str, cwd: Path | None = None) -> Path:
     if in_ray_job_working_dir(cwd):
         return (JOB_DEFAULT_ROOT.expanduser() / p).resolve()
     return ((Path.cwd() if cwd is None else cwd) / p).resolve()
+
+
+# Everything a run writes into its directory (docs/pipeline.md, "Run outputs"). ``logs/`` is
+# apart: the roles write it, and they may outlive one run (benchmarks run many on one set).
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "prompts.jsonl", "dropped.jsonl",
+               "rollouts.msgpack", "inflight_at_end.json", "summary.json", "report.html",
+               "checkpoints", "final", "tb")
+LOGS = "logs"
+REPLACED = ("run directory had a previous run's outputs: replaced (use run.resume=true to "
+            "continue it)")
+
+
+def fresh_run_dir(run_dir: Path, logs: bool = True) -> list[str]:
+    """Remove what a previous run wrote into ``run_dir`` (``RUN_OUTPUTS``, their temporary
+    files, and ``logs/`` when ``logs``), so that a fresh run (``run.resume=false``) starts
+    from an empty directory: none of its outputs, checkpoints or logs mixes with an older
+    run's. Anything else in the directory is left alone. Called before this run writes
+    anything: by the launcher before the roles start (they open ``logs/``), and by the
+    trainer, without ``logs``, for roles that outlive a run. Returns the names removed."""
+    import shutil
+
+    run_dir = Path(run_dir)
+    removed = []
+    for name in RUN_OUTPUTS + ((LOGS,) if logs else ()):
+        for p in (run_dir / name, run_dir / f".{name}.tmp"):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+            else:
+                continue
+            removed.append(p.name)
+    return removed

@@ -81,7 +81,8 @@ def plan(cfg) -> Plan:
     for r in roles:
         if r.gpus > 1 and not float(r.gpus).is_integer():
             raise PlacementError(f"{r.role}: a GPU count above 1 must be whole, got {r.gpus}")
-    if cfg.cluster.weight_sync == "nccl" and (cfg.generators.gpus == 0 or cfg.learner.gpus == 0):
+    nccl = cfg.cluster.weight_sync_config.type == "nccl"
+    if nccl and (cfg.generators.gpus == 0 or cfg.learner.gpus == 0):
         raise PlacementError("cluster.weight_sync=nccl needs GPUs for generators and learner; "
                              "use object_store on CPU machines")
     return Plan(tuple(r for r in roles if r.count > 0))

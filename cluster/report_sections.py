@@ -189,7 +189,7 @@ def reliability_bins(prompts: list[dict], reward_range: tuple[float, float] | No
                      nbins: int = 10) -> tuple[list[dict], str]:
     """Predicted p against observed success of each prompt with a prior. Success: the mean
     reward rescaled to [0, 1] by the task's reward range (``reward_range``, the config's
-    ``task.reward_low/high``; else the range the run's rewards span, as ``batch_metrics``)."""
+    ``task.reward_low/high``, as ``batch_metrics``; else the range the run's rewards span)."""
     pairs = []
     for p in prompts:
         prior_p, rewards = as_float(p.get("prior_p")), p.get("rewards")

@@ -13,27 +13,56 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from cluster.checkpoints import Checkpoints
 from cluster.config import Config, dump_config
-from cluster.evaluation import evaluate
-from cluster.metrics import (RunWriter, StepTimes, generator_delta, per_generator, run_summary,
-                             step_metrics)
+from cluster.evaluation import AnswerScorer, evaluate
+from cluster.paths import REPLACED, fresh_run_dir
+from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, per_generator,
+                             rates, run_summary, step_metrics)
 
 
 def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
-    """After step ``step``'s update, ``train_s`` seconds of training into the run (the last
-    evaluation at ``last_eval_at``): is it the last step (``run.max_steps``, or the
-    ``run.max_train_s`` budget spent), and is an evaluation due (every ``eval_every`` steps,
-    every ``eval_every_s`` seconds of training, and after the last step when evaluating)?"""
+    """After step ``step``'s update, ``train_s`` seconds of training into the run, resumes
+    included (the last evaluation at ``last_eval_at``, on the same clock): is it the last
+    step (``run.max_steps``, or the ``run.max_train_s`` budget spent), and is an evaluation
+    due (every ``eval_every`` steps, every ``eval_every_s`` seconds of training, and after
+    the last step when evaluating)?"""
     last = step >= run.max_steps or (run.max_train_s is not None and train_s >= run.max_train_s)
     due = bool(run.eval_every or run.eval_every_s) and (
         last or (bool(run.eval_every) and step % run.eval_every == 0)
         or (bool(run.eval_every_s) and train_s - last_eval_at >= run.eval_every_s))
     return last, due
+
+
+def checkpoint_due(run, step: int, last: bool) -> bool:
+    """A checkpoint after step ``step``, in the loop: every ``run.checkpoint_every`` steps,
+    but not after the last one, which ``Trainer.run`` saves once, after the coordinator has
+    stopped (so it holds the prompts still in flight at the end)."""
+    return bool(run.checkpoint_every) and step % run.checkpoint_every == 0 and not last
+
+
+def failed_updates(refs: list, ready: list, get) -> dict[int, str]:
+    """The generators (by index in ``refs``, one update ref each) that did not load a
+    publish's weights, and why: a ref not in ``ready`` when the wait ended ("timeout": hung,
+    or never got them), or one whose result raised (the error's type: ``RayActorError`` for a
+    dead one, ``RayTaskError`` when its ``update_weights`` raised). ``get`` fetches a ready
+    ref's result."""
+    done = set(ready)
+    out = {}
+    for i, ref in enumerate(refs):
+        if ref not in done:
+            out[i] = "timeout"
+            continue
+        try:
+            get(ref)
+        except Exception as err:  # noqa: BLE001 - any failure is this generator's, not the run's
+            out[i] = type(err).__name__
+    return out
 
 
 class Stalled(RuntimeError):
@@ -59,32 +88,49 @@ class Trainer:
 
         self.cfg, self.roles, self.task = cfg, roles, task
         self.after_step = after_step
+        # A fresh run: nothing of an older run's in its directory (the launcher has cleared
+        # logs/ before the roles started; roles that outlive a run keep writing theirs).
+        if not cfg.run.resume and fresh_run_dir(cfg.run_dir, logs=False) and cfg.run.progress:
+            print(REPLACED, file=sys.stderr, flush=True)
         self.ckpts = Checkpoints(cfg.run_dir / "checkpoints", cfg.run.keep_checkpoints)
         state = self.state = resume_state(cfg, roles)
         self.version, self.step = state.version, state.step
+        # Counters over the run and its resumes (restored from the checkpoint): train_s is
+        # the training wall-clock (TrainClock), last_eval_train_s where the last evaluation was.
         self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
                        "tokens_generated": 0, "nan_skipped_steps": 0,
                        "generator_update_failures": 0, "learner_wait_s": 0.0, "eval_time_s": 0.0,
-                       **state.totals}
+                       "train_s": 0.0, "last_eval_train_s": 0.0, **state.totals}
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
+        self.update_failed: list[tuple[int, int, str]] = []  # (version, generator, why)
+        self.scorer: AnswerScorer | None = None  # evaluation's verifier, from the first one
         self.last_progress = time.time()
         # The run's own roles, beside the long-lived ones: the coordinator and telemetry.
         self.coord, self.telemetry = start_run_roles(cfg, roles, task, state)
         if state.resumed:
             self.publish()  # generators serve the checkpoint's weights before any rollout
         self.recorder = None
+        rollouts = cfg.run_dir / "rollouts.msgpack"
+        if state.resumed:  # what was recorded after the checkpoint is trained again
+            from learner.replay import keep_records
+
+            keep_records(rollouts, self.step)
         if cfg.run.record_rollouts:
             from learner.replay import RolloutRecorder
 
-            self.recorder = RolloutRecorder(cfg.run_dir / "rollouts.msgpack")
+            self.recorder = RolloutRecorder(rollouts)
 
     # -- the watchdog --------------------------------------------------------------------
+    def time_left(self) -> float:
+        """Seconds until the watchdog's deadline (``run.stall_timeout_s`` after the last
+        progress), at least 0."""
+        return max(0.0, self.cfg.run.stall_timeout_s - (time.time() - self.last_progress))
+
     def call(self, role: str, fn, *args):
         """``fn(*args)`` within the watchdog's deadline; past it, ``Stalled(role, report)``."""
-        left = self.cfg.run.stall_timeout_s - (time.time() - self.last_progress)
         fut = self._calls.submit(fn, *args)
         try:
-            return fut.result(timeout=max(0.0, left))
+            return fut.result(timeout=self.time_left())
         except FutureTimeout:
             raise Stalled(*self._blame(role)) from None
 
@@ -109,18 +155,25 @@ class Trainer:
 
     # -- weights -------------------------------------------------------------------------
     def publish(self) -> None:
-        """Learner rank 0's weights -> every generator, in place; then the coordinator."""
+        """Learner rank 0's weights -> every generator, in place; then the coordinator.
+
+        The generators' updates are waited for together, at most ``run.call_timeout_s`` and
+        never past the watchdog's deadline. A generator that did not load them (dead, hung,
+        or its ``update_weights`` raised) is counted in ``generator_update_failures`` and
+        named in the summary's ``generator_update_failed``; the coordinator re-syncs one
+        that Ray restarts (its incarnation changes)."""
         import ray
 
         payload, refs = self.call("learner (weight publish)", self.roles.learner.publish_weights,
                                   self.roles.generators, self.version)
         self.roles.published = self.version
-        for ref in refs:
-            try:
-                ray.get(ref, timeout=self.cfg.run.call_timeout_s)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                # A generator died mid-update; the coordinator re-syncs it when Ray restarts it.
-                self.totals["generator_update_failures"] += 1
+        refs = list(refs)
+        ready, _ = ray.wait(refs, num_returns=len(refs),
+                            timeout=min(self.cfg.run.call_timeout_s, self.time_left())) \
+            if refs else ([], [])
+        failed = failed_updates(refs, ready, functools.partial(ray.get, timeout=10))
+        self.totals["generator_update_failures"] += len(failed)
+        self.update_failed += [(self.version, i, why) for i, why in failed.items()]
         self.ray_get("coordinator", self.coord.set_version.remote(self.version, payload))
 
     def save(self) -> None:
@@ -131,13 +184,22 @@ class Trainer:
                   self.coord, state)
 
     def evaluate(self) -> dict:
+        """Held-out accuracy (cluster/evaluation.py): answers scored as the coordinator
+        scores rollouts (``reward.workers``, ``reward.timeout_s``), a generator that fails or
+        hangs (``run.call_timeout_s``) replaced by the others."""
         cfg = self.cfg.run
+        if self.scorer is None:  # worker processes start once per run
+            from tasks import make_task_from_config
+
+            self.scorer = AnswerScorer(self.task,
+                                       functools.partial(make_task_from_config, self.cfg.task),
+                                       self.cfg.score_workers(), self.cfg.reward.timeout_s)
         ev = self.call("generators (evaluation)", functools.partial(
             evaluate, self.roles.generators, self.task, self.heldout, self.cfg.rollout.max_tokens,
-            samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature, seed=cfg.seed))
+            samples=cfg.eval_samples, temperature=self.cfg.rollout.temperature, seed=cfg.seed,
+            scorer=self.scorer, timeout_s=cfg.call_timeout_s))
         ev["eval_accuracy"] = ev.get(f"eval_{cfg.eval_metric}")
         ev["eval_accuracy_se"] = ev.get(f"eval_{cfg.eval_metric}_se")
-        self.totals["eval_time_s"] += ev["eval_time_s"]
         return ev
 
     # -- the loop ------------------------------------------------------------------------
@@ -149,9 +211,8 @@ class Trainer:
                                 resume_step=self.step if self.state.resumed else None,
                                 tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
         self.heldout = self.task.heldout()[: cfg.run.eval_prompts]
+        # The initial evaluation is before the clock starts (summary: eval_time_initial_s).
         initial = self.final = self.evaluate() if self.evaluating and not self.state.resumed else {}
-        self.totals["eval_time_s"] -= initial.get("eval_time_s", 0.0)  # before the clock starts
-        self.eval_s = self.last_eval_at = 0.0  # this run's evaluation time; train clock then
         if initial:
             self.writer.note(f"held-out {cfg.run.eval_metric} accuracy at the start: "
                              f"{initial['eval_accuracy']:.3f} +- {initial['eval_accuracy_se']:.3f}")
@@ -159,6 +220,7 @@ class Trainer:
         self.prompts_log = self.writer.prompts_path.open("a")
         self.t_start, gen0 = time.time(), self._gen_stats()
         self.last_progress = self.t_start  # the watchdog counts from here
+        self.clock = TrainClock(self.totals, self.t_start)  # training time too
         try:
             self.ray_get("coordinator", self.coord.start.remote())
             self.finished = self.step >= cfg.run.max_steps
@@ -181,6 +243,8 @@ class Trainer:
             ray.kill(self.telemetry)
             self.prompts_log.close()
             self._calls.shutdown(wait=False, cancel_futures=True)
+            if self.scorer is not None:
+                self.scorer.close()
             if self.recorder:
                 self.recorder.close()
         gen_end = self._gen_stats()
@@ -190,6 +254,7 @@ class Trainer:
                                "resumed_from": self.state.resumed_from,
                                "startup": dict(self.roles.startup),
                                "skipped_checkpoints": self.state.skipped_checkpoints,
+                               "generator_update_failed": self.update_failed,
                                "generators": per_generator(gen0, gen_end, peaks),
                                "decode_peak_tokens_per_s": sum(peaks) if peaks else None})
         self.writer.summary(summary)
@@ -209,10 +274,6 @@ class Trainer:
     def evaluating(self) -> bool:
         return bool(self.cfg.run.eval_every or self.cfg.run.eval_every_s)
 
-    def train_wall(self) -> float:
-        """Seconds of training wall-clock in this run so far (evaluations excluded)."""
-        return time.time() - self.t_start - self.eval_s
-
     def one_step(self) -> bool:
         """One learner step (batch, train, publish, maybe evaluate, record); True when it was
         the last."""
@@ -224,8 +285,8 @@ class Trainer:
         t1 = time.time()
         lm = self.call("learner (train step)", self.roles.learner.train_step, batch.samples)
         t2 = time.time()
-        last, eval_due = last_and_eval_due(cfg.run, self.step, self.train_wall(),
-                                           self.last_eval_at)
+        last, eval_due = last_and_eval_due(cfg.run, self.step, self.clock.tick(t2),
+                                           self.totals["last_eval_train_s"])
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
             self.ray_get("coordinator", coord.pause.remote())
         if not lm.get("skipped"):
@@ -234,22 +295,27 @@ class Trainer:
         else:  # the same version: the coordinator reopens its admission for it
             self.ray_get("coordinator", coord.set_version.remote(self.version))
         self.last_progress = t3 = time.time()
+        self.clock.tick(t3)
         ev = self.evaluate() if eval_due else {}
         if ev:
+            self.last_progress = time.time()  # the next step gets the whole watchdog limit
+            self.clock.skip(self.last_progress)  # evaluation is not training time
             self.final = ev
-            self.eval_s += ev["eval_time_s"]
-            self.last_eval_at = self.train_wall()
+            self.totals["eval_time_s"] += ev["eval_time_s"]
+            self.totals["last_eval_train_s"] = self.totals["train_s"]
             if not last:
                 self.ray_get("coordinator", coord.resume.remote())
-        m = step_metrics(self.step, self.version, batch, lm, StepTimes(t0, t1, t2, t3, time.time()),
-                         generator_delta(g0, self._gen_stats()), self.k_init)
+        m = step_metrics(self.step, self.version, batch, lm,
+                         StepTimes(t0, t1, t2, t3, time.time()),
+                         generator_delta(g0, self._gen_stats()), self.k_init, self.task.rewards)
         self._account(batch, lm, m)
-        m.update(ev, **self._rates())
+        m.update(ev, **rates(self.totals))
         self.writer.step(m)
         self._log_prompts(batch, t1, bool(lm.get("skipped")))
         self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
-        if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
+        if checkpoint_due(cfg.run, self.step, last):
             self.save()
+            self.last_progress = time.time()  # as after an evaluation
         if self.after_step is not None:
             self.after_step(self.step, m)
         return last
@@ -275,15 +341,7 @@ class Trainer:
             it = iter(batch.samples)
             for r in batch.records:
                 self.recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, self.version,
-                                     [next(it) for _ in range(r.k)])
-
-    def _rates(self) -> dict:
-        """Totals per second of training wall-clock (evaluations excluded), since the start."""
-        t = self.totals
-        wall = max(1e-9, time.time() - self.t_start - t["eval_time_s"])
-        return {"prompts_per_s": t["prompts_trained"] / wall,
-                "rollouts_per_s": t["rollouts"] / wall,
-                "tokens_per_s": t["tokens_generated"] / wall}
+                                     [next(it) for _ in range(r.k)], step=self.step)
 
     def _measure_peaks(self) -> list[float]:
         """Each engine's decode tokens/s with every slot busy, all engines at once (they share

@@ -3,7 +3,10 @@
 File format: a stream of msgpack maps, one per finished prompt (its rollouts and rewards)::
 
     {"prompt_id": str, "prompt": str, "rewards": [float], "baseline": float,
-     "policy_version": int, "samples": [TrainSample.to_dict(), ...]}
+     "policy_version": int, "samples": [TrainSample.to_dict(), ...], "step": int}
+
+``step`` (the learner step that trained the prompt; absent in files of older versions) lets a
+resumed run drop what was recorded after its checkpoint (``keep_records``).
 
     python -m learner.replay FILE [--model PATH] [--batch-prompts B] [--ranks R] [--steps N]
 
@@ -34,7 +37,8 @@ class RolloutRecorder:
         self.n_records = 0
 
     def append(self, prompt_id: str, prompt: str, rewards: Sequence[float], baseline: float,
-               policy_version: int, samples: Sequence[TrainSample | dict]) -> None:
+               policy_version: int, samples: Sequence[TrainSample | dict],
+               step: int | None = None) -> None:
         import msgpack
 
         if len(rewards) != len(samples):
@@ -46,6 +50,8 @@ class RolloutRecorder:
             "policy_version": int(policy_version),
             "samples": [s.to_dict() if isinstance(s, TrainSample) else dict(s) for s in samples],
         }
+        if step is not None:
+            record["step"] = int(step)
         self._f.write(msgpack.packb(record, use_bin_type=True))
         self._f.flush()
         self.n_records += 1
@@ -71,6 +77,28 @@ def read_records(path: str | Path) -> Iterator[dict]:
                 raise ValueError(f"{path}: record {i} lacks {missing}")
             rec["samples"] = [TrainSample.from_dict(s) for s in rec["samples"]]
             yield rec
+
+
+def keep_records(path: str | Path, max_step: int) -> int:
+    """Keep only the records of ``path`` trained at steps up to ``max_step`` (a resumed run:
+    what a crashed run recorded after its checkpoint is trained again); records without a
+    step are kept. Returns how many were dropped; rewritten atomically."""
+    import msgpack
+
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    with open(path, "rb") as f:
+        for rec in msgpack.Unpacker(f, raw=False):
+            if rec.get("step", 0) <= max_step:
+                kept.append(msgpack.packb(rec, use_bin_type=True))
+            else:
+                dropped += 1
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(b"".join(kept))
+    tmp.replace(path)
+    return dropped
 
 
 def batches(records: list[dict], batch_prompts: int, steps: int) -> Iterator[list[TrainSample]]:

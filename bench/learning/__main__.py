@@ -135,8 +135,9 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
                 reset_roles(cfg, roles, init_dir)
                 log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
                 Trainer(cfg, roles, task).run()
-                curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric), "mode": mode,
-                         "seed": seed}
+                curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric,
+                                      (cfg.task.reward_low, cfg.task.reward_high)),
+                         "mode": mode, "seed": seed}
                 runs[mode].append(curve)
                 a, b = curve["points"][0], curve["points"][-1]
                 log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "

@@ -21,9 +21,10 @@ import numpy as np
 AXES = ("train_s", "rollouts", "trained_tokens")
 
 
-def read_curve(run_dir: Path, metric: str) -> dict:
+def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0, 1.0)) -> dict:
     """The run's evaluation points and per-step learner figures, from its summary.json and
-    metrics.jsonl: ``{"points": [...], "grad_norms": [...], "prompts": [...]}``."""
+    metrics.jsonl: ``{"points": [...], "grad_norms": [...], "prompts": [...]}``
+    (``rewards``: the task's range, for ``prior_quality``)."""
     run_dir = Path(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
@@ -46,7 +47,8 @@ def read_curve(run_dir: Path, metric: str) -> dict:
             "zero_advantage_share": zero_advantage_share(prompts),
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
-            "prior": prior_quality(prompts), "eval_time_s": summary["eval_time_s"]}
+            "prior": prior_quality(prompts, rewards=rewards),
+            "eval_time_s": summary["eval_time_s"]}
 
 
 def zero_advantage_share(prompts: list[dict], tol: float = 1e-9) -> float | None:
@@ -58,20 +60,21 @@ def zero_advantage_share(prompts: list[dict], tol: float = 1e-9) -> float | None
                           for p in prompts]))
 
 
-def prior_quality(prompts: list[dict], bins: int = 5) -> dict | None:
+def prior_quality(prompts: list[dict], bins: int = 5,
+                  rewards: tuple[float, float] = (-1.0, 1.0)) -> dict | None:
     """The prior against what the rollouts then showed, over a run's trained prompts: mean
     absolute error of p against the observed success rate, the mean within-step AUC, and a
-    binned reliability table (mean p and mean observed rate per bin of p, with counts)."""
+    binned reliability table (mean p and mean observed rate per bin of p, with counts).
+    ``rewards``: the task's (r_lo, r_hi); the observed rate is a prompt's mean reward on that
+    range, clipped (``estimator.core.reward_to_prob``), the rate the prior is trained on."""
     from cluster.metrics import pair_auc
+    from estimator.core import reward_to_prob
 
     rows = [p for p in prompts if p.get("prior_p") is not None and p["rewards"]]
     if not rows:
         return None
-    lo = min(min(p["rewards"]) for p in rows)
-    hi = max(max(p["rewards"]) for p in rows)
-    span = hi - lo if hi > lo else 1.0
     p = np.array([r["prior_p"] for r in rows])
-    obs = np.array([(np.mean(r["rewards"]) - lo) / span for r in rows])
+    obs = np.array([float(reward_to_prob(np.mean(r["rewards"]), rewards)) for r in rows])
     by_step: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         by_step.setdefault(r.get("step", 0), []).append(i)

@@ -185,7 +185,7 @@ def test_garbage_output_gets_the_low_reward_and_is_counted(task_name):
         state.add(v.reward, i)
     record = make_record(grp)
     assert record.unparsed == 4
-    assert batch_metrics([record], 5)["unparsed_fraction"] == pytest.approx(4 / 5)
+    assert batch_metrics([record], 5, task.rewards)["unparsed_fraction"] == pytest.approx(4 / 5)
 
 
 def test_a_resume_with_nothing_to_resume_is_named_before_any_actor(launcher, model_dir, tmp_path):

@@ -102,6 +102,19 @@ def test_prior_quality_error_auc_and_reliability():
     assert prior_quality([{"prior_p": None, "rewards": [1.0]}]) is None
 
 
+def test_prior_quality_uses_the_tasks_reward_range():
+    # Every prompt succeeded but one shaped below r_lo (overlong): rates 1, 1 and 0 (clipped),
+    # not the run's own min-max rescaling.
+    prompts = [{"step": 1, "prior_p": 0.9, "rewards": [1.0, 1.0]},
+               {"step": 1, "prior_p": 0.7, "rewards": [1.0, 1.0]},
+               {"step": 1, "prior_p": 0.1, "rewards": [-1.5, -1.0]}]
+    q = prior_quality(prompts)
+    assert q["abs_error"] == pytest.approx(np.mean([0.1, 0.3, 0.1]))
+    q = prior_quality([{"prior_p": 0.5, "rewards": [0.0, 1.0]},
+                       {"prior_p": 0.5, "rewards": [1.0, 1.0]}], rewards=(0.0, 1.0))
+    assert q["abs_error"] == pytest.approx(0.5 * (0.0 + 0.5))
+
+
 def test_read_curve_from_run_files(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({
         "eval_sampled_initial": 0.5, "eval_sampled_initial_se": 0.03, "eval_greedy_initial": 0.9,

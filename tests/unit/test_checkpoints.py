@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.checkpoints import RUN_STATE, resumable
+from cluster.checkpoints import RUN_STATE, Checkpoints, resumable, stale_tags
 from cluster.config import build_config
 
 
@@ -39,3 +39,27 @@ def test_resume_without_a_checkpoint_names_the_directory(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=f"no whole checkpoint in it: {empty}/checkpoints"):
         resumable(empty)
+
+
+def test_pruning_keeps_the_checkpoint_just_saved_and_drops_later_steps():
+    assert stale_tags(["step40", "step35", "step5"], 5, 2) == ["step40", "step35"]
+    assert stale_tags(["step15", "step10", "step5"], 15, 2) == ["step5"]
+    assert stale_tags(["step15", "step10", "step5"], 15, 1) == ["step10", "step5"]
+    # Resumed from step5 (step10 failed to load): step10 is no longer this run's past.
+    assert stale_tags(["step10", "step6", "step5"], 6, 2) == ["step10"]
+
+
+def test_a_new_run_in_an_old_run_directory_never_loses_its_checkpoint(tmp_path):
+    """Old step40/step35 left in place: the new run's step5 must survive its own save, and
+    ``latest`` must name it (a resume would otherwise load the old run's step40)."""
+    root = tmp_path / "r1" / "checkpoints"
+    for tag in ("step40", "step35"):
+        _whole(root, tag)
+    (root / "latest").write_text("step40")
+    staged = root / ".staging" / "step5"
+    _whole(root / ".staging", "step5")
+    final = Checkpoints(root, keep=2).commit(staged, 5)
+    assert final == root / "step5" and (final / RUN_STATE).is_file()
+    assert not (root / ".staging").exists()
+    ckpts = resumable(tmp_path / "r1")
+    assert ckpts.latest() == "step5" and ckpts.tags() == ["step5"]

@@ -97,6 +97,45 @@ def test_embedded_model_for_a_task_without_an_embedded_policy(tmp_path):
 def test_nccl_needs_gpus():
     with pytest.raises(PlacementError, match="nccl"):
         plan(build_config({"cluster": {"weight_sync": "nccl"}}))
+    with pytest.raises(PlacementError, match="nccl"):
+        plan(build_config({"cluster": {"weight_sync": {"type": "nccl"}}}))
+
+
+def test_weight_sync_settings_from_yaml(tmp_path):
+    """The settings docs/weight_sync.md recommends: a mapping validated as
+    WeightSyncConfig; a bare name still means that transport's defaults."""
+    from actors.weight_sync import WeightSyncConfig
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text("cluster:\n  weight_sync: {type: nccl, restart_fallback: true, "
+                    "timeout_s: 300, probe_timeout_s: 5, max_attempts: 2, master_port: 29600}\n")
+    ws = load_config(path).cluster.weight_sync_config
+    assert ws == WeightSyncConfig(type="nccl", restart_fallback=True, timeout_s=300.0,
+                                  probe_timeout_s=5.0, max_attempts=2, master_port=29600)
+    cfg = load_config(path, ["cluster.weight_sync.timeout_s=60"])  # dotted, into the mapping
+    assert cfg.cluster.weight_sync_config.timeout_s == 60.0
+    assert cfg.cluster.weight_sync_config.restart_fallback is True
+    named = build_config({"cluster": {"weight_sync": "nccl"}}).cluster
+    assert named.weight_sync == "nccl" and named.weight_sync_config == WeightSyncConfig(type="nccl")
+    assert build_config({}).cluster.weight_sync_config.type == "object_store"
+    dumped = load_config(path).model_dump(mode="json")  # config.yaml parses back the same
+    assert build_config(dumped).cluster.weight_sync_config == ws
+
+
+@pytest.mark.parametrize("override, message", [
+    ("cluster.weight_sync.timeout=30", r"^unknown config key 'cluster.weight_sync.timeout'; "
+     r"valid keys under 'cluster.weight_sync': \['master_address', 'master_port', "
+     r"'max_attempts', 'probe_timeout_s', 'restart_fallback', 'timeout_s', 'type'\]$"),
+    ("cluster.weight_sync={type: nccl, timeout_s: 0}",
+     r"^invalid config: cluster.weight_sync: timeout_s: Input should be greater than 0; got 0$"),
+    ("cluster.weight_sync=ncl", r"cluster.weight_sync: unknown weight-sync type 'ncl'; known: "
+     r"\['gloo', 'nccl', 'object_store'\]"),
+    ("cluster.weight_sync={type: tcp}", r"cluster.weight_sync: type: unknown weight-sync type"),
+    ("cluster.weight_sync=3", r"cluster.weight_sync: must be a transport name"),
+])
+def test_bad_weight_sync_settings_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config({}, [override])
 
 
 def test_cost_scales_with_reward_convention():

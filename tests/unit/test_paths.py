@@ -26,3 +26,25 @@ def test_env_root_wins_for_relative_dirs_and_run_dir_is_absolute(tmp_path, monke
     cfg = build_config({"run": {"name": "r1"}})
     assert cfg.run_dir == tmp_path / "shared" / "runs" / "r1" and cfg.run_dir.is_absolute()
     assert Path(output_root("/data/x")) == Path("/data/x")
+
+
+def test_a_fresh_run_removes_every_output_of_the_previous_one(tmp_path):
+    from cluster.paths import LOGS, RUN_OUTPUTS, fresh_run_dir
+
+    run = tmp_path / "r1"
+    for name in RUN_OUTPUTS:
+        if "." in name:
+            (run / name).parent.mkdir(parents=True, exist_ok=True)
+            (run / name).write_text("old")
+        else:
+            (run / name / "step40").mkdir(parents=True)
+    (run / ".metrics.jsonl.tmp").write_text("half")
+    (run / LOGS).mkdir()
+    (run / LOGS / "generator-0.log").write_text("old run's log\n")
+    (run / "notes.txt").write_text("the user's")  # not a run output: left alone
+    removed = fresh_run_dir(run, logs=False)  # the trainer's call: roles may outlive a run
+    assert set(removed) == set(RUN_OUTPUTS) | {".metrics.jsonl.tmp"}
+    assert sorted(p.name for p in run.iterdir()) == [LOGS, "notes.txt"]
+    assert fresh_run_dir(run) == [LOGS]  # the launcher's, before the roles start
+    assert [p.name for p in run.iterdir()] == ["notes.txt"]
+    assert fresh_run_dir(run) == [] and fresh_run_dir(tmp_path / "none") == []

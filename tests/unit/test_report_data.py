@@ -63,7 +63,7 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
                       "eval_sampled": 0.25 + 0.02 * step, "eval_sampled_se": 0.05,
                       "eval_accuracy": 0.25 + 0.02 * step, "eval_accuracy_se": 0.05,
                       "eval_time_s": 0.7}
-            m = {"step": step, "policy_version": step, **batch_metrics(recs, 4),
+            m = {"step": step, "policy_version": step, **batch_metrics(recs, 4, (-1.0, 1.0)),
                  "loss": 0.1, "grad_norm": 1.0, "entropy": 0.5, "lr": 3e-5,
                  "staleness_mean": min(step - 1, 1.5), "staleness_max": min(step - 1, 2),
                  "step_time_s": wait + train + sync, "learner_wait_s": wait, "train_time_s": train,

@@ -32,3 +32,21 @@ def test_resume_drops_lines_written_after_the_checkpoint(tmp_path):
         ["p1", "p2"]
     RunWriter(run, "a: 1\n", progress=False)  # a fresh run replaces both
     assert not (run / "metrics.jsonl").exists() and not (run / "prompts.jsonl").exists()
+
+
+def test_resume_drops_rollouts_recorded_after_the_checkpoint(tmp_path):
+    from actors.types import TrainSample
+    from learner.replay import RolloutRecorder, keep_records, read_records
+
+    path = tmp_path / "run" / "rollouts.msgpack"
+    sample = TrainSample(prompt_token_ids=[1], token_ids=[2], logprobs=[-0.5], advantage=0.0,
+                         version=0)
+    with RolloutRecorder(path) as rec:
+        rec.append("old", "p", [1.0], 0.0, 0, [sample])  # a file without steps: kept
+        for step in (1, 2, 3, 4):
+            rec.append(f"p{step}", "p", [1.0], 0.0, step, [sample], step=step)
+    with open(path, "ab") as f:
+        f.write(b"\x87\xa9prompt")  # a record cut short by the crash
+    assert keep_records(path, 2) == 2
+    assert [r["prompt_id"] for r in read_records(path)] == ["old", "p1", "p2"]
+    assert keep_records(tmp_path / "missing.msgpack", 2) == 0

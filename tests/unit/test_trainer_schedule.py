@@ -62,3 +62,93 @@ def test_pair_auc_counts_ordered_pairs_and_ties():
     assert pair_auc([0.9, 0.5, 0.1], [0.0, 0.5, 1.0]) == 0.0
     assert pair_auc([0.5, 0.5], [0.0, 1.0]) == 0.5
     assert pair_auc([0.2, 0.3], [1.0, 1.0]) != pair_auc([0.2, 0.3], [1.0, 1.0])  # NaN: no pair
+
+
+def test_every_kind_of_failed_weight_update_is_counted_by_generator():
+    from cluster.trainer import failed_updates
+
+    class ActorDied(Exception):   # what ray.get raises for a dead generator's ref
+        pass
+
+    class TaskRaised(Exception):  # ... and for one whose update_weights raised
+        pass
+
+    results = {"r0": 1.5, "r1": ActorDied("dead"), "r2": TaskRaised("NotInGroupError"),
+               "r3": 0.5}
+
+    def get(ref):
+        if isinstance(results[ref], Exception):
+            raise results[ref]
+        return results[ref]
+
+    refs = ["r0", "r1", "r2", "r3", "r4"]  # r4 never answered: still pending after the wait
+    assert failed_updates(refs, ["r3", "r1", "r0", "r2"], get) == {
+        1: "ActorDied", 2: "TaskRaised", 4: "timeout"}
+    assert failed_updates([], [], get) == {}
+
+
+def test_training_time_is_cumulative_over_resumes_and_excludes_evaluations():
+    from cluster.metrics import TrainClock, rates
+
+    totals = {"train_s": 100.0, "prompts_trained": 300, "rollouts": 1200,
+              "tokens_generated": 24000}  # restored from the checkpoint
+    clock = TrainClock(totals, now=5000.0)  # this process's loop starts
+    assert clock.tick(5010.0) == 110.0  # a step
+    clock.skip(5040.0)                  # then a 30 s evaluation
+    assert clock.tick(5050.0) == 120.0 and totals["train_s"] == 120.0
+    assert rates(totals) == {"prompts_per_s": 2.5, "rollouts_per_s": 10.0,
+                             "tokens_per_s": 200.0}
+    assert TrainClock({}, now=0.0).totals == {"train_s": 0.0}  # a fresh run
+
+
+def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
+    """A run resumed at 100 s of training, 60 s more here (50 s of it training, 10 s an
+    evaluation); the cumulative totals are divided by the cumulative training time, not by
+    this process's wall-clock minus the run's whole evaluation time."""
+    from cluster.config import build_config
+    from cluster.metrics import run_summary
+
+    totals = {"prompts_trained": 300, "prompts_skipped_nan": 0, "rollouts": 1500,
+              "tokens_generated": 30000, "learner_wait_s": 15.0, "eval_time_s": 70.0,
+              "train_s": 150.0}
+    acct = {"prompts_admitted": 320, "prompts_dropped": 0, "drop_reasons": {}}
+    s = run_summary(build_config({}), acct, totals, 30, 30, 60.0, {}, {}, {})
+    assert s["train_wall_time_s"] == 150.0 and s["wall_time_s"] == 60.0
+    assert s["prompts_per_s"] == 2.0 and s["rollouts_per_s"] == 10.0
+    assert s["learner_idle_fraction"] == 0.1
+
+
+def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():
+    from cluster.trainer import checkpoint_due
+
+    run = RunConfig(max_steps=10, checkpoint_every=5)
+    assert [s for s in range(1, 11) if checkpoint_due(run, s, last=s == 10)] == [5]
+    assert not checkpoint_due(RunConfig(checkpoint_every=0), 5, last=False)
+
+
+def _with_prior(prior_p: float, rewards: list[float]):
+    from actors.types import PromptRecord
+
+    k = len(rewards)
+    return PromptRecord(
+        prompt_id="p", uid="s0", prompt="1+1=", k=k, rewards=rewards, baseline=0.0,
+        prior_p=prior_p, prior_accepted=False, fallback=False, unparsed=0, admitted_version=0,
+        deadline=0, versions=[0], generators=[0], rounds=1, cancelled_rollouts=0,
+        cancelled_tokens=0, regenerations=0, tokens=k, lengths=[1] * k, prompt_tokens=1,
+        t_admit=0.0, t_done=0.0, spans=[])
+
+
+def test_the_priors_error_uses_the_tasks_reward_range_not_the_batchs():
+    """A batch where every prompt succeeded (no r_lo in it) and one whose rewards were
+    shaped below r_lo (overlong): observed rates are the task-range rates the prior learns
+    from, 1.0 and 0.0, not the batch's own min-max rescaling."""
+    from cluster.metrics import batch_metrics
+
+    wins = [_with_prior(0.9, [1.0, 1.0]), _with_prior(0.7, [1.0, 1.0])]
+    m = batch_metrics(wins, 2, (-1.0, 1.0))
+    assert m["prior_abs_error"] == pytest.approx(0.2) and m["prior_prompts"] == 2
+    shaped = [_with_prior(0.1, [-1.5, -1.0]), _with_prior(0.8, [1.0, 1.0])]
+    m = batch_metrics(shaped, 2, (-1.0, 1.0))
+    assert m["prior_abs_error"] == pytest.approx(0.15) and m["prior_auc"] == 1.0
+    m = batch_metrics([_with_prior(0.5, [0.0, 1.0])], 2, (0.0, 1.0))  # a {0, 1} task
+    assert m["prior_abs_error"] == pytest.approx(0.0)
