@@ -148,9 +148,17 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
             waits["prior"] = [roles.prior.ready.remote()]
         roles.learner = start_learner(cfg, model_path, groups["learner"])
         roles.startup["learner_s"] = time.perf_counter() - t0
-        for role, refs in waits.items():
-            ray.get(refs)
-            roles.startup[f"{role}_s"] = time.perf_counter() - t0
+        # Each role's own time to ready (whichever answers first), not the order we ask in.
+        role_of = {ref: role for role, refs in waits.items() for ref in refs}
+        left = {role: len(refs) for role, refs in waits.items()}
+        pending = list(role_of)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)  # raises what a role's constructor raised
+            role = role_of[done[0]]
+            left[role] -= 1
+            if not left[role]:
+                roles.startup[f"{role}_s"] = time.perf_counter() - t0
         # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
         roles.learner.connect_weight_sync(cfg.cluster.weight_sync_config.model_dump(),
                                           roles.generators)

@@ -1,9 +1,13 @@
-"""``python -m bench.chaos --quick`` end to end: a few representative faults (a generator
-crash, a hung reward function, a NaN loss, the driver SIGKILLed and resumed) injected into
-real runs of the default task on real actors, each judged on the run's own files.
+"""``python -m bench.chaos`` end to end on two faults injected into real runs of the default
+task on real actors: a generator crashed while it holds rollouts (its work re-issued, Ray's
+restart re-synced and used again; the admission race that once lost prompts here) and a NaN
+loss (the step skipped, its prompts dropped with a reason, admission reopened). Each run is
+judged on its own files, by prompt uid. The other scenarios run in `python -m bench.chaos`
+(bench/results/chaos.json); the suite covers them elsewhere: crash and resume, a corrupt
+checkpoint and a stalled run in test_pipeline.py, a raising and a hung verifier in
+tests/unit/test_scoring.py. Short traces (task.difficulties=[1]) keep it to minutes.
 
-Run as a subprocess: the bench starts (and stops) its own local Ray clusters, and its
-subprocess scenarios start more; nothing here shares a cluster with another test.
+Run as a subprocess: the bench starts (and stops) its own local Ray cluster.
 """
 import json
 import subprocess
@@ -21,22 +25,24 @@ ROW_KEYS = {"name", "survived", "prompts_lost", "prompts_trained_twice", "hung",
             "recovery_time_s", "recovery", "wall_s", "injected", "what_happened", "detail"}
 
 
-def test_quick_chaos_every_scenario_survives_without_loss(tmp_path):
-    from bench.chaos.__main__ import QUICK
+SCENARIOS = ["generator_killed_mid_generation", "nan_loss"]
 
+
+def test_chaos_scenarios_survive_without_loss(tmp_path):
     out, log = tmp_path / "chaos.json", tmp_path / "chaos.log"
     with open(log, "w") as f:
         proc = subprocess.run(
-            [sys.executable, "-m", "bench.chaos", "--quick", "--out", str(out),
-             "--workdir", str(tmp_path / "runs")],
-            cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1800)
+            [sys.executable, "-m", "bench.chaos", "--scenarios", ",".join(SCENARIOS),
+             "--steps", "5", "--batch", "4", "--out", str(out),
+             "--workdir", str(tmp_path / "runs"), "task.difficulties=[1]"],
+            cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1200)
     tail = log.read_text(errors="replace")[-4000:]
     assert out.is_file(), f"no result written (exit {proc.returncode}):\n{tail}"
     res = json.loads(out.read_text())
     assert {"command", "date", "scenarios", "wall_s", "config"} <= set(res)
-    assert res["command"].startswith("python -m bench.chaos --quick")
+    assert res["command"].startswith("python -m bench.chaos --scenarios")
     rows = {r["name"]: r for r in res["scenarios"]}
-    assert set(rows) == set(QUICK)
+    assert set(rows) == set(SCENARIOS)
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), f"{name}: missing {ROW_KEYS - set(r)}"
         why = f"{name}: {r['what_happened']} ({r['detail'].get('error')})"
@@ -50,10 +56,6 @@ def test_quick_chaos_every_scenario_survives_without_loss(tmp_path):
     gen = rows["generator_killed_mid_generation"]["detail"]
     assert gen["generator_restarts"] >= 1 and gen["back_in_service_after_s"] is not None
     assert gen["victim_version_at_end"] == gen["policy_version"]  # re-synced, then trained on
-    assert rows["reward_hangs"]["detail"]["scoring"]["score_timeout"] >= 1
     assert rows["nan_loss"]["detail"]["nan_skipped_steps"] == 1
     assert rows["nan_loss"]["detail"]["drop_reasons"]["learner_nan_skip"] >= 1
-    kill = rows["driver_sigkill"]["detail"]
-    assert kill["fault_landed"] and kill["driver_exit_code"] == -9
-    assert kill["resumed_from"] and kill["resume_exit_code"] == 0
     assert proc.returncode == 0, tail

@@ -1,0 +1,49 @@
+"""``python -m bench.learning --quick`` end to end: two modes on one set of real actors
+(vLLM generators, the DeepSpeed learner, the embedded prior), each for a short training
+budget, every run evaluated at its start and its end; the result file has every pinned key.
+
+Run as a subprocess: the bench starts (and stops) its own local Ray cluster."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_learning_bench_writes_curves_and_the_pinned_summary(tmp_path):
+    out, log = tmp_path / "learning.json", tmp_path / "learning.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.learning", "--quick", "--budget-s", "12",
+             "--eval-prompts", "16", "--out", str(out)],
+            cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=900)
+    tail = log.read_text(errors="replace")[-3000:]
+    assert proc.returncode == 0, tail
+    res = json.loads(out.read_text())
+    assert res["command"].startswith("python -m bench.learning --quick")
+    assert set(res["runs"]) == {"async_v05", "sync_grpo16"}
+    for mode, runs in res["runs"].items():
+        [run] = runs  # one seed
+        pts = run["points"]
+        assert len(pts) >= 2 and pts[0]["train_s"] == 0 and pts[0]["rollouts"] == 0
+        assert pts[-1]["train_s"] >= 12, f"{mode} stopped before its budget"
+        for a, b in zip(pts, pts[1:]):
+            assert b["train_s"] > a["train_s"] and b["rollouts"] > a["rollouts"]
+            assert b["trained_tokens"] > a["trained_tokens"]
+        assert all(0.0 <= p["accuracy"] <= 1.0 for p in pts)
+        assert run["steps"] >= 1 and run["prompts_trained"] >= 16
+    assert run["k_mean"] == 16.0  # sync GRPO-16 (the last one read)
+    s = res["summary"]
+    for key in ("final_accuracy", "v05_rollouts_to_reach_grpo16_final",
+                "v05_wallclock_to_reach_grpo16_final", "grad_norm_variance",
+                "zero_advantage_share", "command", "date"):
+        assert key in s, key
+    assert set(s["final_accuracy"]) == {"async_v05", "sync_grpo16"}
+    v05 = res["runs"]["async_v05"][0]
+    assert 4.0 <= v05["k_mean"] <= 16.0 and v05["prior"]["prompts"] >= 16
+    assert (tmp_path / "learning.png").is_file() and (tmp_path / "learning_stats.png").is_file()
