@@ -26,6 +26,27 @@ from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, 
                              rates, run_summary, step_metrics)
 
 
+STATS_WAIT_S = 5.0  # telemetry: a generator that does not answer in this long is skipped
+
+
+def gather_stats(refs: list, wait, get, timeout_s: float, dead: tuple = ()) -> list:
+    """The answers to ``refs`` (one stats call per generator), waited for together for at
+    most ``timeout_s``; None for one that has not answered by then (hung, or busy in a long
+    call) or whose actor died (``dead`` errors). Per-step telemetry never holds the step loop
+    up for long (it used to wait for each generator in turn, up to 60 s each, twice a step).
+    ``wait``/``get``: ``ray.wait``/``ray.get``."""
+    if not refs:
+        return []
+    ready, _ = wait(refs, num_returns=len(refs), timeout=timeout_s)
+    ready, out = set(ready), []
+    for ref in refs:
+        try:
+            out.append(get(ref) if ref in ready else None)
+        except dead:
+            out.append(None)
+    return out
+
+
 def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
     """After step ``step``'s update, ``train_s`` seconds of training into the run, resumes
     included (the last evaluation at ``last_eval_at``, on the same clock): is it the last
@@ -357,13 +378,8 @@ class Trainer:
         """Each generator's ``stats()`` (None while it is dead or restarting)."""
         import ray
 
-        out = []
-        for ref in [g.stats.remote() for g in self.roles.generators]:
-            try:
-                out.append(ray.get(ref, timeout=60))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                out.append(None)
-        return out
+        return gather_stats([g.stats.remote() for g in self.roles.generators], ray.wait,
+                            ray.get, STATS_WAIT_S, (ray.exceptions.RayActorError,))
 
     def _log_end(self, acct: dict) -> None:
         """Drops after the last hand-over to dropped.jsonl; the uids still in flight to
