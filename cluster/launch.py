@@ -37,7 +37,9 @@ def parse_args(argv):
 
 
 def preflight(cfg):
-    """Everything that can fail before an actor starts: task data, placement, algo needs."""
+    """What can be checked before an actor starts: placement (GPUs, the prior the algorithm
+    needs), the task and its data, and with ``run.resume`` that there is a checkpoint to resume.
+    The model and tokenizer checks are ``cluster.preflight``'s."""
     from tasks import make_task_from_config
 
     p = plan(cfg)

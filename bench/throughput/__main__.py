@@ -216,12 +216,13 @@ def main(argv=None) -> int:
     p = plan(shape)
     started = connect(shape, p)
     roles = start_roles(shape, p, model_path)
+    print(f"actors up in {roles.startup['total_s']:.0f}s", file=sys.stderr, flush=True)
     task = make_task_from_config(shape.task)
     init_dir = str(run_dir / "init")
     roles.learner.save_checkpoint(init_dir, {"step": 0})
     mem = MemorySampler()
     runs: dict[str, list] = {m: [] for m in modes}
-    out = {"steps": steps, "warmup_steps": warmup}
+    out = {"steps": steps, "warmup_steps": warmup, "startup": roles.startup}
     try:
         out["probe"] = measure_probe(roles, task)
         group = None
