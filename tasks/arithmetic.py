@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from tasks import splits
-from tasks.base import Problem, Task
+from tasks.base import GeneratedTask, Problem
 
 
 def _operand_range(digits: int) -> range:
@@ -159,31 +159,17 @@ def check_difficulties(difficulties: Sequence[int]) -> tuple[int, ...]:
     return levels
 
 
-class ArithmeticTask(Task):
+class ArithmeticTask(GeneratedTask):
     """Integer arithmetic; the verifier reads an integer on the completion's first line."""
 
     name = "arithmetic"
+    build_split = staticmethod(build_split)
+    check_difficulties = staticmethod(check_difficulties)
 
     def __init__(self, seed: int = 0, n_train: int = 800, n_heldout: int = 200,
                  difficulties: Sequence[int] = tuple(LEVELS),
                  reward_low: float = -1.0, reward_high: float = 1.0):
-        super().__init__(reward_low, reward_high)
-        if n_train < 1 or n_heldout < 1:
-            raise ValueError(f"n_train and n_heldout must be >= 1, got {n_train}, {n_heldout}")
-        self.seed, self.n_train, self.n_heldout = seed, n_train, n_heldout
-        self.difficulties = check_difficulties(difficulties)
-        self._train: list[Problem] | None = None
-        self._heldout: list[Problem] | None = None
-
-    def train(self) -> list[Problem]:
-        if self._train is None:
-            self._train = build_split(self.seed, self.n_train, self.difficulties, heldout=False)
-        return list(self._train)
-
-    def heldout(self) -> list[Problem]:
-        if self._heldout is None:
-            self._heldout = build_split(self.seed, self.n_heldout, self.difficulties, heldout=True)
-        return list(self._heldout)
+        super().__init__(seed, n_train, n_heldout, difficulties, reward_low, reward_high)
 
     def extract(self, completion: str) -> str | None:
         # The policy ends its answer with EOS; anything after a newline is ignored.

@@ -7,6 +7,7 @@ one completion at a time.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -84,3 +85,35 @@ class Task(ABC):
         if ok is None:
             return Verdict(reward=r_lo, parsed=False, extracted=extracted)
         return Verdict(reward=r_hi if ok else r_lo, parsed=True, extracted=extracted)
+
+
+class GeneratedTask(Task):
+    """A task whose problems a seeded generator draws (``build_split``): ``n_train`` train and
+    ``n_heldout`` held-out problems at the given difficulty levels (``check_difficulties``),
+    each split built once, on first use. Subclasses set the two functions and ``extract`` /
+    ``is_correct``."""
+
+    build_split: Callable[[int, int, Sequence[int], bool], list[Problem]]
+    check_difficulties: Callable[[Sequence[int]], tuple[int, ...]]
+
+    def __init__(self, seed: int, n_train: int, n_heldout: int, difficulties: Sequence[int],
+                 reward_low: float = -1.0, reward_high: float = 1.0):
+        super().__init__(reward_low, reward_high)
+        if n_train < 1 or n_heldout < 1:
+            raise ValueError(f"n_train and n_heldout must be >= 1, got {n_train}, {n_heldout}")
+        self.seed, self.n_train, self.n_heldout = seed, n_train, n_heldout
+        self.difficulties = type(self).check_difficulties(difficulties)
+        self._splits: dict[bool, list[Problem]] = {}
+
+    def _split(self, heldout: bool) -> list[Problem]:
+        if heldout not in self._splits:
+            n = self.n_heldout if heldout else self.n_train
+            self._splits[heldout] = type(self).build_split(self.seed, n, self.difficulties,
+                                                           heldout=heldout)
+        return list(self._splits[heldout])
+
+    def train(self) -> list[Problem]:
+        return self._split(False)
+
+    def heldout(self) -> list[Problem]:
+        return self._split(True)
