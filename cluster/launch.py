@@ -44,6 +44,7 @@ def preflight(cfg):
 
     p = plan(cfg)
     task = make_task_from_config(cfg.task)
+    task.train(), task.heldout()  # splits are built on first use: their errors are said now
     if cfg.run.resume:  # nothing to resume is said now, not once the actors are up
         from cluster.checkpoints import resumable
 

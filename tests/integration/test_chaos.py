@@ -34,7 +34,8 @@ def test_chaos_scenarios_survive_without_loss(tmp_path):
         proc = subprocess.run(
             [sys.executable, "-m", "bench.chaos", "--scenarios", ",".join(SCENARIOS),
              "--steps", "5", "--batch", "4", "--out", str(out),
-             "--workdir", str(tmp_path / "runs"), "task.difficulties=[1]"],
+             "--workdir", str(tmp_path / "runs"), "task.difficulties=[1]",
+             "task.n_train=2000", "task.n_heldout=100"],
             cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1200)
     tail = log.read_text(errors="replace")[-4000:]
     assert out.is_file(), f"no result written (exit {proc.returncode}):\n{tail}"

@@ -140,6 +140,15 @@ def test_a_bad_config_value_names_the_field_and_its_range(launcher, override, me
     assert rc == 2 and re.search(message, err), err
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["launch", "dry-run"])
+def test_a_task_that_cannot_build_its_splits_is_named_before_any_actor(launcher, dry_run):
+    """Generated splits are built on first use; a size the chosen levels cannot supply was
+    once said only by the coordinator actor's constructor, after the cluster was up."""
+    rc, err = launcher("task.difficulties=[1]", *(["--dry-run"] if dry_run else []))
+    assert rc == 2 and re.search(r"difficulties \[1\] have only \d+ distinct train problems, "
+                                 r"4000 requested", err), err
+
+
 def test_a_missing_config_file(launcher, tmp_path):
     rc, err = launcher(config=str(tmp_path / "nope.yaml"))
     assert rc == 2 and "nope.yaml' not found" in err
