@@ -29,21 +29,36 @@ from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, 
 STATS_WAIT_S = 5.0  # telemetry: a generator that does not answer in this long is skipped
 
 
+def outcomes(refs: list, ready: list, get) -> list[tuple[object, object]]:
+    """(result, None) for each ref of ``refs`` in ``ready`` whose ``get`` succeeded, else
+    (None, why): "timeout" for one not ready when the wait ended, the exception for one that
+    raised. The one reading of a bounded ``ray.wait`` over several actors' calls."""
+    done, out = set(ready), []
+    for ref in refs:
+        if ref not in done:
+            out.append((None, "timeout"))
+            continue
+        try:
+            out.append((get(ref), None))
+        except Exception as err:  # noqa: BLE001 - the caller decides which are its
+            out.append((None, err))
+    return out
+
+
 def gather_stats(refs: list, wait, get, timeout_s: float, dead: tuple = ()) -> list:
     """The answers to ``refs`` (one stats call per generator), waited for together for at
     most ``timeout_s``; None for one that has not answered by then (hung, or busy in a long
-    call) or whose actor died (``dead`` errors). Per-step telemetry never holds the step loop
-    up for long (it used to wait for each generator in turn, up to 60 s each, twice a step).
-    ``wait``/``get``: ``ray.wait``/``ray.get``."""
+    call) or whose actor died (``dead`` errors; any other error is raised). Per-step
+    telemetry never holds the step loop up for long (it used to wait for each generator in
+    turn, up to 60 s each, twice a step). ``wait``/``get``: ``ray.wait``/``ray.get``."""
     if not refs:
         return []
     ready, _ = wait(refs, num_returns=len(refs), timeout=timeout_s)
-    ready, out = set(ready), []
-    for ref in refs:
-        try:
-            out.append(get(ref) if ref in ready else None)
-        except dead:
-            out.append(None)
+    out = []
+    for value, why in outcomes(refs, ready, get):
+        if isinstance(why, Exception) and not isinstance(why, dead):
+            raise why
+        out.append(value)
     return out
 
 
@@ -73,17 +88,8 @@ def failed_updates(refs: list, ready: list, get) -> dict[int, str]:
     or never got them), or one whose result raised (the error's type: ``RayActorError`` for a
     dead one, ``RayTaskError`` when its ``update_weights`` raised). ``get`` fetches a ready
     ref's result."""
-    done = set(ready)
-    out = {}
-    for i, ref in enumerate(refs):
-        if ref not in done:
-            out[i] = "timeout"
-            continue
-        try:
-            get(ref)
-        except Exception as err:  # noqa: BLE001 - any failure is this generator's, not the run's
-            out[i] = type(err).__name__
-    return out
+    return {i: why if why == "timeout" else type(why).__name__
+            for i, (_, why) in enumerate(outcomes(refs, ready, get)) if why is not None}
 
 
 class Stalled(RuntimeError):
