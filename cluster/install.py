@@ -90,19 +90,31 @@ BUILDS = {
     # DeepSpeed's CPU communication op is JIT-compiled on the first gloo run (~1 min).
     "deepspeed shm comm op": "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; "
                              "ShareMemCommBuilder().load(verbose=False)",
-    # The embedded policy of the default task (a short supervised warm start, cached).
-    "embedded policy": "from tasks.policy import ensure_default_policy; ensure_default_policy()",
+    # Every embedded policy (the default task's and the arithmetic one's: a short supervised
+    # warm start each, cached). Each recipe trains on one thread, so the builds run side by
+    # side: on 2 cores the install takes as long as the longest of them.
+    **{f"embedded policy ({task})":
+       f"from tasks.policy import ensure_default_policy; ensure_default_policy(task={task!r})"
+       for task in ("stepwise", "arithmetic")},
 }
 
 
 def build_once(gpu: bool) -> None:
-    """What a first run would otherwise build, built now (each cached; seconds when done)."""
-    for name, code in BUILDS.items():
-        if gpu and name == "deepspeed shm comm op":
-            continue  # NCCL on GPUs: the CPU op is not used
-        t = time.time()
-        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-        print(f"install: {name} ready in {time.time() - t:.0f}s", flush=True)
+    """What a first run would otherwise build, built now, concurrently (each cached; seconds
+    when done). A build that fails fails the install, naming it, after the others end."""
+    todo = {name: code for name, code in BUILDS.items()
+            if not (gpu and name == "deepspeed shm comm op")}  # NCCL on GPUs: no CPU op
+    t = time.time()
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+             for name, code in todo.items()}
+    failed = []
+    for name, proc in procs.items():
+        if proc.wait() != 0:
+            failed.append(f"{name} (exit {proc.returncode})")
+        else:
+            print(f"install: {name} ready after {time.time() - t:.0f}s", flush=True)
+    if failed:
+        raise SystemExit(f"install: build failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -48,3 +48,27 @@ def test_cpu_install_has_no_v0_prior(recorded):
     [check] = [c for c in recorded["run"] if c[1] == "-c"]
     assert "tabpfn" not in check[2]
     assert any("uninstall" in a for a in recorded["pip"])
+
+
+def test_every_embedded_policy_is_built_at_install():
+    from tasks.policy import POLICIES
+
+    built = {name for name in install.BUILDS if name.startswith("embedded policy")}
+    assert built == {f"embedded policy ({task})" for task in POLICIES}
+
+
+def test_builds_run_side_by_side_and_a_failure_names_the_build(monkeypatch, tmp_path):
+    # Each build is a real subprocess; the first waits for a file the second writes, so the
+    # install only ends if they run at the same time. The third fails, after the others end.
+    flag = tmp_path / "second-ran"
+    monkeypatch.setattr(install, "BUILDS", {
+        "waits": f"import pathlib, time\nfor _ in range(600):\n"
+                 f"    if pathlib.Path({str(flag)!r}).exists(): break\n    time.sleep(0.05)\n"
+                 f"else: raise SystemExit(9)",
+        "writes": f"open({str(flag)!r}, 'w').close()",
+        "deepspeed shm comm op": "raise SystemExit(3)",
+    })
+    with pytest.raises(SystemExit, match=r"deepspeed shm comm op \(exit 3\)") as e:
+        install.build_once(gpu=False)
+    assert "waits" not in str(e.value) and flag.exists()
+    install.build_once(gpu=True)  # no CPU comm op on a GPU machine: the rest succeed
