@@ -115,15 +115,21 @@ class PriorServer:
             raise ValueError(f"budget_s must be > 0 seconds or None, got {budget_s!r}")
         _limit_threads(int(cpu_threads))
         self.backend_name = backend
+        self._build = (backend, options, fallback, fallback_options, int(cpu_threads))
+        self.budget_s = float(budget_s) if budget_s is not None else None
+        self.window = int(window)
+        self._job: Future | None = None     # the primary's call in its helper thread
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """New backends and an empty context: the state of a server just started."""
+        backend, options, fallback, fallback_options, cpu_threads = self._build
         self.backend = make_prior(backend, **_with_threads(backend, options, cpu_threads))
         self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(
             backend, fallback, fallback_options, cpu_threads)
-        self.budget_s = float(budget_s) if budget_s is not None else None
-        self.window = int(window)
         self._items: deque[tuple[str, float, int]] = deque(maxlen=self.window)
         self._dirty = True                  # the primary's context is stale
         self._fallback_dirty = True         # the fallback's context is stale
-        self._job: Future | None = None     # the primary's call in its helper thread
         self._latest_version = 0
         self._n_observed = 0
         self._n_calls = 0
@@ -133,6 +139,20 @@ class PriorServer:
         self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
         self._n_fallback_predicted = 0
         self.last_fallback = ""
+
+    def reset(self) -> bool:
+        """Back to the state of a server just started (new backends, empty window, counters
+        at zero), in place: another run on the same actor (benchmarks, tests) without a new
+        process. False, and nothing changed, while a primary call past its budget still runs
+        in its helper thread, or when Ray restarted this actor (its restart is spent): such a
+        server is replaced instead."""
+        if self._job is not None and not self._job.done():
+            return False
+        if _restarted_actor():
+            return False
+        self._job = None
+        self._fresh()
+        return True
 
     def ready(self) -> bool:
         return True
@@ -243,6 +263,20 @@ class PriorServer:
         if self._job is None or self._job.done():     # a stuck backend is not asked
             out.update(self.backend.stats())
         return out
+
+
+def _restarted_actor() -> bool:
+    """Whether this process is a Ray actor that Ray restarted (False outside Ray)."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    ctx = ray.get_runtime_context()
+    if ctx.get_actor_id() is None:  # the driver, or a task
+        return False
+    return bool(ctx.was_current_actor_reconstructed)
 
 
 def _checked(name: str, raw, n: int):

@@ -237,6 +237,23 @@ def test_a_backend_past_its_budget_is_answered_by_the_fallback_and_counted():
     assert s.stats()["fallbacks"] == {"timeout": 2, "error": 0}
 
 
+def test_reset_is_a_server_just_started_unless_a_late_call_still_runs():
+    fresh = PriorServer("test-stuck", {}, fallback="constant", budget_s=0.05).stats()
+    s = PriorServer("test-stuck", {}, fallback="constant", budget_s=0.05)
+    s.observe(CONTEXT)
+    old = s.backend
+    try:
+        s.predict(["q"])                                     # past its budget: still running
+        assert s.reset() is False                            # refused, nothing changed
+        assert s.backend is old and s.stats()["n_context"] == 3
+    finally:
+        old.release.set()
+    s._job.result(timeout=60)
+    assert s.reset() is True
+    assert s.backend is not old and s.backend.calls == 0     # new backends
+    assert s.stats() == fresh                                # empty window, counters at zero
+
+
 def test_a_failing_or_garbage_backend_is_answered_by_the_fallback_and_counted():
     s = PriorServer("test-raises", {}, fallback="constant", budget_s=60.0)
     s.observe(CONTEXT)
