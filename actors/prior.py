@@ -276,7 +276,11 @@ def _restarted_actor() -> bool:
     ctx = ray.get_runtime_context()
     if ctx.get_actor_id() is None:  # the driver, or a task
         return False
-    return bool(ctx.was_current_actor_reconstructed)
+    import warnings
+
+    with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated actor_id
+        warnings.simplefilter("ignore")
+        return bool(ctx.was_current_actor_reconstructed)
 
 
 def _checked(name: str, raw, n: int):
