@@ -9,6 +9,7 @@ without running C++ static destructors, where Ray 2.60's metrics exporter can cr
 """
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -31,6 +32,34 @@ def pytest_ignore_collect(collection_path, config):
         if path == _INTEGRATION or _INTEGRATION in path.parents:
             return True
     return None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the modules, and the tests within each module, in an order "
+                          "shuffled with SEED (each module's tests stay together, so a "
+                          "module-scoped fixture is still set up once): shows that no test "
+                          "depends on another having run before it")
+
+
+def pytest_report_header(config):
+    seed = config.getoption("shuffle")
+    return None if seed is None else f"test order shuffled with seed {seed}"
+
+
+def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("shuffle")
+    if seed is None:
+        return
+    rng = random.Random(seed)
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = list(modules.values())
+    rng.shuffle(order)
+    for tests in order:
+        rng.shuffle(tests)
+    items[:] = [item for tests in order for item in tests]
 
 
 def pytest_sessionfinish(session, exitstatus):
