@@ -110,11 +110,16 @@ class Trainer:
     with ``Stalled`` naming the role it waited on (``summary.json`` says ``"status":
     "stalled"``) instead of waiting forever."""
 
-    def __init__(self, cfg: Config, roles, task, after_step=None):
+    def __init__(self, cfg: Config, roles, task, after_step=None,
+                 initial_eval: dict | None = None):
         from cluster.runtime import resume_state, start_run_roles
 
         self.cfg, self.roles, self.task = cfg, roles, task
         self.after_step = after_step
+        # The held-out evaluation of the starting weights when it was measured before, by a
+        # run from the same weights with the same evaluation settings (bench.learning: once
+        # per seed); None: this run measures it (``self.initial_eval`` after ``run``).
+        self.initial_eval = initial_eval
         # A fresh run: nothing of an older run's in its directory (the launcher has cleared
         # logs/ before the roles started; roles that outlive a run keep writing theirs).
         if not cfg.run.resume and fresh_run_dir(cfg.run_dir, logs=False) and cfg.run.progress:
@@ -239,7 +244,12 @@ class Trainer:
                                 tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress)
         self.heldout = self.task.heldout()[: cfg.run.eval_prompts]
         # The initial evaluation is before the clock starts (summary: eval_time_initial_s).
-        initial = self.final = self.evaluate() if self.evaluating and not self.state.resumed else {}
+        initial, reused = {}, self.initial_eval is not None
+        if self.evaluating and not self.state.resumed:
+            if self.initial_eval is None:
+                self.initial_eval = self.evaluate()
+            initial = self.initial_eval
+        self.final = initial  # the latest evaluation, replaced by each one after a step
         if initial:
             self.writer.note(f"held-out {cfg.run.eval_metric} accuracy at the start: "
                              f"{initial['eval_accuracy']:.3f} +- {initial['eval_accuracy_se']:.3f}")
@@ -278,6 +288,7 @@ class Trainer:
         summary = run_summary(cfg, acct, self.totals, self.step, self.version,
                               time.time() - self.t_start, initial, self.final,
                               {**generator_delta(gen0, gen_end), "t_start": self.t_start,
+                               "eval_initial_reused": bool(initial) and reused,
                                "resumed_from": self.state.resumed_from,
                                "startup": dict(self.roles.startup),
                                "skipped_checkpoints": self.state.skipped_checkpoints,

@@ -12,9 +12,11 @@ default task, each for several seeds on the same wall-clock budget:
 
 Same task, same initial policy (one set of long-lived actors, reset to the same weights and
 an empty prior before every run, as in bench.throughput), same learner settings (v05.yaml's),
-the same held-out prompts. Each run trains for ``--budget-s`` seconds of training wall-clock
-(evaluations excluded: ``run.max_train_s``) and is evaluated every ``budget / evals`` seconds
-of it (``run.eval_every_s``) and at its end. Runs go round-robin over modes within each seed,
+the same held-out prompts (the starting accuracy is measured once per seed, by its first run,
+and shared by the seed's other runs: the same weights, evaluation seed and prompts). Each run
+trains for ``--budget-s`` seconds of training wall-clock (evaluations excluded:
+``run.max_train_s``) and is evaluated every ``budget / evals`` seconds of it
+(``run.eval_every_s``) and at its end. Runs go round-robin over modes within each seed,
 so that drift in the machine's load spreads over the modes.
 
 Writes bench/results/learning.json (every run's curve; ``summary``: final accuracy per mode,
@@ -130,11 +132,16 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
     try:
         for seed in range(st.seeds):
             k = seed % len(st.modes)
+            # Every run of a seed starts from the same weights and evaluates with the same
+            # seed and prompts: the first measures the starting accuracy, the others reuse it.
+            initial = None
             for mode in st.modes[k:] + st.modes[:k]:  # round-robin: load drift spreads out
                 cfg = run_config(base, mode, seed, run_dir)
                 reset_roles(cfg, roles, init_dir)
                 log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
-                Trainer(cfg, roles, task).run()
+                trainer = Trainer(cfg, roles, task, initial_eval=initial)
+                trainer.run()
+                initial = trainer.initial_eval
                 curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric,
                                       (cfg.task.reward_low, cfg.task.reward_high)),
                          "mode": mode, "seed": seed}

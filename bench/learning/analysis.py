@@ -48,7 +48,8 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
             "prior": prior_quality(prompts, rewards=rewards),
-            "eval_time_s": summary["eval_time_s"]}
+            "eval_time_s": summary["eval_time_s"],
+            "initial_eval_reused": bool(summary.get("eval_initial_reused"))}
 
 
 def zero_advantage_share(prompts: list[dict], tol: float = 1e-9) -> float | None:

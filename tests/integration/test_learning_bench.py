@@ -13,13 +13,14 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+BUDGET_S = 8  # seconds of training per run: a few steps of each mode
 
 
 def test_quick_learning_bench_writes_curves_and_the_pinned_summary(tmp_path):
     out, log = tmp_path / "learning.json", tmp_path / "learning.log"
     with open(log, "w") as f:
         proc = subprocess.run(
-            [sys.executable, "-m", "bench.learning", "--quick", "--budget-s", "12",
+            [sys.executable, "-m", "bench.learning", "--quick", "--budget-s", str(BUDGET_S),
              "--eval-prompts", "16", "--out", str(out)],
             cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=900)
     tail = log.read_text(errors="replace")[-3000:]
@@ -31,13 +32,17 @@ def test_quick_learning_bench_writes_curves_and_the_pinned_summary(tmp_path):
         [run] = runs  # one seed
         pts = run["points"]
         assert len(pts) >= 2 and pts[0]["train_s"] == 0 and pts[0]["rollouts"] == 0
-        assert pts[-1]["train_s"] >= 12, f"{mode} stopped before its budget"
+        assert pts[-1]["train_s"] >= BUDGET_S, f"{mode} stopped before its budget"
         for a, b in zip(pts, pts[1:]):
             assert b["train_s"] > a["train_s"] and b["rollouts"] > a["rollouts"]
             assert b["trained_tokens"] > a["trained_tokens"]
         assert all(0.0 <= p["accuracy"] <= 1.0 for p in pts)
         assert run["steps"] >= 1 and run["prompts_trained"] >= 16
     assert run["k_mean"] == 16.0  # sync GRPO-16 (the last one read)
+    # The starting weights were evaluated once, by the seed's first run, and shared.
+    first, second = (res["runs"][m][0] for m in ("async_v05", "sync_grpo16"))
+    assert (first["initial_eval_reused"], second["initial_eval_reused"]) == (False, True)
+    assert first["points"][0] == second["points"][0]
     s = res["summary"]
     for key in ("final_accuracy", "v05_rollouts_to_reach_grpo16_final",
                 "v05_wallclock_to_reach_grpo16_final", "grad_norm_variance",
