@@ -33,7 +33,7 @@ def test_chaos_scenarios_survive_without_loss(tmp_path):
     with open(log, "w") as f:
         proc = subprocess.run(
             [sys.executable, "-m", "bench.chaos", "--scenarios", ",".join(SCENARIOS),
-             "--steps", "5", "--batch", "4", "--out", str(out),
+             "--steps", "4", "--batch", "4", "--out", str(out),
              "--workdir", str(tmp_path / "runs"), "task.difficulties=[1]",
              "task.n_train=2000", "task.n_heldout=100"],
             cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1200)

