@@ -76,15 +76,22 @@ def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior
 def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
     """cluster.runtime.reset_roles resets a live prior in its own process; one that Ray
     restarted has spent its restart, refuses, and reset_roles starts a new actor instead."""
+    import os
+
     from cluster.runtime import _reset_in_place
 
-    actor = ray.remote(num_cpus=0.2, max_restarts=1)(PriorServer).remote("constant", {}, 8)
+    class Crashable(PriorServer):  # local: pickled by value for the worker
+        def crash(self):
+            os._exit(1)
+
+    actor = ray.remote(num_cpus=0.2, max_restarts=1)(Crashable).remote("constant", {}, 8)
     ray.get(actor.observe.remote([("a", 1.0, 0), ("b", 0.0, 3)]))
     assert _reset_in_place(actor) is True
     stats = ray.get(actor.stats.remote())
     assert stats["n_context"] == 0 and stats["n_observed"] == 0 and stats["latest_version"] == 0
-    ray.kill(actor, no_restart=False)
-    for _ in range(120):  # calls during the restart fail until the new process answers
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.crash.remote())  # the process is gone before this call returns
+    for _ in range(240):  # calls while Ray restarts it fail, until the new process answers
         try:
             assert ray.get(actor.ready.remote(), timeout=60) is True
             break
