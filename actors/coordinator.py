@@ -26,10 +26,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import os
 import time
 from collections import Counter
 
+from actors.atomic import write_atomic
 from actors.prompts import PromptSampler, checked_priors, make_record, success_rate, train_samples
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from actors.scoring import Overlong, Scorer
@@ -97,7 +97,7 @@ class Coordinator:
                 "data_pos": self.admitted_pos,
                 "counts": dict(self.counts), "events": list(self.events)}
         data = msgpack.packb(snap, use_bin_type=True)
-        await asyncio.to_thread(_write_file, path, data)
+        await asyncio.to_thread(write_atomic, path, data)
         return len(snap["scheduler"]["inflight"])
 
     @property
@@ -409,13 +409,3 @@ class Coordinator:
         if not t.cancelled() and t.exception() is not None:
             name = getattr(t.get_coro(), "__qualname__", "task")
             self._note("task_error", -1, t.exception(), f"{name}: ")
-
-
-def _write_file(path: str, data: bytes) -> None:
-    """Write whole or not at all: a temporary file, fsynced, renamed over ``path``."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

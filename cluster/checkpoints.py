@@ -14,19 +14,13 @@ import os
 import shutil
 from pathlib import Path
 
+from actors.atomic import write_atomic
+
 RUN_STATE = "run_state.msgpack"
 
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
@@ -91,7 +85,7 @@ class Checkpoints:
         final = self.root / f"step{step}"
         shutil.rmtree(final, ignore_errors=True)  # a re-save of this step after a resume
         os.replace(tag_dir, final)
-        _replace_text(self.root / "latest", final.name)
+        write_atomic(self.root / "latest", final.name)
         shutil.rmtree(self.root / ".staging", ignore_errors=True)
         for old in stale_tags(self.tags(), step, self.keep):
             shutil.rmtree(self.root / old, ignore_errors=True)
