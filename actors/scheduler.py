@@ -548,26 +548,40 @@ class Scheduler:
         """Load a ``snapshot`` into this (fresh) scheduler; returns the dispatches that ask
         again for the rollouts that were in flight. Ages keep counting from the versions
         that started the samples, so the staleness bound still holds after a resume: a sample
-        too old by the time it would be trained is re-generated (see ``take_batch``)."""
+        too old by the time it would be trained is re-generated (see ``take_batch``).
+
+        The resumed learner trains the snapshot's weights, possibly under a higher number
+        (generators that outlived the crashed run serve newer ones: see
+        ``cluster.runtime.resume_state``); this scheduler's version is that number. Every
+        version in the snapshot (starts, admissions, deadlines) moves by the difference, so
+        an age counts weight updates, not renumbering: a sample started on the checkpoint's
+        weights is as old after the resume as it was at the checkpoint."""
         if self.inflight:
             raise ValueError("restore into a scheduler that already has prompts")
+        # Absent from checkpoints written before it was kept: no shift, as then.
+        shift = self.version - snap.get("version", self.version)
+        if shift < 0:
+            raise ValueError(f"restore at version {self.version}, older than the snapshot's "
+                             f"{snap['version']}")
         self.counts.update(snap["counts"])
         self.drops.update(snap["drops"])
         # Absent from checkpoints written before it was kept.
         self.dropped = [(uid, why) for uid, why in snap.get("dropped", [])]
-        self.refills.update({int(d): n for d, n in snap["refills"].items()})
-        self.quota.update({int(d): n for d, n in snap["quota"].items()})
+        self.refills.update({int(d) + shift: n for d, n in snap["refills"].items()})
+        self.quota.update({int(d) + shift: n for d, n in snap["quota"].items()})
         actions = []
         # "groups": the key of checkpoints written before the rename to "inflight".
         for d in snap["inflight"] if "inflight" in snap else snap["groups"]:
             pif = PromptInFlight(d["uid"], decode_problem(d["problem"]),
                                  PromptState.from_dict(self.est, d["state"]),
-                                 d["admitted_version"], d["deadline"], -1, d["t_admit"],
-                                 t_done=d["t_done"], regenerations=d["regenerations"],
+                                 d["admitted_version"] + shift, d["deadline"] + shift, -1,
+                                 d["t_admit"], t_done=d["t_done"],
+                                 regenerations=d["regenerations"],
                                  cancelled_rollouts=d["cancelled_rollouts"],
                                  cancelled_tokens=d["cancelled_tokens"])
             for i, v, payload in d["rollouts"]:
-                pif.payloads[int(i)], pif.start_version[int(i)] = decode_payload(payload), int(v)
+                pif.payloads[int(i)] = decode_payload(payload)
+                pif.start_version[int(i)] = int(v) + shift
             self.inflight[pif.uid] = pif
             if d["ready"]:
                 self.ready[pif.uid] = pif

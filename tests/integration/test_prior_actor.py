@@ -28,7 +28,16 @@ def prior():
         ray.shutdown()
 
 
-def test_actor_observes_and_ranks_a_separable_context(prior):
+@pytest.fixture
+def fresh(prior):
+    """The module's actor as just started (an empty window, counters at zero): each test
+    starts from the same state, in any order."""
+    assert ray.get(prior.reset.remote()) is True
+    return prior
+
+
+def test_actor_observes_and_ranks_a_separable_context(fresh):
+    prior = fresh
     n_ctx = ray.get(prior.observe.remote([(p, 0.875, 0) for p in EASY[:16]]
                                          + [(p, 0.125, 1) for p in HARD[:16]]))
     assert n_ctx == 32
@@ -45,7 +54,8 @@ def test_actor_observes_and_ranks_a_separable_context(prior):
     assert stats["latest_version"] == 1
 
 
-def test_actor_window_and_validation_errors_cross_the_actor_boundary(prior):
+def test_actor_window_and_validation_errors_cross_the_actor_boundary(fresh):
+    prior = fresh
     before = ray.get(prior.stats.remote())["n_observed"]
     ray.get(prior.observe.remote([(p, 0.5, 2) for p in EASY + HARD + EASY]))
     assert ray.get(prior.stats.remote())["n_context"] == 64      # bounded by window=64

@@ -425,6 +425,56 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
     assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + a["prompts_in_flight"]
 
 
+def test_a_resume_under_a_higher_version_number_keeps_every_age():
+    """The resumed learner trains the checkpoint's weights under a higher number (generators
+    that outlived the crash serve newer ones): the snapshot's versions move with it, so no
+    sample restored is taken for stale, and every batch keeps the bound. Seen once in a
+    shuffled suite before the shift: a prompt due at the old numbering was cut and trained
+    two versions "old" on the checkpoint's own weights."""
+    import json
+
+    def make(version=0):
+        return Scheduler(cfg(batch_prompts=2, max_staleness=1, slots_per_generator=16),
+                         grpo(4), 1, version=version)
+
+    s = make()
+    f = Fake(s)
+    f.admit()
+    f.complete_all()                         # finished on version 0's weights
+    batch, acts = s.take_batch(2)
+    assert len(batch) == 2 and not acts
+    s.set_version(1)                         # the other two wait, due at 1
+    f.admit()                                # more admitted at 1 ...
+    f.complete(next(iter(f.inflight)))       # ... some finished, some still generating
+    assert s.ready and f.inflight
+    snap = json.loads(json.dumps(s.snapshot(lambda p: p, lambda p: list(p))))
+    with pytest.raises(ValueError, match="older than the snapshot's 1"):
+        make(0).restore(snap, lambda p: p, tuple)
+
+    s2 = make(3)                             # the same weights, numbered 3
+    f2 = Fake(s2)
+    f2.apply(s2.restore(snap, lambda p: p, tuple))
+    for uid, g in s2.inflight.items():
+        old = s.inflight[uid]
+        assert g.deadline == old.deadline + 2 and g.admitted_version == old.admitted_version + 2
+        assert g.start_version == {i: v + 2 for i, v in old.start_version.items()}
+    trained = 0
+    while s2.in_flight():
+        got = s2.take_batch(2)
+        if got is not None:
+            f2.apply(got[1])
+            if got[0]:
+                assert all(s2.version - v <= 1 for g in got[0] for v in g.start_version.values())
+                trained += len(got[0])
+                s2.set_version(s2.version + 1)
+                continue
+        if not f2.inflight:
+            break                            # a short last batch waits for admissions
+        f2.complete(next(iter(f2.inflight)))
+    assert trained >= 2 and trained + len(s2.ready) == len(snap["inflight"])
+    assert s2.counts["stale_regenerated"] == 0
+
+
 def test_a_checkpoint_written_before_the_rename_restores():
     """Snapshots once named the in-flight prompts "groups"; such a checkpoint still resumes."""
     s = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
