@@ -86,10 +86,11 @@ def test_gloo_broadcast_into_vllm_and_reconnect_after_restart(gen):
     sender = make_sender(CFG)
     sender.connect([gen])  # the worker joins epoch 1 inside vLLM's engine process
     new = _hf_model(1)
-    p1, refs = sender.send([gen], new.state_dict(), 1)
+    v1 = ray.get(gen.version.remote()) + 1  # whatever the module's other test loaded before
+    p1, refs = sender.send([gen], new.state_dict(), v1)
     (seconds,) = ray.get(refs)
     assert p1.transport == "gloo" and p1.epoch == 1 and seconds > 0
-    first = _assert_serves(gen, new, 1, "a")
+    first = _assert_serves(gen, new, v1, "a")
 
     # Ray restarts the generator: a fresh engine at the checkpoint (version 0), in no epoch.
     before = ray.get(gen.incarnation.remote())
@@ -103,13 +104,13 @@ def test_gloo_broadcast_into_vllm_and_reconnect_after_restart(gen):
             wait_ready([gen], timeout_s=600)
     assert ray.get(gen.ready.remote()) and ray.get(gen.version.remote()) == 0
     with pytest.raises(ray.exceptions.RayTaskError, match="NotInGroupError"):
-        ray.get(gen.update_weights.remote(p1, 1))  # the coordinator's re-sync, refused fast
+        ray.get(gen.update_weights.remote(p1, v1))  # the coordinator's re-sync, refused fast
 
     newer = _hf_model(2)
-    p2, refs = sender.send([gen], newer.state_dict(), 2)  # probe sees the restart: epoch 2
+    p2, refs = sender.send([gen], newer.state_dict(), v1 + 1)  # probe sees the restart: epoch 2
     ray.get(refs)
     assert p2.epoch == 2 and sender.reports[-1].rebuilds == 1
-    assert _assert_serves(gen, newer, 2, "b") != first
+    assert _assert_serves(gen, newer, v1 + 1, "b") != first
     sender.close()
 
 
