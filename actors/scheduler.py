@@ -28,8 +28,9 @@ Rules (docs/pipeline.md, "The scheduler"):
   (the most recently dispatched) are cancelled in the engine; their tokens are counted.
 - **Staleness by deadline.** Every admitted prompt takes a *deadline*: the policy version at
   which it must be trained, at most ``max_staleness`` versions after its admission. Each
-  deadline has a quota of ``batch_prompts`` admissions (a calendar), taken by the earliest
-  deadline in the window with quota left; a prompt trained early does not give its quota
+  deadline has a quota of B admissions (a calendar; B is ``batch_prompts``, or with
+  ``batch_samples`` S the prompts that S samples make at the recent mean k), taken by the
+  earliest deadline in the window with quota left; a prompt trained early does not give its quota
   back (a prompt admitted into it now would have little slack before the learner must wait
   for it), a dropped one does (DAPO's refill). Every sample of a prompt starts at or after its
   admission version, so a sample trained by its deadline is at most ``max_staleness``
@@ -51,11 +52,14 @@ Rules (docs/pipeline.md, "The scheduler"):
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from estimator.state import PromptState
+
+RECENT_K = 64  # finished prompts whose mean k sizes the quota under ``batch_samples``
+
 
 def priority(deadline: int, first: bool) -> int:
     """Engine priority of a request (vLLM runs lower values first): earliest deadline first,
@@ -75,6 +79,11 @@ class SchedulerConfig:
     max_inflight_prompts: int | None = None  # cap on admitted, not yet handed prompts
     max_regenerations: int = 2        # stale re-generations of one prompt before it is dropped
     max_refill_factor: int = 4        # barrier: accept a short batch after this many x B drops
+    # S: samples (rollouts) per learner step, whatever each prompt's k (None: B prompts). The
+    # batch closes once its prompts hold S samples; each deadline's quota is then S over the
+    # recent mean k (``batch_prompts`` until prompts have finished), so that every algorithm,
+    # fixed-k or not, makes one update per S rollouts.
+    batch_samples: int | None = None
 
     def __post_init__(self):
         if self.batch_prompts < 1:
@@ -83,6 +92,8 @@ class SchedulerConfig:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.slots_per_generator < 1:
             raise ValueError(f"slots_per_generator must be >= 1, got {self.slots_per_generator}")
+        if self.batch_samples is not None and self.batch_samples < 1:
+            raise ValueError(f"batch_samples must be >= 1, got {self.batch_samples}")
         if self.max_inflight_prompts is not None and self.max_inflight_prompts < self.batch_prompts:
             raise ValueError(f"max_inflight_prompts ({self.max_inflight_prompts}) must be >= "
                              f"batch_prompts ({self.batch_prompts}): else no batch can form")
@@ -189,14 +200,24 @@ class Scheduler:
         self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
         self._taken: int | None = None            # version whose batch the learner took
         self.paused = False
+        self._recent_k: deque[int] = deque(maxlen=RECENT_K)  # k of the newest finished prompts
 
     # -- admission ---------------------------------------------------------------------------
+    @property
+    def quota_size(self) -> int:
+        """B: prompts per deadline. With ``batch_samples`` S, S over the mean k of the newest
+        finished prompts (``batch_prompts`` before any has finished)."""
+        S = self.cfg.batch_samples
+        if S is None or not self._recent_k:
+            return self.cfg.batch_prompts
+        return max(1, round(S / (sum(self._recent_k) / len(self._recent_k))))
+
     def _open_deadlines(self) -> list[int]:
         """Deadlines that take new prompts: the window [V, V + max_staleness], less deadline V
         once the learner took its batch there (until it reports back), less any deadline
         whose filtered-and-refilled prompts ran over ``max_refill_factor`` x B (a policy that
         solves or fails everything would refill forever; the batch then trains short)."""
-        cap = self.cfg.max_refill_factor * self.cfg.batch_prompts
+        cap = self.cfg.max_refill_factor * self.quota_size
         first = self.version + (self._taken == self.version)
         return [d for d in range(first, self.version + self.cfg.max_staleness + 1)
                 if self.refills[d] < cap]
@@ -204,12 +225,12 @@ class Scheduler:
     def _free_deadline(self) -> int | None:
         """The earliest open deadline with quota left (None: none)."""
         for d in self._open_deadlines():
-            if self.quota[d] < self.cfg.batch_prompts:
+            if self.quota[d] < self.quota_size:
                 return d
         return None
 
     def _quota_room(self) -> int:
-        B = self.cfg.batch_prompts
+        B = self.quota_size
         return sum(max(0, B - self.quota[d]) for d in self._open_deadlines())
 
     def _slot_room(self) -> int:
@@ -418,6 +439,7 @@ class Scheduler:
         self.ready[pif.uid] = pif
         self.unfinished[pif.deadline] -= 1
         self._recheck.add(pif.uid)
+        self._recent_k.append(pif.state.k)
 
     def drop(self, uid: str, reason: str, refill: bool = False) -> list:
         """Drop a prompt (counted under ``reason``); its place frees. Returns the
@@ -460,8 +482,10 @@ class Scheduler:
 
     def take_batch(self, n: int) -> tuple[list[PromptInFlight], list] | None:
         """Prompts to train on at the current version, or None when the learner must wait:
-        while a prompt due now is unfinished, or fewer than ``n`` are finished. Returns
-        (prompts, actions): actions re-generate stale samples found on the way."""
+        while a prompt due now is unfinished, or fewer than ``n`` are finished (with
+        ``batch_samples`` S: fewer than S samples; the batch is then the earliest-due
+        prompts up to S samples, every prompt due now included). Returns (prompts, actions):
+        actions re-generate stale samples found on the way."""
         V = self.version
         actions = self._regenerate_stale(V) if self._recheck else []
         if self.cfg.max_staleness and any(c for d, c in self.unfinished.items() if d <= V):
@@ -469,11 +493,18 @@ class Scheduler:
         wait = None if not actions else ([], actions)
         if any(c for d, c in self.unfinished.items() if d <= V):
             return wait  # a prompt due now is still in its first round
-        if len(self.ready) < n:
-            # A closed deadline (see _open_deadlines) with nothing due running trains short.
-            if not (self.ready and V not in self._open_deadlines()):
+        S = self.cfg.batch_samples
+        if (len(self.ready) < n if S is None else
+                sum(g.state.k for g in self.ready.values()) < S):
+            # A closed deadline (see _open_deadlines) with nothing due running trains short;
+            # so does a sample-counted batch that nothing more can join at this version
+            # (every admitted prompt finished and no quota left: S / mean k rounds down).
+            closed = V not in self._open_deadlines() or (
+                S is not None and not self._quota_room() and len(self.ready) == len(self.inflight))
+            if not (self.ready and closed):
                 return wait
-        batch = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))[:n]
+        order = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))
+        batch = order[:n] if S is None else _up_to_samples(order, S, V)
         self._taken = V
         self._last_batch = [g.deadline for g in batch]
         for g in batch:
@@ -624,3 +655,15 @@ class Scheduler:
                 "stale_regenerated": c["stale_regenerated"],
                 "deadline_cuts": c["deadline_cuts"],
                 "generator_losses": c["generator_losses"]}
+
+
+def _up_to_samples(order: list[PromptInFlight], S: int, V: int) -> list[PromptInFlight]:
+    """The first prompts of ``order`` (earliest due first) until they hold ``S`` samples;
+    every prompt due at or before ``V`` is taken even past S (it must be trained now)."""
+    out, total = [], 0
+    for g in order:
+        if total >= S and g.deadline > V:
+            break
+        out.append(g)
+        total += g.state.k
+    return out

@@ -72,6 +72,10 @@ class RunConfig(Section):
         "Checkpoint every N steps (0: only at the end): learner state and every admitted, "
         "untrained prompt, written atomically (cluster/checkpoints.py)."))
     keep_checkpoints: int = Field(2, ge=1, description="Whole checkpoints kept (newest).")
+    snapshot_every: int = Field(0, ge=0, description=(
+        "Also save the policy in Hugging Face format every N steps to <run dir>/snapshots/"
+        "step<N> (all kept; 0: never): weights to evaluate or to measure the prior against "
+        "later (bench.prior_truth)."))
     resume: bool = Field(False, description=(
         "Continue from the run folder's newest whole checkpoint, with its prompts in flight."))
     record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
@@ -183,6 +187,11 @@ class RolloutConfig(Section):
     """Sampling and batching of rollouts."""
 
     batch_prompts: int = Field(8, ge=1, description="B: finished prompts per learner step.")
+    batch_samples: int | None = Field(None, ge=1, description=(
+        "S: samples (rollouts) per learner step instead of B prompts, whatever each prompt's "
+        "k: every algorithm then makes one update per S rollouts (bench.learning's controlled "
+        "study). The batch takes finished prompts, earliest due first, until they hold S "
+        "samples; prompts per deadline follow S / the recent mean k. None: batch_prompts."))
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     max_tokens: int = Field(16, ge=1, description="Most tokens per response.")
@@ -372,6 +381,12 @@ class Config(Section):
                              f"in generators.engine.max_model_len "
                              f"({self.generators.engine.max_model_len})")
         return self
+
+    def scheduler_batch_prompts(self) -> int:
+        """B the scheduler starts with: batch_prompts, or with batch_samples S the prompts
+        that S samples make when every prompt stops at k_init."""
+        S = self.rollout.batch_samples
+        return self.rollout.batch_prompts if S is None else max(1, S // self.algo.k_init)
 
     def model_path(self) -> str:
         """The policy checkpoint for this run's task (see ModelConfig.resolve)."""

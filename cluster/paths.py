@@ -37,7 +37,7 @@ def output_root(output_dir: str, cwd: Path | None = None) -> Path:
 # apart: the roles write it, and they may outlive one run (benchmarks run many on one set).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "prompts.jsonl", "dropped.jsonl",
                "rollouts.msgpack", "inflight_at_end.json", "summary.json", "report.html",
-               "checkpoints", "final", "tb")
+               "checkpoints", "final", "snapshots", "tb")
 LOGS = "logs"
 REPLACED = ("run directory had a previous run's outputs: replaced (use run.resume=true to "
             "continue it)")

@@ -275,7 +275,7 @@ def start_run_roles(cfg, roles: Roles, task, state: RunState):
     overlong = Overlong(r.max_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
     est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(shaped_range(task.rewards, overlong)))
     sched = SchedulerConfig(
-        batch_prompts=r.batch_prompts,
+        batch_prompts=cfg.scheduler_batch_prompts(), batch_samples=r.batch_samples,
         max_staleness=0 if cfg.mode == "sync" else r.max_staleness,
         slots_per_generator=cfg.generators.engine.max_num_seqs,
         max_inflight_prompts=r.max_inflight_prompts)

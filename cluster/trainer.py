@@ -351,6 +351,10 @@ class Trainer:
         self.writer.step(m)
         self._log_prompts(batch, t1, bool(lm.get("skipped")))
         self.telemetry.report.remote(m, [r.k for r in batch.records], m.get("extra_rollouts", 0))
+        if cfg.run.snapshot_every and self.step % cfg.run.snapshot_every == 0:
+            self.call("learner (export)", self.roles.learner.save_hf,
+                      str(cfg.run_dir / "snapshots" / f"step{self.step}"))
+            self.last_progress = time.time()
         if checkpoint_due(cfg.run, self.step, last):
             self.save()
             self.last_progress = time.time()  # as after an evaluation

@@ -580,3 +580,63 @@ def test_behind_the_barrier_extra_rounds_are_waited_for_not_cut():
     f.complete_all()
     batch, _ = s.take_batch(1)
     assert batch[0].state.k > 4                  # the sync batch waited for its extras
+
+
+# -- batches counted in samples (rollout.batch_samples) ---------------------------------------
+
+def v05(k_init=4, k_max=16):
+    return make_estimator("v05", k_init=k_init, k_max=k_max)
+
+
+@pytest.mark.parametrize("G", [2, 4, 8, 16])
+def test_a_sample_counted_batch_holds_S_samples_whatever_the_group_size(G):
+    S = 32
+    s = Scheduler(cfg(batch_prompts=S // G, batch_samples=S, max_staleness=0), grpo(G), 2)
+    f = Fake(s, reward=lambda uid, i: float(i % 2))
+    f.admit()
+    assert s.room() == 0 and s.in_flight() == S // G  # the barrier: one deadline of S / G
+    f.complete_all()
+    batch, _ = s.take_batch(10_000)
+    assert sum(g.state.k for g in batch) == S
+
+
+def test_the_quota_follows_the_mean_k_of_finished_prompts():
+    # V0.5 with a prior that every group contradicts (p = 0.95, all rewards -1): the plan asks
+    # for more than k_init, so the mean k rises above 4 and fewer prompts make S samples.
+    S = 64
+    s = Scheduler(cfg(batch_prompts=S // 4, batch_samples=S, max_staleness=1), v05(), 2)
+    f = Fake(s, reward=lambda uid, i: -1.0)
+    assert s.quota_size == 16  # nothing finished yet: S / k_init
+    f.admit(prior=0.95)
+    f.complete_all()
+    ks = [g.state.k for g in s.ready.values()]
+    assert min(ks) > 4
+    assert s.quota_size == round(S / (sum(ks) / len(ks))) < 16
+    batch, _ = s.take_batch(10_000)
+    total = sum(g.state.k for g in batch)
+    # Every prompt due now is taken even past S; otherwise the batch stops at S.
+    assert total >= S and all(g.deadline == 0 for g in batch)
+
+
+def test_a_sample_counted_batch_stops_at_S_and_keeps_the_rest_for_later():
+    S = 16
+    s = Scheduler(cfg(batch_prompts=4, batch_samples=S, max_staleness=2,
+                      slots_per_generator=1000), grpo(4), 2)
+    f = Fake(s, reward=lambda uid, i: float(i % 2))
+    f.admit()  # 3 deadlines x 4 prompts
+    f.complete_all()
+    n_ready = len(s.ready)
+    batch, _ = s.take_batch(10_000)
+    assert sum(g.state.k for g in batch) == S and len(s.ready) == n_ready - 4
+
+
+def test_a_sample_counted_batch_that_nothing_can_join_trains_short():
+    # S / k does not divide: B = round(10 / 4) = 2 prompts of 4 = 8 samples < 10. With every
+    # prompt finished and no quota left the batch goes short instead of waiting forever.
+    s = Scheduler(cfg(batch_prompts=2, batch_samples=10, max_staleness=0), grpo(4), 2)
+    f = Fake(s)
+    f.admit()
+    assert s.take_batch(10_000) is None  # still generating
+    f.complete_all()
+    batch, _ = s.take_batch(10_000)
+    assert sum(g.state.k for g in batch) == 8
