@@ -74,6 +74,8 @@ class EmbeddedPrior(PriorBackend):
 
     Options: ``halflife`` (policy versions: recency weight and time-decay kernel, see
     kernel.py; None = off),
+    ``drift`` (fit the scores' trend on age, kept when it wins leave-one-out, and predict
+    ``lead`` versions past the newest observation: the policy's movement, see kernel.py),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -90,7 +92,8 @@ class EmbeddedPrior(PriorBackend):
                  prior_strength: float = 1.0, use_length: bool = True, eps: float = 0.01,
                  cache_size: int = 32768, model_dir: str | None = None, device: str = "cpu",
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
-                 kernels: Sequence[str] = ("linear",), encoder=None):
+                 kernels: Sequence[str] = ("linear",), drift: bool = False,
+                 lead: float = 1.0, encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -100,6 +103,10 @@ class EmbeddedPrior(PriorBackend):
             raise ValueError(f"eps must lie in [0, 0.5), got {eps!r}")
         self.eps = float(eps)
         self.use_length = bool(use_length)
+        self.drift = bool(drift)
+        if not float(lead) >= 0:
+            raise ValueError(f"lead must be >= 0 versions, got {lead!r}")
+        self.lead = float(lead)
         self.kernels = (kernels,) if isinstance(kernels, str) else tuple(kernels)
         if not self.kernels or any(k not in BASE_KERNELS for k in self.kernels):
             raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
@@ -131,7 +138,8 @@ class EmbeddedPrior(PriorBackend):
             loglen = log_length(list(ctx.prompts)) if self.use_length else None
             self._fit = fit_context(X, ctx.scores, ctx.ages, self.halflife, loglen,
                                     prior_mean=self.prior_mean,
-                                    prior_strength=self.prior_strength, kernels=self.kernels)
+                                    prior_strength=self.prior_strength, kernels=self.kernels,
+                                    drift=self.drift, lead=self.lead)
             self.fit_s += time.perf_counter() - t0
             self.n_fits += 1
         return self._fit

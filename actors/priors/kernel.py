@@ -21,8 +21,17 @@ embeddings carry no signal falls back to its mean. One eigendecomposition of D B
 (g, lam): the rank-1 length term enters through Sherman-Morrison. With M = (D K D + lam I)^-1
 and yt = D (y - m), the LOO residual of point i is (M yt)_i / M_ii (already sqrt(w_i)-scaled).
 
+**Drift** (``drift=True``): the policy moves while the window fills, so an observation made
+``age`` versions ago understates (or overstates) what the policy does now, and a recency-
+weighted mean lags the policy by about the window's mean age times its rate of change. The
+fit then first estimates that rate: a weighted linear trend of the scores on age,
+y ~ a + b * age, kept only when its exact leave-one-out error beats the constant's. Every
+score is moved to age 0 (y - b * age) before the kernel fit, the mean becomes the trend's
+value at age 0, and a prediction is for ``lead`` versions past the newest observation (the
+newest scores were generated a version or so before the version that is asked about).
+
 Everything here is task-agnostic: the only inputs are embeddings, the generic log length,
-scores and weights.
+scores, versions and weights.
 """
 from __future__ import annotations
 
@@ -71,11 +80,28 @@ class Fitted:
     len_feat: np.ndarray | None = None       # (N,) standardized log length of the context
     len_mu: float = 0.0
     len_sd: float = 1.0
+    drift: float = 0.0                       # b: score change per version of age (0: none)
+    lead_shift: float = 0.0                  # -b * lead: added to every prediction
 
     def label(self) -> str:
+        trend = f" drift{-self.drift:+.3g}/v" if self.drift else ""
         if self.kernel is None:
-            return "constant"
-        return f"{self.kernel}+len{self.length_weight:g}@lam{self.lam:.3g}"
+            return "constant" + trend
+        return f"{self.kernel}+len{self.length_weight:g}@lam{self.lam:.3g}" + trend
+
+
+def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
+    """Weighted least squares y ~ a + b * age: (a, b, its exact weighted LOO MSE). The LOO
+    residual of point i is e_i / (1 - h_ii) with h the weighted hat matrix's diagonal."""
+    A = np.stack([np.ones_like(ages), ages], 1)                  # (N, 2)
+    G = A.T @ (A * w[:, None])                                   # (2, 2)
+    if abs(np.linalg.det(G)) < 1e-12:                            # one age only: no trend
+        return float(w @ y / w.sum()), 0.0, float("inf")
+    Ginv = np.linalg.inv(G)
+    a, b = Ginv @ (A.T @ (w * y))
+    h = w * np.einsum("ij,jk,ik->i", A, Ginv, A)                 # (N,) leverages
+    loo = (y - a - b * ages) / np.maximum(1.0 - h, 1e-9)
+    return float(a), float(b), float(w @ loo ** 2) / float(w.sum())
 
 
 def base_kernel(kind: str, A: np.ndarray, B: np.ndarray, center: np.ndarray,
@@ -128,12 +154,15 @@ def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: flo
 def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
                 halflife: float | None = None, loglen: np.ndarray | None = None,
                 prior_mean: float = 0.5, prior_strength: float = 1.0,
-                kernels: tuple[str, ...] = ("linear",)) -> Fitted:
+                kernels: tuple[str, ...] = ("linear",), drift: bool = False,
+                lead: float = 0.0) -> Fitted:
     """Choose (kernel, length weight, lam) by weighted LOO MSE on the context and fit it.
 
     X: (N, d), y: (N,) in [0, 1], ages: (N,) policy versions ago (None: all 0), loglen: (N,)
     or None (no length feature). ``prior_strength`` pseudo-observations of ``prior_mean``
-    shrink the context mean, which matters only for tiny contexts.
+    shrink the context mean, which matters only for tiny contexts. ``drift``: fit the
+    scores' trend on age and predict ``lead`` versions past the newest observation (see the
+    module docstring).
     """
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
@@ -147,11 +176,19 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
     n, wsum = len(y), float(w.sum())
-    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
     # Exact LOO of the constant model (the weighted mean without point i).
     loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
     const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
-    best = Fitted(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse)
+    slope = 0.0
+    if drift and n >= 8:
+        _, b, trend_mse = trend_on_age(y, ages, w)
+        if trend_mse < const_mse:  # the trend predicts held-out scores better than a mean
+            slope, const_mse = b, trend_mse
+            y = y - b * ages       # every score moved to age 0
+    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
+    shift = -slope * float(lead)
+    best = Fitted(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse,
+                  drift=slope, lead_shift=shift)
     if n < 4:
         return best
     wn = w / wsum
@@ -175,7 +212,8 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
                 best = Fitted(mean=mean, kernel=kind, halflife=halflife, lam=lam,
                               length_weight=g, loo_mse=mse, const_loo_mse=const_mse,
                               alpha=sw * m_y, X=X, center=center, scale=scale, decay=decay,
-                              len_feat=len_feat, len_mu=len_mu, len_sd=len_sd)
+                              len_feat=len_feat, len_mu=len_mu, len_sd=len_sd,
+                              drift=slope, lead_shift=shift)
     return best
 
 
@@ -184,11 +222,11 @@ def predict_fitted(fit: Fitted, Q: np.ndarray, loglen: np.ndarray | None = None)
     when the fit uses the length feature."""
     Q = np.asarray(Q, dtype=np.float64)
     if fit.kernel is None:
-        return np.full(len(Q), fit.mean)
+        return np.full(len(Q), fit.mean + fit.lead_shift)
     Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale) * fit.decay   # (M, N)
     if fit.length_weight:
         if loglen is None:
             raise ValueError("this fit uses the length feature: pass loglen for the queries")
         lq = (np.asarray(loglen, dtype=np.float64) - fit.len_mu) / fit.len_sd
         Kq = Kq + fit.length_weight ** 2 * np.outer(lq, fit.len_feat)
-    return fit.mean + Kq @ fit.alpha
+    return fit.mean + fit.lead_shift + Kq @ fit.alpha

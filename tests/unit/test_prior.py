@@ -418,3 +418,46 @@ def test_cli_errors_for_backend_problems_and_help_is_light(tmp_path):
                             "'transformers', 'ray') if m in sys.modules))"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip() == "[]"
+
+
+def test_drift_follows_a_policy_that_improves_while_the_window_fills():
+    # Two clusters of prompts (easy, hard); the policy gains 0.02 per version on both. The
+    # window holds 16 versions of binomial observations (k = 8). A recency-weighted fit lags
+    # by about the mean age times the rate; the drift term removes most of it.
+    rng = np.random.default_rng(5)
+    centers = rng.normal(size=(2, 16))
+    n_per, V = 16, 16
+    X, y, ages, base = [], [], [], []
+    for age in range(V):
+        for c, b0 in ((0, 0.7), (1, 0.3)):
+            Xi = centers[c] + 0.1 * rng.normal(size=(n_per // 2, 16))
+            mu = b0 - 0.02 * age             # what the policy did ``age`` versions ago
+            X.append(Xi)
+            y.append(rng.binomial(8, mu, size=n_per // 2) / 8)
+            ages += [age] * (n_per // 2)
+    X = np.concatenate(X)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y, ages = np.concatenate(y), np.array(ages, float)
+    Q = np.stack([centers[0], centers[1]])
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    truth = np.array([0.7, 0.3])             # now, at age 0
+    plain = predict_fitted(fit_context(X, y, ages, halflife=8.0), Q)
+    fit = fit_context(X, y, ages, halflife=8.0, drift=True)
+    drifted = predict_fitted(fit, Q)
+    assert fit.drift == pytest.approx(-0.02, abs=0.008) and "drift" in fit.label()
+    assert np.mean(plain - truth) < -0.08              # the lag (a kernel fit shrinks, too)
+    assert abs(np.mean(drifted - truth)) < 0.04         # most of it gone
+    # lead moves the prediction further along the trend, by -b per version.
+    ahead = predict_fitted(fit_context(X, y, ages, halflife=8.0, drift=True, lead=2.0), Q)
+    assert ahead - drifted == pytest.approx(-2 * fit.drift * np.ones(2), abs=1e-9)
+
+
+def test_drift_is_dropped_when_the_scores_do_not_move():
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(120, 8))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    ages = np.repeat(np.arange(12.0), 10)
+    y = rng.binomial(8, 0.5, size=120) / 8
+    fit = fit_context(X, y, ages, halflife=8.0, drift=True)
+    # Either the trend lost leave-one-out to the mean, or it is within its noise of flat.
+    assert abs(fit.drift) < 0.01
