@@ -39,17 +39,22 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.learning.analysis import AXES, mean_curve, read_curve, summarise
+from bench.learning.analysis import AXES, controlled, mean_curve, read_curve, summarise
+from bench.learning.starts import STARTS
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 MODES = {
     "async_v05": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16}},
     "sync_grpo16": {"mode": "sync", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
-    "async_grpo16": {"mode": "async", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
-    "async_grpo4": {"mode": "async", "algo": {"name": "grpo", "k_init": 4, "k_max": 4}},
+    **{f"async_grpo{G}": {"mode": "async", "algo": {"name": "grpo", "k_init": G, "k_max": G}}
+       for G in (2, 4, 8, 16)},
     "sync_dapo16": {"mode": "sync", "algo": {"name": "dapo", "k_init": 16, "k_max": 16}},
 }
+# The controlled study's modes: V0.5 against async GRPO at every G (the best is the baseline
+# to beat) and the colocated synchronous GRPO-16, every update on the same S samples.
+CONTROLLED_MODES = ("async_v05", "async_grpo2", "async_grpo4", "async_grpo8", "async_grpo16",
+                    "sync_grpo16")
 QUICK_MODES = ("async_v05", "sync_grpo16")
 
 
@@ -63,7 +68,15 @@ def parse_args(argv):
     ap.add_argument("--evals", type=int, help="evaluations per run after the initial one "
                                               "(default 6; --quick: 1)")
     ap.add_argument("--eval-prompts", type=int, help="held-out prompts (default 300)")
-    ap.add_argument("--modes", help="comma-separated subset (default: all five)")
+    ap.add_argument("--modes", help="comma-separated subset (default: the controlled study's "
+                                    f"{', '.join(CONTROLLED_MODES)})")
+    ap.add_argument("--start", default="warm", choices=sorted(STARTS),
+                    help="the starting policy: warm (the default run's warm start) or weak (a "
+                         "shorter warm start, greedy held-out accuracy in 0.3-0.7); results "
+                         "merge into --out under studies.<start>")
+    ap.add_argument("--batch-samples", type=int, default=64,
+                    help="samples per learner update for every mode (rollout.batch_samples; "
+                         "default 64; 0: v05.yaml's batch of prompts, the old uncontrolled study)")
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     return ap.parse_args(argv)
@@ -90,22 +103,26 @@ class Settings:
     evals: int         # evaluations after the initial one (one every budget / evals seconds)
     eval_prompts: int
     modes: tuple[str, ...]
+    start: str = "warm"       # the starting policy (bench.learning.starts)
+    batch_samples: int = 64   # samples per update, every mode (0: batch_prompts)
 
     @classmethod
     def of(cls, args) -> "Settings":
         modes = tuple(m for m in (args.modes.split(",") if args.modes else
-                                  (QUICK_MODES if args.quick else MODES)) if m)
+                                  (QUICK_MODES if args.quick else CONTROLLED_MODES)) if m)
         unknown = set(modes) - set(MODES)
         if unknown:
             raise SystemExit(f"unknown modes {sorted(unknown)}; known: {sorted(MODES)}")
         return cls(budget_s=args.budget_s or (30.0 if args.quick else 240.0),
                    seeds=args.seeds or (1 if args.quick else 3),
                    evals=args.evals or (1 if args.quick else 6),
-                   eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes)
+                   eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes,
+                   start=args.start, batch_samples=args.batch_samples)
 
     def overrides(self) -> list[str]:
         n = self.eval_prompts
-        return ["run.max_steps=100000", f"run.max_train_s={self.budget_s}", "run.eval_every=0",
+        samples = [f"rollout.batch_samples={self.batch_samples}"] if self.batch_samples else []
+        return [*samples, "run.max_steps=100000", f"run.max_train_s={self.budget_s}", "run.eval_every=0",
                 f"run.eval_every_s={self.budget_s / self.evals}", f"run.eval_prompts={n}",
                 f"task.n_heldout={n}", "run.save_final=false", "run.progress=false",
                 "cluster.address=local"]
@@ -161,6 +178,8 @@ def log(msg: str) -> None:
 
 
 def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -> dict:
+    """One invocation's results: its config, every run's curve, the mean curves, the summary
+    (with ``controlled``: this start's pinned comparison)."""
     out = {"command": "python -m bench.learning " + " ".join(argv),
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -168,7 +187,9 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
                       "budget_train_s": st.budget_s, "seeds": st.seeds, "evals": st.evals,
                       "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
                       "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
-                      "batch_prompts": base_cfg.rollout.batch_prompts, "lr": base_cfg.optim.lr,
+                      "batch_prompts": base_cfg.rollout.batch_prompts,
+                      "batch_samples": base_cfg.rollout.batch_samples, "lr": base_cfg.optim.lr,
+                      "start": st.start, "model_path": base_cfg.model.path,
                       "modes": {m: MODES[m] for m in st.modes}},
            "units": "accuracy: held-out, mean over prompts of the success rate of the sampled "
                     "answers (T = 1); train_s: training wall-clock, evaluations excluded",
@@ -176,8 +197,23 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
            "curves": {m: {axis: mean_curve(r, axis) for axis in AXES} for m, r in runs.items()
                       if r},
            "summary": summarise(runs), "wall_s": wall_s}
-    out["summary"].update(command=out["command"], date=out["date"])
+    out["summary"].update(command=out["command"], date=out["date"],
+                          controlled={st.start: controlled(runs)})
     return out
+
+
+def merge(out: dict, path: Path) -> dict:
+    """``out`` as the file's top level, with every start's latest invocation kept under
+    ``studies.<start>`` and ``summary.controlled`` gathering each start's pinned figures: the
+    warm and the weak start run as separate invocations (each well under a session)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    start = out["config"]["start"]
+    studies = {**old.get("studies", {}), start: {k: v for k, v in out.items() if k != "studies"}}
+    merged = {**out, "studies": studies}
+    merged["summary"] = {**out["summary"], "controlled": {
+        s: st["summary"]["controlled"][s] for s, st in studies.items()
+        if s in st["summary"].get("controlled", {})}}
+    return merged
 
 
 def main(argv=None) -> int:
@@ -190,17 +226,16 @@ def main(argv=None) -> int:
     from cluster.config import load_config
 
     st = Settings.of(args)
-    base_cfg = load_config(REPO / "v05.yaml", [*st.overrides(), *args.overrides])
+    model = [f"model.path={STARTS[st.start]()}"]
+    base_cfg = load_config(REPO / "v05.yaml", [*st.overrides(), *model, *args.overrides])
     t0 = time.time()
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
-    out = report(st, base_cfg, runs, argv, time.time() - t0)
+    out = merge(report(st, base_cfg, runs, argv, time.time() - t0), Path(args.out))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     plots(out, Path(args.out).with_suffix(""))
-    print(json.dumps({k: v for k, v in out["summary"].items()
-                      if k not in ("by_grpo16_mode", "v05_minus_grpo4_at_equal_rollouts")},
-                     indent=1))
+    print(json.dumps(out["summary"]["controlled"], indent=1))
     return 0
 
 

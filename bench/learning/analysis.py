@@ -174,3 +174,62 @@ def summarise(runs: dict[str, list[dict]], v05: str = "async_v05",
             "rollouts": grid.tolist(), "difference": (a - b).tolist(),
             "min": float(np.nanmin(a - b)), "mean": float(np.nanmean(a - b))}
     return out
+
+
+def _at(runs: list[dict], axis: str, x: float) -> np.ndarray:
+    """Each seed's accuracy at ``x`` on ``axis`` (linear between its evaluations), (seeds,)."""
+    return np.array([float(interp(r["points"], axis, np.array([x]))[0]) for r in runs])
+
+
+def paired_difference(a: list[dict], b: list[dict], axis: str, x: float) -> dict:
+    """Mean and standard error over seeds of a's accuracy minus b's at ``x`` on ``axis``,
+    paired by seed (the runs of a seed share their starting weights and evaluation prompts)."""
+    by_seed = {r["seed"]: r for r in b}
+    pairs = [(r, by_seed[r["seed"]]) for r in a if r["seed"] in by_seed]
+    d = _at([p for p, _ in pairs], axis, x) - _at([q for _, q in pairs], axis, x)
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None
+    return {"mean": float(d.mean()), "se": se, "seeds": d.tolist(), "at": float(x),
+            "axis": axis}
+
+
+def controlled(runs: dict[str, list[dict]], v05: str = "async_v05") -> dict:
+    """The controlled study's pinned figures (every update on the same number of samples).
+
+    ``best_grpo_G``: the async GRPO-G with the highest mean accuracy at the rollouts every
+    compared mode reached (equal rollouts), the baseline to beat;
+    ``v05_minus_best_grpo_at_equal_rollouts`` and ``..._at_equal_train_s``: V0.5 minus it,
+    paired by seed, at that common point; ``v05_rollouts_to_reach_grpo16_final``: V0.5's
+    rollouts to first reach the stronger GRPO-16's (sync or async) final accuracy, as a
+    fraction of that GRPO-16's rollouts; per mode: gradient-norm variance, updates and
+    samples per update."""
+    runs = {m: r for m, r in runs.items() if r}
+    grpo = {int(m.removeprefix("async_grpo")): m for m in runs if m.startswith("async_grpo")}
+    out: dict = {"modes": sorted(runs),
+                 "grad_norm_variance": {m: float(np.mean([np.var(x["grad_norms"]) for x in r]))
+                                        for m, r in runs.items()},
+                 "updates": {m: float(np.mean([x["steps"] for x in r])) for m, r in runs.items()},
+                 "samples_per_update": {
+                     m: float(np.mean([x["points"][-1]["rollouts"] / max(1, x["steps"])
+                                       for x in r])) for m, r in runs.items()},
+                 "final_accuracy": {m: final_stats(r) for m, r in runs.items()}}
+    if not grpo or v05 not in runs:
+        return out
+    for axis in ("rollouts", "train_s"):
+        common = min(min(x["points"][-1][axis] for x in runs[m])
+                     for m in [v05, *grpo.values()])
+        at = {G: float(np.nanmean(_at(runs[m], axis, common))) for G, m in grpo.items()}
+        out[f"grpo_accuracy_at_equal_{axis}"] = {f"G{G}": a for G, a in sorted(at.items())}
+        best = max(at, key=at.get)
+        if axis == "rollouts":
+            out["best_grpo_G"] = best
+        out[f"v05_minus_best_grpo_at_equal_{axis}"] = {
+            **paired_difference(runs[v05], runs[grpo[out["best_grpo_G"]]], axis, common),
+            "best_grpo_G_on_this_axis": best}
+    refs = [m for m in ("sync_grpo16", "async_grpo16") if m in runs]
+    if refs:
+        ref = max(refs, key=lambda m: out["final_accuracy"][m]["mean"])
+        x = first_reach(runs[v05], "rollouts", out["final_accuracy"][ref]["mean"])
+        out["grpo16_reference"] = ref
+        out["v05_rollouts_to_reach_grpo16_final"] = (
+            None if x is None else x / totals(runs[ref], "rollouts"))
+    return out

@@ -134,3 +134,51 @@ def test_read_curve_from_run_files(tmp_path):
                                    "greedy": 0.95}
     assert c["grad_norms"] == [0.1, 0.3] and c["zero_advantage_share"] == 0.5
     assert c["k_mean"] == 5.0 and c["prior"] is None
+
+
+def seeded(accs_by_seed, **kw):
+    out = []
+    for seed, accs in enumerate(accs_by_seed):
+        r = run(accs, **kw)
+        r.update(seed=seed, steps=len(accs) - 1)
+        out.append(r)
+    return out
+
+
+def test_controlled_names_the_best_grpo_at_equal_rollouts_and_pairs_by_seed():
+    from bench.learning.analysis import controlled
+
+    runs = {
+        "async_v05": seeded([[0.5, 0.7, 0.8], [0.5, 0.6, 0.9]]),
+        "async_grpo4": seeded([[0.5, 0.65, 0.7], [0.5, 0.55, 0.8]]),
+        "async_grpo8": seeded([[0.5, 0.6, 0.6], [0.5, 0.5, 0.7]]),
+        # GRPO-2 ran further, but at the common 200 rollouts it is the weakest.
+        "async_grpo2": seeded([[0.5, 0.5, 0.55, 0.99], [0.5, 0.5, 0.55, 0.99]]),
+        "sync_grpo16": seeded([[0.5, 0.6, 0.7], [0.5, 0.6, 0.7]], rollouts_per_eval=200),
+    }
+    c = controlled(runs)
+    assert c["best_grpo_G"] == 4
+    d = c["v05_minus_best_grpo_at_equal_rollouts"]
+    assert d["at"] == 200 and d["seeds"] == pytest.approx([0.1, 0.1])
+    assert d["mean"] == pytest.approx(0.1) and d["se"] == pytest.approx(0.0, abs=1e-12)
+    assert c["grpo_accuracy_at_equal_rollouts"]["G2"] == pytest.approx(0.55)
+    # The seeds' mean V0.5 curve (0.5, 0.65, 0.85) crosses sync GRPO-16's final 0.7 at 125 of
+    # the 400 rollouts GRPO-16 used.
+    assert c["grpo16_reference"] == "sync_grpo16"
+    assert c["v05_rollouts_to_reach_grpo16_final"] == pytest.approx(125 / 400, rel=0.02)
+    assert c["samples_per_update"]["async_v05"] == pytest.approx(100.0)
+    assert c["samples_per_update"]["sync_grpo16"] == pytest.approx(200.0)
+    assert c["grad_norm_variance"]["async_v05"] == pytest.approx(np.var([1.0, 2.0, 3.0]))
+
+
+def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path):
+    from bench.learning.__main__ import merge
+
+    path = tmp_path / "learning.json"
+    first = {"config": {"start": "warm"}, "runs": {}, "summary": {"controlled": {"warm": {"x": 1}}}}
+    path.write_text(json.dumps(merge(first, path)))
+    second = {"config": {"start": "weak"}, "runs": {}, "summary": {"controlled": {"weak": {"x": 2}}}}
+    got = merge(second, path)
+    assert set(got["studies"]) == {"warm", "weak"}
+    assert got["summary"]["controlled"] == {"warm": {"x": 1}, "weak": {"x": 2}}
+    assert got["config"]["start"] == "weak"  # the top level is the latest invocation
