@@ -1,0 +1,201 @@
+"""The prior against the truth, at snapshots of a default run.
+
+    python -m bench.prior_truth [--task stepwise|arithmetic] [--run-dir DIR] [--quick]
+
+1. A default run of the task (``v05.yaml``; the arithmetic task with its bare-answer
+   overrides), evaluations off, saving its weights in Hugging Face format at its middle and
+   end (``run.snapshot_every``); or ``--run-dir`` of one that did.
+2. At each snapshot (start: the initial weights; middle; end), ``--prompts`` train prompts
+   over every difficulty level, none of them seen by the run, get ``--samples`` sampled
+   responses each (temperature 1, one sampling seed per prompt): a near-true success rate t.
+3. The prior's p for each, with the context the running system would have given it then:
+   the newest ``prior.window`` observations of the run's ``prompts.jsonl`` that finished
+   before that version was published (at the start, the run's first ones: its prior is empty
+   before them). The shipped backend and its variants (``--variants``) on the same context.
+4. Against the truth: error sd, bias, MAE, rank correlation, a reliability table; the truth's
+   own spread and sampling noise, the error with that noise removed, and the reference
+   predictor told each level's true mean.
+
+Writes bench/results/prior_truth.json (``snapshots``: one object per snapshot and task; a
+task's run replaces that task's entries) and prior_truth.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from bench.prior_truth.analysis import (context_at, error_stats, level_mean_predictor,
+                                        observations, published_at, reliability)
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+TASK_OVERRIDES = {"stepwise": [],
+                  "arithmetic": ["task.name=arithmetic", "rollout.max_tokens=8",
+                                 "generators.engine.max_model_len=64"]}
+# Prior variants measured on the same contexts and truth as the shipped backend: options
+# merged over the run's prior.options.
+VARIANTS = {"shipped": {}, "no_drift": {"drift": False}, "drift": {"drift": True},
+            "halflife4": {"halflife": 4.0}}
+
+
+def log(msg: str) -> None:
+    print(f"[prior_truth {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def make_run(task: str, out_dir: Path, steps: int) -> Path:
+    """A default run of ``task`` with snapshots at its middle and end; its directory."""
+    name = f"prior-truth-{task}"
+    cmd = [sys.executable, "-m", "cluster.launch", str(REPO / "v05.yaml"), *TASK_OVERRIDES[task],
+           f"run.name={name}", f"run.output_dir={out_dir}", f"run.max_steps={steps}",
+           f"run.snapshot_every={steps // 2}", "run.eval_every=0", "run.save_final=false",
+           "cluster.address=local"]
+    log("default run: " + " ".join(cmd[2:]))
+    run_log = out_dir / f"{name}.log"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_log, "w") as f:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"the default run failed (exit {proc.returncode}); see {run_log}")
+    return out_dir / name
+
+
+def queries(task, seen: set[str], per_level: int) -> list:
+    """``per_level`` train prompts of each difficulty level that the run never trained on."""
+    by: dict[int, list] = {}
+    for p in reversed(task.train()):  # from the end: the run reads the split from its start
+        if p.prompt not in seen and len(by.setdefault(p.difficulty, [])) < per_level:
+            by[p.difficulty].append(p)
+    return [p for d in sorted(by) for p in by[d]]
+
+
+def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray:
+    from actors.prior import PriorServer
+
+    server = PriorServer(cfg.prior.backend, {**cfg.prior.options, **options},
+                         window=cfg.prior.window, fallback=None, budget_s=None)
+    server.observe([(o.prompt, o.score, o.version) for o in ctx])
+    return np.array(server.predict(prompts))
+
+
+def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
+                 variants: dict) -> list[dict]:
+    from cluster.config import load_config
+    from tasks import make_task_from_config
+
+    cfg = load_config(run_dir / "config.yaml", [])
+    task = make_task_from_config(cfg.task)
+    rows = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
+    obs = observations(rows, task.rewards)
+    steps = max(r["step"] for r in rows)
+    snap_root = run_dir / "snapshots"
+    snaps = [("start", 0, cfg.model_path())] + sorted(
+        (("middle" if int(d.name[4:]) < steps else "end"), int(d.name[4:]), str(d))
+        for d in snap_root.iterdir() if d.name.startswith("step"))
+    probs = queries(task, {r["prompt"] for r in rows}, per_level)
+    levels = np.array([p.difficulty for p in probs])
+    texts = [p.prompt for p in probs]
+    out = []
+    for name, step, path in snaps:
+        log(f"{task_name} {name} (step {step}): {len(probs)} prompts x {samples} samples")
+        correct, timing = sample_truth_cached(run_dir, name, path, task, probs, samples,
+                                              cfg.rollout.max_tokens, cfg.rollout.temperature)
+        truth = correct / samples
+        ctx = context_at(obs, published_at(rows, step), cfg.prior.window,
+                         min_items=min(64, len(obs)))
+        entry = {"task": task_name, "snapshot": name, "step": step, "weights": path,
+                 "n_prompts": len(probs), "samples_per_prompt": samples,
+                 "levels": sorted(int(v) for v in set(levels)),
+                 "context_size": len(ctx),
+                 "context_versions": [min(o.version for o in ctx), max(o.version for o in ctx)]
+                 if ctx else None,
+                 "truth_mean": float(truth.mean()), "truth_sd": float(truth.std(ddof=1)),
+                 "truth_by_level": {int(v): float(truth[levels == v].mean())
+                                    for v in sorted(set(levels))},
+                 "truth_within_level_sd": float(np.sqrt(np.mean(
+                     [truth[levels == v].var(ddof=1) for v in set(levels)]))),
+                 "timing": timing}
+        lm = error_stats(level_mean_predictor(truth, levels), truth, samples)
+        entry["level_mean_predictor"] = lm
+        entry["variants"] = {}
+        for vname, opts in variants.items():
+            p = prior_predictions(cfg, ctx, texts, opts)
+            entry["variants"][vname] = {**error_stats(p, truth, samples), "options": opts,
+                                        "reliability": reliability(p, truth)}
+        shipped = entry["variants"]["shipped"]
+        entry.update({k: shipped[k] for k in ("error_sd", "bias", "mae", "rmse", "spearman",
+                                              "truth_noise_sd", "error_sd_noise_removed")})
+        entry["reliability"] = shipped["reliability"]
+        entry["points"] = {"truth": truth.round(4).tolist(),
+                           "p": [round(float(x), 4) for x in
+                                 prior_predictions(cfg, ctx, texts, {})],
+                           "level": levels.tolist()}
+        log(f"  truth {truth.mean():.3f} (sd {entry['truth_sd']:.3f}, noise "
+            f"{shipped['truth_noise_sd']:.3f}); " + "; ".join(
+                f"{v}: sd {s['error_sd']:.3f} (noise removed {s['error_sd_noise_removed']:.3f})"
+                f" bias {s['bias']:+.3f} rho {s['spearman']:.3f}"
+                for v, s in entry["variants"].items())
+            + f"; level means: sd {lm['error_sd']:.3f}")
+        out.append(entry)
+    return out
+
+
+def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, samples: int,
+                        max_tokens: int, temperature: float):
+    """The truth of one snapshot, kept beside the run (the expensive part: re-measuring a
+    variant of the prior on it costs nothing)."""
+    from bench.prior_truth.truth import sample_truth
+
+    cache = run_dir / f"truth-{name}-{len(probs)}x{samples}.json"
+    if cache.is_file():
+        got = json.loads(cache.read_text())
+        if got["ids"] == [p.id for p in probs]:
+            return np.array(got["correct"]), got["timing"]
+    correct, timing = sample_truth(path, task, probs, samples, max_tokens, temperature)
+    cache.write_text(json.dumps({"ids": [p.id for p in probs], "correct": correct.tolist(),
+                                 "timing": timing}))
+    return correct, timing
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.prior_truth", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default="stepwise", choices=sorted(TASK_OVERRIDES))
+    ap.add_argument("--run-dir", type=Path, help="a run with snapshots/ (default: make one)")
+    ap.add_argument("--steps", type=int, default=40, help="the default run's steps (40)")
+    ap.add_argument("--per-level", type=int, default=50, help="prompts per difficulty level")
+    ap.add_argument("--samples", type=int, default=64, help="sampled responses per prompt")
+    ap.add_argument("--quick", action="store_true", help="6 steps, 8 prompts a level, 16 samples")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/v05-prior-truth"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "prior_truth.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.per_level, args.samples = 6, 8, 16
+    t0 = time.time()
+    run_dir = args.run_dir or make_run(args.task, args.work_dir, args.steps)
+    snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS)
+    old = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    kept = [s for s in old.get("snapshots", []) if s["task"] != args.task]
+    res = {"command": "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:]),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "units": "probabilities: p the prior's, t the share of correct sampled answers "
+                    "(T = 1) among samples_per_prompt; error = p - t over n_prompts prompts",
+           "snapshots": kept + snaps,
+           "runs": {**old.get("runs", {}), args.task: {"run_dir": str(run_dir),
+                                                       "wall_s": round(time.time() - t0)}}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    from bench.prior_truth.plot import plot
+    plot(res, args.out.with_suffix(".png"))
+    log(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

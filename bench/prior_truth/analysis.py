@@ -1,0 +1,120 @@
+"""The arithmetic of the prior-against-the-truth benchmark (pure: NumPy only).
+
+The truth of a prompt is its success rate over n sampled responses of a snapshot's weights,
+t = c / n; the prior's error is p - t. Its spread includes the truth's own binomial noise:
+var(p - t) = var(p - mu) + E[mu (1 - mu)] / n, and E[t (1 - t) / (n - 1)] estimates the
+second term without bias, so ``truth_noise_sd`` is its square root and
+``error_sd_noise_removed`` = sqrt(error_sd^2 - truth_noise_sd^2) is the prior's own error.
+
+The context of a snapshot is what the running system's prior held when the policy reached
+that version: the newest ``window`` observations (prompt, observed success rate, the version
+at which it finished) of the run's ``prompts.jsonl`` that finished before the version was
+published (``context_at``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (average ranks for ties)."""
+    def ranks(x):
+        x = np.asarray(x, dtype=float)
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):  # ties share their mean rank
+            m = x == v
+            if m.sum() > 1:
+                r[m] = r[m].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def truth_noise_sd(truth: np.ndarray, n: int) -> float:
+    """sqrt(E[mu (1 - mu)] / n), estimated without bias from t = c / n: t (1 - t) / (n - 1)."""
+    t = np.asarray(truth, dtype=float)
+    return float(math.sqrt(max(0.0, float(np.mean(t * (1 - t) / (n - 1))))))
+
+
+def error_stats(p: np.ndarray, truth: np.ndarray, n: int) -> dict:
+    """The prior's p against the truth t (both (N,), probabilities) from n samples each."""
+    p, t = np.asarray(p, dtype=float), np.asarray(truth, dtype=float)
+    e = p - t
+    sd, noise = float(e.std(ddof=1)), truth_noise_sd(t, n)
+    return {"error_sd": sd, "bias": float(e.mean()), "mae": float(np.abs(e).mean()),
+            "rmse": float(math.sqrt(float(np.mean(e * e)))), "spearman": spearman(p, t),
+            "error_sd_noise_removed": float(math.sqrt(max(0.0, sd * sd - noise * noise))),
+            "truth_noise_sd": noise}
+
+
+def level_mean_predictor(truth: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """The reference a prior should beat: each prompt predicted by its difficulty level's mean
+    truth (a predictor told the level and the policy's exact per-level accuracy)."""
+    t, lv = np.asarray(truth, dtype=float), np.asarray(levels)
+    out = np.empty_like(t)
+    for v in np.unique(lv):
+        out[lv == v] = t[lv == v].mean()
+    return out
+
+
+def reliability(p: np.ndarray, truth: np.ndarray, bins: int = 5) -> list[dict]:
+    """Mean p and mean truth per bin of p (equal-width bins on [0, 1]), with counts."""
+    p, t = np.asarray(p, dtype=float), np.asarray(truth, dtype=float)
+    edges = np.linspace(0, 1, bins + 1)
+    which = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
+    return [{"bin": [float(edges[b]), float(edges[b + 1])], "count": int((which == b).sum()),
+             "p_mean": float(p[which == b].mean()) if (which == b).any() else None,
+             "truth_mean": float(t[which == b].mean()) if (which == b).any() else None}
+            for b in range(bins)]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished prompt as the coordinator told the prior: its text, its observed success
+    rate, the version at which it finished, and when."""
+
+    prompt: str
+    score: float
+    version: int
+    t_done: float
+
+
+def observations(prompt_rows: list[dict], rewards: tuple[float, float]) -> list[Observation]:
+    """The run's observations from ``prompts.jsonl`` rows, in the order they finished. The
+    version an observation was reported at is the scheduler's version when it finished: the
+    number of steps whose batch was taken before then (``t_trained``), as the coordinator
+    reports it (``actors/coordinator.py``: observe ... sched.version)."""
+    lo, hi = rewards
+    taken = sorted({(r["step"], r["t_trained"]) for r in prompt_rows})
+    times = np.array([t for _, t in taken])
+    out = []
+    for r in sorted(prompt_rows, key=lambda r: r["t_done"]):
+        score = (float(np.mean(r["rewards"])) - lo) / (hi - lo)
+        version = int(np.searchsorted(times, r["t_done"], side="right"))
+        out.append(Observation(r["prompt"], min(1.0, max(0.0, score)), version, r["t_done"]))
+    return out
+
+
+def published_at(prompt_rows: list[dict], version: int) -> float:
+    """When ``version`` was published: the learner took the batch of step ``version + 1``
+    after publishing it (inf: the run ended first, everything it observed counts)."""
+    after = [r["t_trained"] for r in prompt_rows if r["step"] == version + 1]
+    return min(after) if after else math.inf
+
+
+def context_at(obs: list[Observation], t: float, window: int,
+               min_items: int = 0) -> list[Observation]:
+    """The prior's window at time t: the newest ``window`` observations finished by then. With
+    ``min_items``, at least that many (the first ones of the run) even if they finished later:
+    the start snapshot's prior would otherwise be empty (then it answers its prior mean)."""
+    done = [o for o in obs if o.t_done <= t]
+    if len(done) < min_items:
+        done = obs[:min_items]
+    return done[-window:]

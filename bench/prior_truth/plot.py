@@ -1,0 +1,50 @@
+"""prior_truth.png: per task and snapshot, the prior's p against the truth (each prompt a
+point, coloured by level) with the reliability curve; a bar panel of error sd (noise removed)
+per variant against the level-mean reference."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    snaps = res["snapshots"]
+    tasks = sorted({s["task"] for s in snaps})
+    cols = max(len([s for s in snaps if s["task"] == t]) for t in tasks) + 1
+    fig, axes = plt.subplots(len(tasks), cols, figsize=(3.6 * cols, 3.4 * len(tasks)),
+                             squeeze=False)
+    for row, task in zip(axes, tasks):
+        mine = [s for s in snaps if s["task"] == task]
+        for ax, s in zip(row, mine):
+            pts = s["points"]
+            ax.scatter(pts["truth"], pts["p"], c=pts["level"], s=6, cmap="viridis", alpha=0.7)
+            rel = [b for b in s["reliability"] if b["count"]]
+            ax.plot([b["truth_mean"] for b in rel], [b["p_mean"] for b in rel], "r-o", ms=3,
+                    lw=1, label="bin means")
+            ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+            ax.set_title(f"{task} {s['snapshot']} (step {s['step']}): sd {s['error_sd']:.3f}, "
+                         f"bias {s['bias']:+.3f}, rho {s['spearman']:.2f}", fontsize=7)
+            ax.set_xlabel(f"truth ({s['samples_per_prompt']} samples)", fontsize=7)
+            ax.set_ylabel("prior p", fontsize=7)
+        ax = row[len(mine)]
+        names = list(mine[0]["variants"])
+        w = 0.8 / (len(names) + 1)
+        for i, name in enumerate(names):
+            ax.bar([j + i * w for j in range(len(mine))],
+                   [s["variants"][name]["error_sd_noise_removed"] for s in mine], w, label=name)
+        ax.bar([j + len(names) * w for j in range(len(mine))],
+               [s["level_mean_predictor"]["error_sd_noise_removed"] for s in mine], w,
+               color="grey", label="level means (reference)")
+        ax.axhline(0.07, color="k", ls=":", lw=0.8)
+        ax.set_xticks([j + 0.4 for j in range(len(mine))], [s["snapshot"] for s in mine])
+        ax.set_title(f"{task}: error sd, truth noise removed", fontsize=7)
+        ax.legend(fontsize=6)
+    for ax in axes.flat[len(axes.flat):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
