@@ -50,6 +50,14 @@ MODES = {
     **{f"async_grpo{G}": {"mode": "async", "algo": {"name": "grpo", "k_init": G, "k_max": G}}
        for G in (2, 4, 8, 16)},
     "sync_dapo16": {"mode": "sync", "algo": {"name": "dapo", "k_init": 16, "k_max": 16}},
+    # The budget rule's sweep (issue 18, item 5): what sets V0.5's extra rollouts.
+    "async_v05_cost2x": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
+                                                   "cost": 0.0078}},
+    "async_v05_cost4x": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
+                                                   "cost": 0.0156}},
+    "async_v05_kmax8": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 8}},
+    "async_v05_plugin": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
+                                                   "lookahead": "plugin"}},
 }
 # The controlled study's modes: V0.5 against async GRPO at every G (the best is the baseline
 # to beat) and the colocated synchronous GRPO-16, every update on the same S samples.

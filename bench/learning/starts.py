@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-WEAK_STEPS = 760
+WEAK_STEPS = 660
 
 
 def weak_recipe() -> dict:
