@@ -12,6 +12,13 @@ GAUGES = {  # name -> (description, key in the step metrics)
     "v05_generator_busy_fraction": ("Fraction of time generators had work", "generator_busy_fraction"),
     "v05_inflight_prompts": ("Prompts admitted and not yet handed to the learner", "inflight_prompts"),
     "v05_prior_accept_rate": ("Fraction of prompts whose prior passed the test", "prior_accept_rate"),
+    # The prior's error against the truth, noise-corrected, from each prompt's first k_init
+    # rewards, pooled over the last 20 steps (cluster.metrics.PRIOR_WINDOW_STEPS): one step's
+    # 16 prompts are too few for a steady series.
+    "v05_prior_error_sd": ("Prior's noise-corrected error sd, sqrt E[(p - mu)^2], recent steps",
+                           "prior_error_sd_corrected_window"),
+    "v05_prior_bias": ("Prior's bias E[p - mu] (> 0: over-predicts success), recent steps",
+                       "prior_bias_window"),
     "v05_staleness_mean": ("Mean policy-version lag of trained samples", "staleness_mean"),
     "v05_staleness_max": ("Largest policy-version lag of trained samples", "staleness_max"),
     "v05_learner_step_time_s": ("Wall time of one learner step (s)", "step_time_s"),

@@ -8,6 +8,12 @@ from training time: evaluation never counts in throughput.
     results  = spread(len(requests), n_generators, send, ...)  # a lost generator's go elsewhere
     correct  = scorer.correct(answers)                         # the task's verifier, bounded
 
+Sampling seeds: sample i of held-out problem x is drawn with seed ``eval_seed_base(run seed,
+x.id) + i`` (the generator adds i to a request's seed), so no two prompts share a seed and
+their outcomes are independent (one seed for every prompt made sample i of each draw the same
+random numbers: measured, the accuracy's spread over evaluation seeds was about 3x its
+reported SE). ``seed_spread_check`` is the test of that on outcomes from several seeds.
+
 Faults: a generator whose call raises (dead, restarting, an engine error) or does not answer
 within ``timeout_s`` is not used again in this evaluation, and its requests go to the
 others; with none left they are skipped, counted in ``eval_failed_requests``. Answers are
@@ -19,6 +25,7 @@ pathological answer would otherwise hang it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import math
 import time
@@ -30,6 +37,26 @@ from actors.scoring import Scorer
 from actors.types import RolloutRequest, SamplingConfig
 
 EVAL_METRICS = ("sampled", "greedy")
+SEEDS_PER_PROMPT = 4096  # samples per prompt whose seeds are distinct by construction
+
+
+def eval_seed_base(run_seed: int, problem_id: str) -> int:
+    """The sampling seed of sample 0 of held-out problem ``problem_id`` in a run seeded
+    ``run_seed``; sample i uses ``base + i``, for i < ``SEEDS_PER_PROMPT``. A multiple of
+    ``SEEDS_PER_PROMPT`` taken from a blake2b hash of (run seed, problem id), so that the
+    seeds of two prompts never overlap (unless 51 bits of their hashes collide: about 1e-10
+    for 500 prompts) and base + i < 2**63. Same run seed: same seeds (a run is repeatable);
+    another run seed: other seeds."""
+    h = hashlib.blake2b(f"{int(run_seed)}\x00{problem_id}".encode(), digest_size=8).digest()
+    top = int.from_bytes(h, "big") >> 1  # 63 bits
+    return top - top % SEEDS_PER_PROMPT
+
+
+def eval_seeds(run_seed: int, problem_ids, n: int) -> list[list[int]]:
+    """Each problem's ``n`` sampling seeds, ``eval_seed_base(run_seed, id) + i``."""
+    if not 0 <= n <= SEEDS_PER_PROMPT:
+        raise ValueError(f"{n} samples per prompt: at most {SEEDS_PER_PROMPT} have distinct seeds")
+    return [[eval_seed_base(run_seed, pid) + i for i in range(n)] for pid in problem_ids]
 
 
 def accuracy_stats(correct: np.ndarray) -> tuple[float, float]:
@@ -76,16 +103,62 @@ class AnswerScorer:
 def eval_requests(problems: list, max_tokens: int, samples: int, temperature: float,
                   seed: int, prefix: str = "eval") -> list[tuple]:
     """(problem, "greedy" | "sampled", RolloutRequest) for every held-out problem: one greedy
-    answer each, and ``samples`` sampled ones (none with ``samples=0``)."""
+    answer each, and ``samples`` sampled ones (none with ``samples=0``), seeded per problem
+    from the run's ``seed`` (``eval_seed_base``; the generator seeds completion i with
+    the request's seed + i)."""
+    if samples > SEEDS_PER_PROMPT:
+        raise ValueError(f"{samples} samples per prompt: at most {SEEDS_PER_PROMPT}")
     ids = itertools.count()
     greedy = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
-    sampled = SamplingConfig(temperature=temperature, max_tokens=max_tokens, seed=seed)
     out = [(p, "greedy", RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, 1, greedy))
            for p in problems]
     if samples:
-        out += [(p, "sampled", RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, samples,
-                                              sampled)) for p in problems]
+        out += [(p, "sampled", RolloutRequest(
+            f"{prefix}-{next(ids)}", p.id, p.prompt, samples,
+            SamplingConfig(temperature=temperature, max_tokens=max_tokens,
+                           seed=eval_seed_base(seed, p.id)))) for p in problems]
     return out
+
+
+def _chi2_quantile(q: float, dof: int) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (a few % off at dof >= 3)."""
+    z = {0.025: -1.959964, 0.975: 1.959964}[q]
+    a = 2.0 / (9.0 * dof)
+    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def seed_spread_check(outcomes) -> dict:
+    """Do the evaluation's standard errors hold? ``outcomes``: (S, P, n) scores in [0, 1] of
+    the same P prompts, n samples each, under S independent evaluation seeds.
+
+    Compares the spread over seeds of the mean accuracy (its sd, ddof=1, with a 95% interval
+    for S - 1 degrees of freedom) with what binomial sampling within prompts predicts for
+    these prompts, sqrt(sum_j q_j (1 - q_j) N / (N - 1) / n) / P with q_j prompt j's success
+    rate over all N = S * n of its samples; and with the reported SE (``accuracy_stats``, the
+    mean over seeds), which also counts the spread between prompts, so it is larger when
+    samples are independent. Samples that share random numbers across prompts make the spread
+    exceed the prediction: ``ratio_to_predicted`` >> 1."""
+    x = np.asarray(outcomes, dtype=np.float64)
+    if x.ndim != 3 or x.shape[0] < 2 or x.shape[1] < 2 or x.shape[2] < 1:
+        raise ValueError(f"outcomes must be (seeds >= 2, prompts >= 2, samples >= 1), got {x.shape}")
+    s, p, n = x.shape
+    per_prompt = x.mean(axis=2)                          # (S, P)
+    acc = per_prompt.mean(axis=1)                        # (S,)
+    reported = [accuracy_stats(row)[1] for row in per_prompt]
+    spread_sd = float(acc.std(ddof=1))
+    q = x.mean(axis=(0, 2))                              # (P,) over all S * n samples
+    big_n = s * n
+    within = q * (1.0 - q) * big_n / (big_n - 1) if big_n > 1 else q * (1.0 - q)
+    predicted = float(math.sqrt(within.sum() / n) / p)
+    dof = s - 1
+    lo = spread_sd * math.sqrt(dof / _chi2_quantile(0.975, dof))
+    hi = spread_sd * math.sqrt(dof / _chi2_quantile(0.025, dof)) if dof > 1 else math.inf
+    reported_se = float(np.mean(reported))
+    return {"seeds": s, "prompts": p, "samples": n, "accuracy_by_seed": acc.tolist(),
+            "accuracy_mean": float(acc.mean()), "spread_sd": spread_sd,
+            "spread_sd_ci95": [lo, hi], "predicted_se": predicted, "reported_se": reported_se,
+            "ratio_to_predicted": spread_sd / predicted if predicted > 0 else math.nan,
+            "ratio_to_reported": spread_sd / reported_se if reported_se > 0 else math.nan}
 
 
 def spread(n_requests: int, n_generators: int, send, wait, get, timeout_s: float,

@@ -114,6 +114,54 @@ def pair_auc(score, label) -> float:
     return float(((ds[mask] + 1.0) / 2.0).mean())
 
 
+PRIOR_WINDOW_STEPS = 20  # the prior's corrected error pooled over this many recent steps
+
+
+def prior_error_terms(p, first) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt terms of the prior's noise-corrected error against the truth.
+
+    p (N,): the prior's success probabilities; first (N, m), m >= 2: each prompt's first m
+    rewards on the [0, 1] scale, drawn whatever the stopping rule later decided (the k_init
+    rollouts every prompt gets), so that they are i.i.d. given the prompt's true success rate
+    mu. With vbar their mean and s2 their sample variance (ddof=1; vbar (1 - vbar) m / (m - 1)
+    for binary rewards), E[vbar] = mu and E[s2 / m] = Var(vbar), hence
+
+        sq   = (p - vbar)^2 - s2 / m    unbiased for (p - mu)^2
+        bias = p - vbar                 unbiased for p - mu
+
+    The means of ``sq`` and ``bias`` over prompts estimate E[(p - mu)^2] and E[p - mu]; a mean
+    of ``sq`` may be negative by chance (a prior nearly exact). Returns (sq, bias), each (N,)."""
+    p = np.asarray(p, dtype=np.float64)
+    x = np.asarray(first, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] != p.shape[0] or x.shape[1] < 2:
+        raise ValueError(f"first must be (N={p.shape[0]}, m >= 2) rewards, got {x.shape}")
+    m = x.shape[1]
+    vbar = x.mean(axis=1)
+    return (p - vbar) ** 2 - x.var(axis=1, ddof=1) / m, p - vbar
+
+
+def prior_error_summary(sq_sum: float, bias_sum: float, n: int) -> dict:
+    """The corrected error figures from sums of ``prior_error_terms`` over n prompts:
+    ``prior_error_var_corrected`` (estimate of E[(p - mu)^2], may be negative),
+    ``prior_error_sd_corrected`` (the square root of its positive part), ``prior_bias``
+    (E[p - mu]: > 0, the prior over-predicts success)."""
+    if n <= 0:
+        return {}
+    var = sq_sum / n
+    return {"prior_error_var_corrected": var, "prior_error_sd_corrected": math.sqrt(max(0.0, var)),
+            "prior_bias": bias_sum / n}
+
+
+def first_rewards(records: list[PromptRecord], m: int,
+                  rewards: tuple[float, float]) -> tuple[list[PromptRecord], np.ndarray]:
+    """The records with a prior and at least m rewards, and their first m rewards (in rollout
+    index order, the order of ``PromptRecord.rewards``: the first k_init are the prompt's
+    initial dispatch) mapped to [0, 1] and clipped (``reward_to_prob``), shape (n, m)."""
+    keep = [r for r in records if r.prior_p is not None and len(r.rewards) >= m]
+    x = np.array([r.rewards[:m] for r in keep], dtype=np.float64).reshape(len(keep), m)
+    return keep, np.asarray(reward_to_prob(x, rewards), dtype=np.float64)
+
+
 def batch_metrics(records: list[PromptRecord], estimator_k_init: int,
                   rewards: tuple[float, float]) -> dict:
     """What the trained prompts looked like: rewards, k, rounds, the prior's calibration.
@@ -139,11 +187,54 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int,
            "response_len_mean": float(np.mean([n for r in records for n in r.lengths]))}
     if with_prior:
         # The prior's running error: |p - observed success rate| over this step's prompts.
-        obs = [float(reward_to_prob(np.mean(r.rewards), rewards)) for r in with_prior]
-        out["prior_abs_error"] = float(np.mean([abs(r.prior_p - o) for r, o in zip(with_prior, obs)]))
+        obs = np.asarray(reward_to_prob(np.array([np.mean(r.rewards) for r in with_prior]),
+                                        rewards), dtype=np.float64)
+        out["prior_abs_error"] = float(np.mean(np.abs(np.array([r.prior_p for r in with_prior])
+                                                      - obs)))
         # Within-step ranking: does the prior order this step's prompts by success rate?
         out["prior_auc"] = pair_auc([r.prior_p for r in with_prior], obs)
         out["prior_prompts"] = len(with_prior)
+        out.update(corrected_prior_error(with_prior, estimator_k_init, rewards))
+    return out
+
+
+def corrected_prior_error(records: list[PromptRecord], k_init: int,
+                          rewards: tuple[float, float]) -> dict:
+    """The prior's error against the truth, corrected for the noise of observed rates, from
+    each prompt's first ``k_init`` rewards (``prior_error_terms``): ``prior_error_var_corrected``,
+    ``prior_error_sd_corrected``, ``prior_bias``, and ``prior_error_n`` (the prompts counted;
+    ``pool_prior_error`` pools steps by it). Empty when k_init < 2 (no variance to correct
+    with) or no prompt has a prior."""
+    if k_init < 2:
+        return {}
+    keep, x = first_rewards(records, k_init, rewards)
+    if not keep:
+        return {}
+    sq, bias = prior_error_terms([r.prior_p for r in keep], x)
+    return {**prior_error_summary(float(sq.sum()), float(bias.sum()), len(keep)),
+            "prior_error_n": len(keep)}
+
+
+def pool_prior_error(steps) -> dict:
+    """``prior_error_summary`` over the prompts of several steps' metrics (each weighted by
+    its ``prior_error_n``; steps without the figures are skipped), with ``prior_error_n``."""
+    n = sq = bias = 0.0
+    for m in steps:
+        k, var, b = m.get("prior_error_n"), m.get("prior_error_var_corrected"), m.get("prior_bias")
+        if k and var is not None and b is not None:
+            n, sq, bias = n + k, sq + var * k, bias + b * k
+    return {**prior_error_summary(sq, bias, int(n)), "prior_error_n": int(n)} if n else {}
+
+
+def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> dict:
+    """``pool_prior_error`` over each step and the ``window - 1`` before it: arrays (one per
+    step, NaN where no step of the window has the figures) of ``prior_error_sd_corrected``
+    and ``prior_bias``."""
+    out = {k: np.full(len(steps), np.nan) for k in ("prior_error_sd_corrected", "prior_bias")}
+    for i in range(len(steps)):
+        pooled = pool_prior_error(steps[max(0, i - window + 1):i + 1])
+        for k, a in out.items():
+            a[i] = pooled.get(k, np.nan)
     return out
 
 
@@ -276,7 +367,22 @@ def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: f
                for kind in ("greedy", "sampled") for when, ev in (("initial", initial),
                                                                   ("final", final))
                for se in ("", "_se")},
-            "eval_prompts": final.get("eval_prompts"), "eval_samples": final.get("eval_samples")}
+            "eval_prompts": final.get("eval_prompts"), "eval_samples": final.get("eval_samples"),
+            **run_prior_error(totals)}
+
+
+def run_prior_error(totals: dict) -> dict:
+    """The prior's error over every trained prompt of the run (resumes included), from the
+    trainer's running sums: ``prior_abs_error`` (mean |p - observed success|) and the
+    noise-corrected ``prior_error_var_corrected``, ``prior_error_sd_corrected``, ``prior_bias``
+    (``corrected_prior_error``, pooled over ``prior_error_n`` prompts)."""
+    out = {}
+    if totals.get("prior_error_prompts"):
+        out["prior_abs_error"] = totals["prior_error_sum"] / totals["prior_error_prompts"]
+    if totals.get("prior_error_n"):
+        out.update(prior_error_summary(totals["prior_error_sq_sum"], totals["prior_bias_sum"],
+                                       totals["prior_error_n"]))
+    return out
 
 
 def prompt_fates(run_dir: Path) -> dict:

@@ -107,17 +107,29 @@ def k_heatmap(steps: np.ndarray, hist: np.ndarray, k_mean: np.ndarray) -> str | 
     return png(fig)
 
 
-def prior_steps(steps: np.ndarray, accept: np.ndarray, error: np.ndarray) -> str | None:
-    if not _finite(accept, error):
+def prior_steps(steps: np.ndarray, accept: np.ndarray, error: np.ndarray,
+                sd: np.ndarray | None = None, bias: np.ndarray | None = None,
+                window: int = 0) -> str | None:
+    """Per step: acceptance rate and |p - observed|; ``sd``/``bias``: the noise-corrected
+    error sd and the bias pooled over the last ``window`` steps (each step's own is noisy)."""
+    if not _finite(accept, error, sd, bias):
         return None
-    fig = Figure(figsize=(7.5, 3.2))
+    fig = Figure(figsize=(7.5, 3.6))
     ax = fig.subplots()
-    for y, label, c in ((accept, "prior_accept_rate", C["accept"]),
-                        (error, "prior_abs_error: mean |p - observed success|", C["error"])):
+    lines = [(accept, "prior_accept_rate", C["accept"], "-"),
+             (error, "prior_abs_error: mean |p - observed success|", C["error"], "-")]
+    if sd is not None:
+        lines.append((sd, f"prior_error_sd_corrected ({window} steps)", C["sync"], "-"))
+    if bias is not None:
+        lines.append((bias, f"prior_bias ({window} steps)", C["k"], "--"))
+    low = -0.02
+    for y, label, c, ls in lines:
         ok = np.isfinite(y)
         if ok.any():
-            ax.plot(steps[ok], y[ok], marker=".", color=c, label=label)
-    ax.set_ylim(-0.02, 1.02)
+            ax.plot(steps[ok], y[ok], marker=".", color=c, ls=ls, label=label)
+            low = min(low, float(y[ok].min()) - 0.05)
+    ax.axhline(0.0, color="grey", lw=0.6)
+    ax.set_ylim(max(-1.02, low), 1.02)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")

@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 
 from cluster import report_plots as plots
+from cluster.metrics import PRIOR_WINDOW_STEPS, rolling_prior_error
 from cluster.report import RunData, as_float
 
 PLOTS = {
@@ -219,11 +220,19 @@ def reliability_bins(prompts: list[dict], reward_range: tuple[float, float] | No
 
 def prior(run: RunData) -> str:
     steps = run.steps
-    out = [figure("plot-prior-steps", plots.prior_steps(steps, run.col("prior_accept_rate"),
-                                                        run.col("prior_abs_error")),
+    rolled = rolling_prior_error(run.metrics)
+    out = [figure("plot-prior-steps", plots.prior_steps(
+        steps, run.col("prior_accept_rate"), run.col("prior_abs_error"),
+        rolled["prior_error_sd_corrected"], rolled["prior_bias"], PRIOR_WINDOW_STEPS),
                   "no prior_accept_rate or prior_abs_error (a run without a prior?)",
                   "prior_accept_rate: share of prompts whose real-time test kept the prior; "
-                  "prior_abs_error: mean |p - observed success| over the step's prompts.")]
+                  "prior_abs_error: mean |p - observed success| over the step's prompts (the "
+                  "observed rate's own noise included: an upper bound on the prior's error); "
+                  "prior_error_sd_corrected: sqrt of E[(p - mu)^2] against the true success "
+                  "rate mu, the noise of each prompt's first k_init rewards subtracted; "
+                  "prior_bias: E[p - mu] (> 0: the prior over-predicts); both pooled over the "
+                  f"last {PRIOR_WINDOW_STEPS} steps' prompts.")]
+    out.append(prior_run_table(run.summary or {}))
     task = run.config.get("task") or {}
     lo, hi = as_float(task.get("reward_low")), as_float(task.get("reward_high"))
     bins, why = reliability_bins(run.prompts, None if math.isnan(lo + hi) or hi <= lo else (lo, hi))
@@ -242,6 +251,16 @@ def prior(run: RunData) -> str:
                           "SE"], [[f"{b['lo']:.1f}–{b['hi']:.1f}", b["n"], b["p"], b["obs"],
                                    b["se"]] for b in full], cls="reliability"))
     return "\n".join(out)
+
+
+def prior_run_table(summary: dict) -> str:
+    """The prior's error over every trained prompt of the run (summary.json), or nothing."""
+    keys = [("prior_abs_error", "mean |p - observed success|"),
+            ("prior_error_sd_corrected", "error sd against the truth, noise-corrected"),
+            ("prior_error_var_corrected", "its variance estimate (may be < 0)"),
+            ("prior_bias", "bias E[p - mu]"), ("prior_error_n", "prompts (first k_init rewards)")]
+    rows = [[key, what, summary[key]] for key, what in keys if summary.get(key) is not None]
+    return table(["over the run", "", "value"], rows, cls="prior-run") if rows else ""
 
 
 # -- generators ----------------------------------------------------------------------------

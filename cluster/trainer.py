@@ -15,6 +15,7 @@ import functools
 import json
 import sys
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -22,8 +23,9 @@ from cluster.checkpoints import Checkpoints
 from cluster.config import Config, dump_config
 from cluster.evaluation import AnswerScorer, evaluate
 from cluster.paths import REPLACED, fresh_run_dir
-from cluster.metrics import (RunWriter, StepTimes, TrainClock, generator_delta, per_generator,
-                             rates, run_summary, step_metrics)
+from cluster.metrics import (PRIOR_WINDOW_STEPS, RunWriter, StepTimes, TrainClock,
+                             generator_delta, per_generator, pool_prior_error,
+                             prior_error_summary, rates, run_summary, step_metrics)
 
 
 STATS_WAIT_S = 5.0  # telemetry: a generator that does not answer in this long is skipped
@@ -135,6 +137,7 @@ class Trainer:
                        "train_s": 0.0, "last_eval_train_s": 0.0, **state.totals}
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watchdog")
         self.update_failed: list[tuple[int, int, str]] = []  # (version, generator, why)
+        self.prior_window: deque[dict] = deque(maxlen=PRIOR_WINDOW_STEPS)  # steps' metrics
         self.scorer: AnswerScorer | None = None  # evaluation's verifier, from the first one
         self.last_progress = time.time()
         # The run's own roles, beside the long-lived ones: the coordinator and telemetry.
@@ -379,11 +382,33 @@ class Trainer:
             t["prior_error_sum"] = t.get("prior_error_sum", 0.0) + m["prior_abs_error"] * n
             t["prior_error_prompts"] = t.get("prior_error_prompts", 0) + n
             m["prior_abs_error_running"] = t["prior_error_sum"] / t["prior_error_prompts"]
+        self._account_prior_error(m)
         if self.recorder is not None:
             it = iter(batch.samples)
             for r in batch.records:
                 self.recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, self.version,
                                      [next(it) for _ in range(r.k)], step=self.step)
+
+    def _account_prior_error(self, m: dict) -> None:
+        """The prior's noise-corrected error (``corrected_prior_error``) pooled over the run
+        (sums in the totals, so resumes continue them) and over the last
+        ``PRIOR_WINDOW_STEPS`` steps (this process's; a resume starts the window afresh), as
+        ``prior_error_sd_corrected_{running,window}`` and ``prior_bias_{running,window}``."""
+        t = self.totals
+        if m.get("prior_error_n"):
+            n = m["prior_error_n"]
+            t["prior_error_sq_sum"] = t.get("prior_error_sq_sum", 0.0) + m["prior_error_var_corrected"] * n
+            t["prior_bias_sum"] = t.get("prior_bias_sum", 0.0) + m["prior_bias"] * n
+            t["prior_error_n"] = t.get("prior_error_n", 0) + n
+            self.prior_window.append(m)
+        if not t.get("prior_error_n"):
+            return
+        for when, pooled in (("running", prior_error_summary(
+                t["prior_error_sq_sum"], t["prior_bias_sum"], t["prior_error_n"])),
+                             ("window", pool_prior_error(self.prior_window))):
+            for key in ("prior_error_sd_corrected", "prior_error_var_corrected", "prior_bias"):
+                if key in pooled:
+                    m[f"{key}_{when}"] = pooled[key]
 
     def _measure_peaks(self) -> list[float]:
         """Each engine's decode tokens/s with every slot busy, all engines at once (they share

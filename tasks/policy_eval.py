@@ -71,7 +71,10 @@ def evaluate_accuracy(model_path: str | Path, problems: Sequence[Problem], *,
 # ---- samplers: n completions per prompt -> (texts, token counts) ----------------------------
 
 def sample_hf(path: str | Path, prompts: Sequence[str], *, n: int, temperature: float,
-              max_tokens: int, seed: int = 0) -> tuple[list[list[str]], list[list[int]]]:
+              max_tokens: int, seed: int = 0, ids: Sequence[str] | None = None
+              ) -> tuple[list[list[str]], list[list[int]]]:
+    """One torch random stream (``seed``) over all the completions: independent across
+    prompts, though not the evaluation's per-prompt seeds (``ids`` is unused)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,13 +103,29 @@ class VllmSampler:
                        enforce_eager=True, seed=seed, max_num_seqs=256)
 
     def __call__(self, prompts: Sequence[str], *, n: int, temperature: float, max_tokens: int,
-                 seed: int = 0) -> tuple[list[list[str]], list[list[int]]]:
+                 seed: int = 0, ids: Sequence[str] | None = None,
+                 seeds: Sequence[Sequence[int]] | None = None
+                 ) -> tuple[list[list[str]], list[list[int]]]:
+        """``n`` completions of each prompt, one engine request each: completion i of prompt j
+        is sampled with ``seeds[j][i]``, by default the evaluation's per-prompt seeds
+        (``cluster.evaluation.eval_seeds`` of the run ``seed`` and the problem ``ids``, the
+        prompt texts when no ids are given), as the generators sample held-out answers."""
         from vllm import SamplingParams
 
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-        outs = self.llm.generate(list(prompts), params, use_tqdm=False)
-        return ([[c.text for c in o.outputs] for o in outs],
-                [[len(c.token_ids) for c in o.outputs] for o in outs])
+        from cluster.evaluation import eval_seeds
+
+        prompts = list(prompts)
+        if seeds is None:
+            seeds = eval_seeds(seed, list(ids) if ids is not None else prompts, n)
+        if len(seeds) != len(prompts) or any(len(row) != n for row in seeds):
+            raise ValueError(f"seeds must be {len(prompts)} rows of {n}")
+        params = [SamplingParams(n=1, temperature=temperature, max_tokens=max_tokens, seed=int(s))
+                  for row in seeds for s in row]
+        outs = self.llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
+        texts = [o.outputs[0].text for o in outs]
+        lengths = [len(o.outputs[0].token_ids) for o in outs]
+        return ([texts[j * n:(j + 1) * n] for j in range(len(prompts))],
+                [lengths[j * n:(j + 1) * n] for j in range(len(prompts))])
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -172,10 +191,11 @@ def measure(path: str | Path, task: Task, *, max_tokens: int, n_heldout: int = 5
         def sampler(prompts, **kw):
             return sample_hf(path, prompts, **kw)
     kw = dict(max_tokens=max_tokens, seed=seed)
-    greedy_txt, _ = sampler([p.prompt for p in heldout], n=1, temperature=0.0, **kw)
+    held_ids, train_ids = [p.id for p in heldout], [p.id for p in train]
+    greedy_txt, _ = sampler([p.prompt for p in heldout], n=1, temperature=0.0, ids=held_ids, **kw)
     sampled_txt, sampled_len = sampler([p.prompt for p in heldout], n=samples,
-                                       temperature=1.0, **kw)
-    train_txt, _ = sampler([p.prompt for p in train], n=k, temperature=1.0, **kw)
+                                       temperature=1.0, ids=held_ids, **kw)
+    train_txt, _ = sampler([p.prompt for p in train], n=k, temperature=1.0, ids=train_ids, **kw)
     greedy = score(task, heldout, greedy_txt)
     sampled = score(task, heldout, sampled_txt)
     on_train = score(task, train, train_txt)

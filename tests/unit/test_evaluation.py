@@ -116,3 +116,77 @@ def test_requests_per_problem(samples):
     assert len(requests) == 2 * (1 + bool(samples))
     assert len({r.request_id for _, _, r in requests}) == len(requests)
     assert all(r.sampling.temperature == 0.0 for _, kind, r in requests if kind == "greedy")
+
+
+# -- sampling seeds: one per prompt and sample ------------------------------------------------
+
+def test_seeds_are_distinct_across_prompts_and_samples_repeatable_and_move_with_the_run_seed():
+    from cluster.evaluation import eval_seeds
+
+    ids = [f"stepwise/{i}" for i in range(500)]
+    seeds = eval_seeds(0, ids, 4)
+    flat = [s for row in seeds for s in row]
+    assert len(set(flat)) == 500 * 4  # no two (prompt, sample) pairs share a seed
+    assert all(0 <= s < 2 ** 63 for s in flat)
+    assert all(row == list(range(row[0], row[0] + 4)) for row in seeds)  # base + i
+    assert eval_seeds(0, ids, 4) == seeds  # a run is repeatable
+    other = eval_seeds(1, ids, 4)
+    assert not set(flat) & {s for row in other for s in row}  # another run seed: other seeds
+    # Wide apart: no prompt's 4096 seeds reach into another's.
+    bases = sorted(row[0] for row in seeds)
+    assert min(b - a for a, b in zip(bases, bases[1:])) >= 4096
+    with pytest.raises(ValueError, match="at most 4096"):
+        eval_seeds(0, ids[:1], 4097)
+
+
+def test_sampled_requests_carry_their_problems_seed():
+    from cluster.evaluation import eval_seed_base
+
+    requests = eval_requests([P1, P2], max_tokens=4, samples=3, temperature=1.0, seed=7)
+    sampled = {p.id: r.sampling.seed for p, kind, r in requests if kind == "sampled"}
+    assert sampled == {P1.id: eval_seed_base(7, P1.id), P2.id: eval_seed_base(7, P2.id)}
+    assert sampled[P1.id] != sampled[P2.id]
+    again = eval_requests([P1, P2], max_tokens=4, samples=3, temperature=1.0, seed=8)
+    assert {r.sampling.seed for p, k, r in again if k == "sampled"}.isdisjoint(sampled.values())
+
+
+# -- do the standard errors hold? --------------------------------------------------------------
+
+def _synthetic_outcomes(shared: bool, seeds: int = 60, prompts: int = 200, samples: int = 4,
+                        rng_seed: int = 3):
+    """(seeds, prompts, samples) 0/1 outcomes of prompts with success rates mu_j. Independent:
+    a fresh uniform per (seed, prompt, sample). Shared: the uniform of (seed, sample) is the
+    same for every prompt (one sampling seed for all prompts), as the old evaluation did."""
+    import numpy as np
+
+    rng = np.random.default_rng(rng_seed)
+    mu = rng.beta(2.0, 2.0, prompts)
+    u = rng.random((seeds, 1 if shared else prompts, samples))
+    return (u < mu[None, :, None]).astype(float)
+
+
+def test_the_spread_over_seeds_matches_the_binomial_se_when_seeds_are_independent():
+    from cluster.evaluation import seed_spread_check
+
+    out = seed_spread_check(_synthetic_outcomes(shared=False))
+    assert 0.8 < out["ratio_to_predicted"] < 1.25
+    assert out["spread_sd_ci95"][0] < out["predicted_se"] < out["spread_sd_ci95"][1]
+    # The reported SE also counts the spread between prompts: larger than the seeds' spread.
+    assert out["reported_se"] > out["spread_sd"]
+    assert (out["seeds"], out["prompts"], out["samples"]) == (60, 200, 4)
+
+
+def test_a_seed_shared_across_prompts_shows_as_a_spread_far_above_the_binomial_se():
+    from cluster.evaluation import seed_spread_check
+
+    out = seed_spread_check(_synthetic_outcomes(shared=True))
+    assert out["ratio_to_predicted"] > 3.0
+    assert out["spread_sd_ci95"][0] > out["predicted_se"]
+    assert out["ratio_to_reported"] > 1.0  # the reported SE is too small too
+
+
+def test_the_spread_check_wants_several_seeds_and_prompts():
+    from cluster.evaluation import seed_spread_check
+
+    with pytest.raises(ValueError, match="outcomes must be"):
+        seed_spread_check([[[1.0, 0.0]]])

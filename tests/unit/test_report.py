@@ -80,6 +80,10 @@ def test_every_section_and_figure_of_a_full_run(tmp_path):
     assert all(ok for _, ok, _ in accounting_checks(load_run(run)))
     assert "dropped: filtered" in page and "status: <b id=\"status\">finished" in page
     assert "max_staleness" in page  # the config.yaml block
+    # The prior over the run: its corrected error and bias from summary.json, in a table.
+    prior_run = re.search(r'<table class="prior-run">.*?</table>', page).group(0)
+    assert "prior_error_sd_corrected" in prior_run and "prior_bias" in prior_run
+    assert "prior_error_n" in prior_run and ">64<" in prior_run  # every trained prompt
 
 
 def test_missing_files_and_keys_say_no_data(tmp_path):

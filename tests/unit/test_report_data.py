@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.types import PromptRecord
-from cluster.metrics import RunWriter, batch_metrics, prompt_fates
+from cluster.metrics import RunWriter, batch_metrics, pool_prior_error, prompt_fates
 
 CONFIG = """mode: async
 run:
@@ -51,7 +51,7 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
     rng = np.random.default_rng(0)
     run = Path(root)
     w = RunWriter(run, CONFIG, progress=False)
-    uid, t = 0, T0
+    uid, t, rows = 0, T0, []
     with (run / "prompts.jsonl").open("w") as plog:
         for step in range(1, steps + 1):
             recs = [_record(rng, uid + i, step, t + 0.05 * i, gens) for i in range(prompts_per_step)]
@@ -73,6 +73,7 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
                  "t_start": t, "t_train_start": t + wait, "t_train_end": t + wait + train,
                  "t_step_end": t + wait + train + sync, "prompts_per_s": 8.0, **ev}
             w.step(m)
+            rows.append(m)
             for r in recs:
                 plog.write(json.dumps({**r.to_dict(), "step": step, "t_trained": t + wait}) + "\n")
             t += wait + train + sync + ev.get("eval_time_s", 0.0)
@@ -101,6 +102,8 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
                "learner_idle_fraction": 0.3, "t_start": T0, "eval_metric": "sampled",
                "eval_accuracy_initial": 0.2, "eval_accuracy_initial_se": 0.05,
                "eval_accuracy_final": 0.25 + 0.02 * steps, "eval_accuracy_se": 0.05,
+               "prior_abs_error": float(np.mean([m["prior_abs_error"] for m in rows])),
+               **pool_prior_error(rows),
                "generators": [{"index": i, "alive": True, "busy_fraction": 0.8 - 0.1 * i,
                                "slot_occupancy": 0.5, "decode_tokens_per_s": 950.0,
                                "peak_decode_tokens_per_s": 2000.0, "fraction_of_peak": 0.475}

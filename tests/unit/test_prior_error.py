@@ -1,0 +1,161 @@
+"""The prior's error against the truth, online (cluster.metrics): each prompt's first k_init
+rewards, which every prompt gets whatever the stopping rule decides, give a noise-corrected
+estimate of E[(p - mu)^2] and of the bias E[p - mu]; pooled over steps, the run and a window
+of recent steps (the trainer), in the summary, the report's table and the dashboard's gauges."""
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from actors.types import PromptRecord
+from cluster.metrics import (batch_metrics, pool_prior_error, prior_error_terms,
+                             rolling_prior_error, run_prior_error)
+
+
+def _record(prior_p, rewards) -> PromptRecord:
+    k = len(rewards)
+    return PromptRecord(
+        prompt_id="p", uid="s0", prompt="1+1=", k=k, rewards=list(rewards), baseline=0.0,
+        prior_p=prior_p, prior_accepted=False, fallback=False, unparsed=0, admitted_version=0,
+        deadline=0, versions=[0], generators=[0], rounds=1, cancelled_rollouts=0,
+        cancelled_tokens=0, regenerations=0, tokens=k, lengths=[1] * k, prompt_tokens=1,
+        t_admit=0.0, t_done=0.0, spans=[])
+
+
+def synthetic(n: int, error_sd: float, bias: float, k_init: int = 4, seed: int = 0):
+    """Prompts with a known true success rate mu and a prior p = mu + bias + noise (clipped),
+    binary {-1, +1} rewards; a prompt whose first k_init rewards disagree with its prior gets
+    12 more (a stopping rule that looks at them), which the corrected estimate must ignore.
+    Returns (records, the true sqrt E[(p - mu)^2], the true E[p - mu], the true E|p - mu|)."""
+    rng = np.random.default_rng(seed)
+    mu = rng.beta(2.0, 2.0, n)
+    p = np.clip(mu + bias + rng.normal(0.0, error_sd, n), 0.0, 1.0)
+    records = []
+    for pj, mj in zip(p, mu):
+        first = np.where(rng.random(k_init) < mj, 1.0, -1.0)
+        more = abs((first.mean() + 1) / 2 - pj) > 0.25
+        rest = np.where(rng.random(12 if more else 0) < mj, 1.0, -1.0)
+        records.append(_record(float(pj), np.concatenate([first, rest]).tolist()))
+    return (records, float(np.sqrt(np.mean((p - mu) ** 2))), float(np.mean(p - mu)),
+            float(np.mean(np.abs(p - mu))))
+
+
+def over_steps(records, batch: int = 16) -> dict:
+    """A run's figures: steps of ``batch`` prompts (``batch_metrics``), pooled over the steps
+    (``pool_prior_error``; ``prior_abs_error`` weighted by prompts, as the trainer's running
+    one). Steps, not one batch of thousands: ``prior_auc`` is quadratic in the prompts."""
+    steps = [batch_metrics(records[i:i + batch], 4, (-1.0, 1.0))
+             for i in range(0, len(records), batch)]
+    assert all("prior_error_sd_corrected" in m for m in steps)
+    n = sum(m["prior_prompts"] for m in steps)
+    return {**pool_prior_error(steps),
+            "prior_abs_error": sum(m["prior_abs_error"] * m["prior_prompts"] for m in steps) / n}
+
+
+@pytest.mark.parametrize("error_sd,bias", [(0.10, 0.0), (0.05, 0.05), (0.20, -0.03)])
+def test_the_corrected_estimate_recovers_the_true_error_and_bias(error_sd, bias):
+    records, true_sd, true_bias, _ = synthetic(4000, error_sd, bias)
+    m = over_steps(records)
+    assert m["prior_error_n"] == 4000
+    assert m["prior_error_sd_corrected"] == pytest.approx(true_sd, abs=0.02)
+    assert m["prior_bias"] == pytest.approx(true_bias, abs=0.01)
+    assert m["prior_error_sd_corrected"] ** 2 == pytest.approx(m["prior_error_var_corrected"])
+
+
+@pytest.mark.parametrize("error_sd,bias,seed", [(0.10, 0.0, 0), (0.05, 0.05, 0), (0.0, 0.0, 1)])
+def test_where_the_abs_error_overstates_the_priors_error(error_sd, bias, seed):
+    """|p - observed| counts the observed rate's noise too: for a good prior it is far above
+    both the true error sd and the true mean |p - mu|; the corrected estimate is not."""
+    records, true_sd, _, true_abs = synthetic(4000, error_sd, bias, seed=seed)
+    m = over_steps(records)
+    assert abs(m["prior_error_sd_corrected"] - true_sd) < 0.02
+    assert m["prior_abs_error"] > true_sd + 0.025 and m["prior_abs_error"] > true_abs + 0.04
+
+
+def test_an_exact_prior_has_a_corrected_variance_near_zero():
+    records, true_sd, _, _ = synthetic(4000, 0.0, 0.0, seed=1)
+    assert true_sd == 0.0
+    m = over_steps(records)
+    assert abs(m["prior_error_var_corrected"]) < 0.002  # may fall below 0: kept raw
+    assert abs(m["prior_bias"]) < 0.01
+
+
+def test_by_hand_and_only_the_first_k_init_rewards_count():
+    """p = 0.5 with rewards 1, 1, -1, -1: vbar 0.5, (p - vbar)^2 = 0, minus vbar(1 - vbar) /
+    (m - 1) = 1/12; p = 0.9 with four successes: 0.01 - 0, bias -0.1."""
+    recs = [_record(0.5, [1.0, 1.0, -1.0, -1.0]), _record(0.9, [1.0, 1.0, 1.0, 1.0])]
+    m = batch_metrics(recs, 4, (-1.0, 1.0))
+    assert m["prior_error_var_corrected"] == pytest.approx((-1 / 12 + 0.01) / 2)
+    assert m["prior_error_sd_corrected"] == 0.0  # the estimate is negative
+    assert m["prior_bias"] == pytest.approx(-0.05)
+    longer = [_record(0.5, [1.0, 1.0, -1.0, -1.0, 1.0, 1.0]), _record(0.9, [1.0] * 4 + [-1.0] * 12)]
+    later = batch_metrics(longer, 4, (-1.0, 1.0))
+    for key in ("prior_error_var_corrected", "prior_bias"):
+        assert later[key] == pytest.approx(m[key])
+    assert later["prior_abs_error"] != pytest.approx(m["prior_abs_error"])  # all rewards
+
+
+def test_reward_ranges_shaping_and_prompts_it_cannot_use():
+    # A {0, 1} task gives the same figures as {-1, +1}; a shaped reward below r_lo is a failure.
+    a = batch_metrics([_record(0.3, [0.0, 1.0, 1.0])], 3, (0.0, 1.0))
+    b = batch_metrics([_record(0.3, [-1.5, 1.0, 1.0])], 3, (-1.0, 1.0))
+    want = (0.3 - 2 / 3) ** 2 - (2 / 3) * (1 / 3) / 2
+    assert a["prior_error_var_corrected"] == pytest.approx(want)
+    assert b["prior_error_var_corrected"] == pytest.approx(want)
+    # No prior (fallback), or fewer rewards than k_init: not counted; k_init 1: no estimate.
+    m = batch_metrics([_record(None, [1.0] * 4), _record(0.5, [1.0, -1.0])], 4, (-1.0, 1.0))
+    assert "prior_error_n" not in m
+    assert "prior_error_n" not in batch_metrics([_record(0.5, [1.0])], 1, (-1.0, 1.0))
+    with pytest.raises(ValueError, match="m >= 2"):
+        prior_error_terms([0.5], [[1.0]])
+
+
+def test_pooling_steps_equals_the_estimate_over_their_prompts():
+    records, *_ = synthetic(300, 0.1, 0.02, seed=2)
+    steps = [batch_metrics(records[i:i + 16], 4, (-1.0, 1.0)) for i in range(0, 300, 16)]
+    whole = batch_metrics(records, 4, (-1.0, 1.0))
+    pooled = pool_prior_error(steps + [{"prompts": 0}])  # a step without a prior is skipped
+    assert pooled["prior_error_n"] == 300
+    for key in ("prior_error_var_corrected", "prior_error_sd_corrected", "prior_bias"):
+        assert pooled[key] == pytest.approx(whole[key])
+    rolled = rolling_prior_error(steps, window=3)
+    last3 = pool_prior_error(steps[-3:])
+    assert rolled["prior_bias"][-1] == pytest.approx(last3["prior_bias"])
+    assert rolled["prior_bias"][0] == pytest.approx(steps[0]["prior_bias"])
+    assert np.isnan(rolling_prior_error([{"step": 1}])["prior_error_sd_corrected"][0])
+    assert pool_prior_error([]) == {}
+
+
+def test_the_trainer_pools_the_run_and_a_window_and_the_summary_and_gauges_read_them():
+    """``Trainer._account_prior_error`` on a stand-in: running sums in the totals (a resume
+    continues them), a window of the last steps; the run's figures in summary.json; the two
+    dashboard gauges read keys the step metrics carry."""
+    from actors.telemetry import GAUGES
+    from cluster.trainer import Trainer
+
+    records, *_ = synthetic(160, 0.1, 0.05, seed=3)
+    steps = [batch_metrics(records[i:i + 16], 4, (-1.0, 1.0)) for i in range(0, 160, 16)]
+    t = SimpleNamespace(totals={}, prior_window=deque(maxlen=3))
+    for m in steps:
+        Trainer._account_prior_error(t, m)
+    last = steps[-1]
+    whole = pool_prior_error(steps)
+    assert t.totals["prior_error_n"] == 160
+    assert last["prior_bias_running"] == pytest.approx(whole["prior_bias"])
+    assert last["prior_error_sd_corrected_running"] == pytest.approx(whole["prior_error_sd_corrected"])
+    assert last["prior_bias_window"] == pytest.approx(pool_prior_error(steps[-3:])["prior_bias"])
+    assert last["prior_bias_window"] != pytest.approx(last["prior_bias_running"])
+    for name in ("v05_prior_error_sd", "v05_prior_bias"):
+        assert GAUGES[name][1] in last
+    # The summary's run-level figures come from the same sums.
+    s = run_prior_error({**t.totals, "prior_error_sum": 8.0, "prior_error_prompts": 160})
+    assert s["prior_abs_error"] == 0.05
+    assert s["prior_error_sd_corrected"] == pytest.approx(whole["prior_error_sd_corrected"])
+    assert run_prior_error({}) == {}
+    # A step without a prior leaves the sums alone but still reports the run's figures.
+    empty = {"prompts": 16}
+    Trainer._account_prior_error(t, empty)
+    assert t.totals["prior_error_n"] == 160 and "prior_bias_running" in empty
