@@ -92,7 +92,7 @@ class EmbeddedPrior(PriorBackend):
                  prior_strength: float = 1.0, use_length: bool = True, eps: float = 0.01,
                  cache_size: int = 32768, model_dir: str | None = None, device: str = "cpu",
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
-                 kernels: Sequence[str] = ("linear",), drift: bool = False,
+                 kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)

@@ -24,11 +24,13 @@ and yt = D (y - m), the LOO residual of point i is (M yt)_i / M_ii (already sqrt
 **Drift** (``drift=True``): the policy moves while the window fills, so an observation made
 ``age`` versions ago understates (or overstates) what the policy does now, and a recency-
 weighted mean lags the policy by about the window's mean age times its rate of change. The
-fit then first estimates that rate: a weighted linear trend of the scores on age,
-y ~ a + b * age, kept only when its exact leave-one-out error beats the constant's. Every
-score is moved to age 0 (y - b * age) before the kernel fit, the mean becomes the trend's
-value at age 0, and a prediction is for ``lead`` versions past the newest observation (the
-newest scores were generated a version or so before the version that is asked about).
+kernel then gains a linear term in age, K += g_a^2 a a^T (a: standardized age), with g_a
+chosen by the same leave-one-out error (0 among the choices: no drift), so that the trend
+and the prompts' difficulty are fitted together (an age trend fitted alone would also pick
+up which prompts finish first: the easy, short ones), and a query is predicted ``lead``
+versions past the newest observation (the newest scores were generated a version or so
+before the version that is asked about). The constant model's candidate becomes a weighted
+linear trend on age when that wins leave-one-out.
 
 Everything here is task-agnostic: the only inputs are embeddings, the generic log length,
 scores, versions and weights.
@@ -43,6 +45,8 @@ import numpy as np
 LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
 # Weights g of the standardized log-length feature; 0 = not used.
 LENGTH_WEIGHTS = (0.0, 0.3, 1.0)
+# Weights g_a of the standardized age feature (drift); 0 = no drift.
+AGE_WEIGHTS = (0.0, 0.3, 1.0, 3.0)
 # Base kernels: "linear" = inner products of centered embeddings, scaled to mean diagonal 1;
 # "rbf" = exp(-|x - x'|^2 / median pairwise |x - x'|^2). Each costs one (N, N) eigh per fit.
 BASE_KERNELS = ("linear", "rbf")
@@ -80,14 +84,17 @@ class Fitted:
     len_feat: np.ndarray | None = None       # (N,) standardized log length of the context
     len_mu: float = 0.0
     len_sd: float = 1.0
-    drift: float = 0.0                       # b: score change per version of age (0: none)
-    lead_shift: float = 0.0                  # -b * lead: added to every prediction
+    drift: float = 0.0                       # constant model: score change per version of age
+    lead_shift: float = 0.0                  # constant model: -drift * lead, added
+    age_weight: float = 0.0                  # g_a of the age feature (0: none)
+    age_feat: np.ndarray | None = None       # (N,) standardized age of the context
+    age_query: float = 0.0                   # standardized age of a query (-lead)
 
     def label(self) -> str:
-        trend = f" drift{-self.drift:+.3g}/v" if self.drift else ""
         if self.kernel is None:
-            return "constant" + trend
-        return f"{self.kernel}+len{self.length_weight:g}@lam{self.lam:.3g}" + trend
+            return "constant" + (f" drift{-self.drift:+.3g}/v" if self.drift else "")
+        age = f"+age{self.age_weight:g}" if self.age_weight else ""
+        return f"{self.kernel}+len{self.length_weight:g}{age}@lam{self.lam:.3g}"
 
 
 def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
@@ -179,7 +186,8 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
     # Exact LOO of the constant model (the weighted mean without point i).
     loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
     const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
-    slope = 0.0
+    slope, y_raw = 0.0, y
+    mean_raw = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
     if drift and n >= 8:
         _, b, trend_mse = trend_on_age(y, ages, w)
         if trend_mse < const_mse:  # the trend predicts held-out scores better than a mean
@@ -203,17 +211,27 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
         length_weights = LENGTH_WEIGHTS
     else:
         len_mu, len_sd, len_feat, length_weights = 0.0, 1.0, np.zeros(n), (0.0,)
+    age_mu = float(wn @ ages)
+    age_sd = float(np.sqrt(wn @ (ages - age_mu) ** 2))
+    age_weights = AGE_WEIGHTS if drift and age_sd > 0 else (0.0,)
+    age_feat = (ages - age_mu) / (age_sd or 1.0)
+    age_query = (-float(lead) - age_mu) / (age_sd or 1.0)
     for kind in kernels:
         scale = kernel_scale(kind, X, center)
         B = base_kernel(kind, X, X, center, scale)
-        Kt = (B if T is None else B * T) * np.outer(sw, sw)
-        for mse, lam, g, m_y in loo_candidates(Kt, yt, sw * len_feat, wsum, length_weights):
-            if mse < best.loo_mse:
-                best = Fitted(mean=mean, kernel=kind, halflife=halflife, lam=lam,
-                              length_weight=g, loo_mse=mse, const_loo_mse=const_mse,
-                              alpha=sw * m_y, X=X, center=center, scale=scale, decay=decay,
-                              len_feat=len_feat, len_mu=len_mu, len_sd=len_sd,
-                              drift=slope, lead_shift=shift)
+        BT = B if T is None else B * T
+        for ga in age_weights:
+            Kt = (BT + ga * ga * np.outer(age_feat, age_feat)) * np.outer(sw, sw)
+            # The kernel models are fitted around the plain mean (the age term is theirs).
+            ym = yt if not slope else sw * (y_raw - mean_raw)
+            for mse, lam, g, m_y in loo_candidates(Kt, ym, sw * len_feat, wsum, length_weights):
+                if mse < best.loo_mse:
+                    best = Fitted(mean=mean_raw if slope else mean, kernel=kind,
+                                  halflife=halflife, lam=lam, length_weight=g, loo_mse=mse,
+                                  const_loo_mse=const_mse, alpha=sw * m_y, X=X, center=center,
+                                  scale=scale, decay=decay, len_feat=len_feat, len_mu=len_mu,
+                                  len_sd=len_sd, age_weight=ga, age_feat=age_feat,
+                                  age_query=age_query)
     return best
 
 
@@ -229,4 +247,6 @@ def predict_fitted(fit: Fitted, Q: np.ndarray, loglen: np.ndarray | None = None)
             raise ValueError("this fit uses the length feature: pass loglen for the queries")
         lq = (np.asarray(loglen, dtype=np.float64) - fit.len_mu) / fit.len_sd
         Kq = Kq + fit.length_weight ** 2 * np.outer(lq, fit.len_feat)
-    return fit.mean + fit.lead_shift + Kq @ fit.alpha
+    if fit.age_weight:
+        Kq = Kq + fit.age_weight ** 2 * fit.age_query * fit.age_feat[None, :]
+    return fit.mean + Kq @ fit.alpha

@@ -41,7 +41,11 @@ TASK_OVERRIDES = {"stepwise": [],
                                  "generators.engine.max_model_len=64"]}
 # Prior variants measured on the same contexts and truth as the shipped backend: options
 # merged over the run's prior.options.
-VARIANTS = {"shipped": {}, "no_drift": {"drift": False}, "drift": {"drift": True},
+VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
+            "drift_lead0": {"drift": True, "lead": 0.0},
+            "drift_lead1": {"drift": True, "lead": 1.0},
+            "drift_lead2": {"drift": True, "lead": 2.0},
+            "drift_lead1_halflife16": {"drift": True, "lead": 1.0, "halflife": 16.0},
             "halflife4": {"halflife": 4.0}}
 
 

@@ -444,12 +444,12 @@ def test_drift_follows_a_policy_that_improves_while_the_window_fills():
     plain = predict_fitted(fit_context(X, y, ages, halflife=8.0), Q)
     fit = fit_context(X, y, ages, halflife=8.0, drift=True)
     drifted = predict_fitted(fit, Q)
-    assert fit.drift == pytest.approx(-0.02, abs=0.008) and "drift" in fit.label()
+    assert fit.age_weight > 0 and "+age" in fit.label()
     assert np.mean(plain - truth) < -0.08              # the lag (a kernel fit shrinks, too)
     assert abs(np.mean(drifted - truth)) < 0.04         # most of it gone
-    # lead moves the prediction further along the trend, by -b per version.
+    # lead moves the prediction further along the trend (about 0.02 a version).
     ahead = predict_fitted(fit_context(X, y, ages, halflife=8.0, drift=True, lead=2.0), Q)
-    assert ahead - drifted == pytest.approx(-2 * fit.drift * np.ones(2), abs=1e-9)
+    assert np.all(ahead - drifted > 0.015) and np.all(ahead - drifted < 0.08)
 
 
 def test_drift_is_dropped_when_the_scores_do_not_move():
@@ -458,6 +458,7 @@ def test_drift_is_dropped_when_the_scores_do_not_move():
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     ages = np.repeat(np.arange(12.0), 10)
     y = rng.binomial(8, 0.5, size=120) / 8
-    fit = fit_context(X, y, ages, halflife=8.0, drift=True)
-    # Either the trend lost leave-one-out to the mean, or it is within its noise of flat.
-    assert abs(fit.drift) < 0.01
+    fit = fit_context(X, y, ages, halflife=8.0, drift=True, lead=1.0)
+    p = predict_fitted(fit, X[:5])
+    # Leave-one-out finds no trend worth its noise: the prediction stays near the mean.
+    assert np.all(np.abs(p - 0.5) < 0.06)
