@@ -89,7 +89,9 @@ def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray
 
 
 def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
-                 variants: dict) -> list[dict]:
+                 variants: dict, run_variant: str = "shipped") -> list[dict]:
+    """Every snapshot's entry; ``run_variant``: the variant the run itself used (its online
+    estimate is compared with that one's offline error)."""
     from cluster.config import load_config
     from tasks import make_task_from_config
 
@@ -100,8 +102,8 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
     steps = max(r["step"] for r in rows)
     snap_root = run_dir / "snapshots"
     snaps = [("start", 0, cfg.model_path())] + sorted(
-        (("middle" if int(d.name[4:]) < steps else "end"), int(d.name[4:]), str(d))
-        for d in snap_root.iterdir() if d.name.startswith("step"))
+        ((("middle" if int(d.name[4:]) < steps else "end"), int(d.name[4:]), str(d))
+         for d in snap_root.iterdir() if d.name.startswith("step")), key=lambda s: s[1])
     probs = queries(task, {r["prompt"] for r in rows}, per_level)
     levels = np.array([p.difficulty for p in probs])
     texts = [p.prompt for p in probs]
@@ -136,6 +138,11 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
         entry.update({k: shipped[k] for k in ("error_sd", "bias", "mae", "rmse", "spearman",
                                               "truth_noise_sd", "error_sd_noise_removed")})
         entry["reliability"] = shipped["reliability"]
+        entry["online"] = online_estimate(rows, step, steps, cfg.algo.k_init, task.rewards)
+        entry["online"]["offline_rmse_noise_removed"] = float(np.sqrt(max(
+            0.0, entry["variants"][run_variant]["rmse"] ** 2
+            - entry["variants"][run_variant]["truth_noise_sd"] ** 2)))
+        entry["online"]["offline_variant"] = run_variant
         entry["points"] = {"truth": truth.round(4).tolist(),
                            "p": [round(float(x), 4) for x in
                                  prior_predictions(cfg, ctx, texts, {})],
@@ -148,6 +155,28 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
             + f"; level means: sd {lm['error_sd']:.3f}")
         out.append(entry)
     return out
+
+
+def online_estimate(rows: list[dict], step: int, last: int, k_init: int,
+                    rewards: tuple[float, float], half: int = 5) -> dict:
+    """What the run's own metrics said about the prior near ``step``: the noise-corrected
+    error (``cluster.metrics.prior_error_terms``, from each prompt's first k_init rewards) over
+    the prompts trained in the ``2 * half`` steps around it (clipped to the run), to compare
+    with the offline error against the truth. It estimates sqrt(E[(p - mu)^2]), bias
+    included: the offline twin is the RMSE with the truth's noise removed."""
+    from cluster.metrics import prior_error_summary, prior_error_terms
+
+    lo = max(1, min(step - half + 1, last - 2 * half + 1))
+    hi = lo + 2 * half - 1
+    keep = [r for r in rows if lo <= r["step"] <= hi and r.get("prior_p") is not None
+            and len(r["rewards"]) >= k_init >= 2]
+    if not keep:
+        return {"steps": [lo, hi], "prompts": 0}
+    r_lo, r_hi = rewards
+    first = np.clip((np.array([r["rewards"][:k_init] for r in keep]) - r_lo) / (r_hi - r_lo), 0, 1)
+    sq, bias = prior_error_terms([r["prior_p"] for r in keep], first)
+    return {"steps": [lo, hi], "prompts": len(keep),
+            **prior_error_summary(float(sq.sum()), float(bias.sum()), len(keep))}
 
 
 def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, samples: int,
@@ -175,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40, help="the default run's steps (40)")
     ap.add_argument("--per-level", type=int, default=50, help="prompts per difficulty level")
     ap.add_argument("--samples", type=int, default=64, help="sampled responses per prompt")
+    ap.add_argument("--run-variant", default="shipped", choices=sorted(VARIANTS),
+                    help="the prior variant the run used (a run made before a default changed)")
     ap.add_argument("--quick", action="store_true", help="6 steps, 8 prompts a level, 16 samples")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/v05-prior-truth"))
     ap.add_argument("--out", type=Path, default=RESULTS / "prior_truth.json")
@@ -183,7 +214,8 @@ def main(argv=None) -> int:
         args.steps, args.per_level, args.samples = 6, 8, 16
     t0 = time.time()
     run_dir = args.run_dir or make_run(args.task, args.work_dir, args.steps)
-    snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS)
+    snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS,
+                         args.run_variant)
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept = [s for s in old.get("snapshots", []) if s["task"] != args.task]
     res = {"command": "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:]),
