@@ -138,11 +138,11 @@ def utilisation(results: dict, path: str) -> None:
 
 
 PRIOR_LINES = (  # (ratio stem, colour, marker, label)
-    ("async_v05_vs_async_grpo_equal_mse", "black", "o", "/ async GRPO at equal baseline MSE"),
-    ("async_v05_vs_async_grpo_best_g", "#ff7f0e", "s", "/ async GRPO at the best G"),
+    ("async_v05_vs_async_grpo_equal_mse", "black", "o", "/ async GRPO, equal MSE"),
+    ("async_v05_vs_async_grpo_best_g", "#ff7f0e", "s", "/ async GRPO, best G"),
     ("async_v05_vs_sync_grpo16_colocated_oversample", "#1f77b4", "^",
-     "/ colocated sync GRPO-16, over-sampled + abort"),
-    ("async_v05_vs_sync_grpo16_colocated", "#9467bd", "v", "/ colocated sync GRPO-16"),
+     "/ coloc. sync GRPO-16 +10% abort"),
+    ("async_v05_vs_sync_grpo16_colocated", "#9467bd", "v", "/ coloc. sync GRPO-16"),
 )
 
 
@@ -153,23 +153,30 @@ def prior_panel(ax, sw: dict, measured: float | None) -> None:
     x = [p["prior_error_sd"] for p in pts]
     for stem, col, mk, label in PRIOR_LINES:
         ax.plot(x, [p["ratios"].get(f"{stem}_prompts_per_hour", np.nan) for p in pts], "-",
-                marker=mk, color=col, label="async V0.5 " + label + ", prompts/h")
+                marker=mk, color=col, label="V0.5 " + label + ", prompts/h")
         ax.plot(x, [p["ratios"].get(f"{stem}_rollouts_per_hour", np.nan) for p in pts], ":",
-                marker=mk, mfc="none", color=col, alpha=0.8, label="... rollouts/h")
+                marker=mk, mfc="none", color=col, alpha=0.8, label="(same), rollouts/h")
     ax.axhline(1.0, color="grey", lw=0.6)
     ax.axhline(1.5, color="black", lw=0.8, ls="--", alpha=0.5)
     ax.axhline(2.5, color="#1f77b4", lw=0.8, ls="--", alpha=0.5)
+    ax.set_yscale("log")
+    ys = [y for ln in ax.get_lines() for y in ln.get_ydata() if np.isfinite(y) and y > 0]
+    lo, hi = min(ys + [1.0]) / 1.15, max(ys + [2.5]) * 1.15
+    ticks = [t for t in (0.3, 0.5, 0.7, 1, 1.5, 2, 2.5, 3, 4, 6, 8, 12, 20) if lo <= t <= hi]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(lo, hi)
     if measured is not None:
         ax.axvline(measured, color="#2ca02c", lw=2, alpha=0.5)
-        ax.text(measured, ax.get_ylim()[1] * 0.97, f" this run's prior: sd {measured:.3g}",
-                color="#2ca02c", fontsize=9, va="top")
-    ax.set_yscale("log")
+        ax.text(measured, 0.02, f" this run's prior: sd {measured:.3g}", color="#2ca02c",
+                fontsize=9, transform=ax.get_xaxis_transform())
     ax.set_xlabel("prior error sd (sd of p_prior - true success rate, probability scale)")
     ax.set_ylabel("ratio (log scale)")
     ax.set_title("prior_error_sd: where V0.5 pays (dashed: aims 1.5x, 2.5x)", fontsize=11,
                  loc="left")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7.5, ncol=2, loc="upper right")
+    ax.set_xticks(x, [f"{v:g}" for v in x], fontsize=9)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     ax2 = ax.twinx()
     ax2.plot(x, [p["modes"].get("async_v05", {}).get("mean_k", np.nan) for p in pts],
              color="#8c564b", alpha=0.4, lw=4)
