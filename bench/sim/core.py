@@ -11,10 +11,16 @@ Modes (``MODES``):
   trained when all are finished, then the weights are synced (engines pause) and repeat.
 - ``sync_grpo16_colocated``: the same barrier, but every GPU generates and then every GPU
   trains (as verl runs it): no GPU is dedicated to one role.
+- ``sync_grpo16_colocated_oversample``: that barrier with the usual fix for its tail:
+  ceil((1 + ``SimConfig.oversample``) x B) prompts admitted per step, the batch trained as
+  soon as B of them finished; the stragglers are aborted in the engines (their tokens, and
+  those of any surplus finished prompt, counted as spent and never trained).
 - ``async_*``: generators and learner on their own GPUs run at once; samples are at most
   ``max_staleness`` versions old when trained.
 - ``*_equal_mse``: GRPO with the group size whose baseline MSE equals V0.5's at this prior
   quality (``SimConfig.equal_mse_group``, set by the caller from a V0.5 run).
+- ``async_grpo_best_g``: async GRPO at ``SimConfig.best_grpo_group`` (the G that learned best
+  per unit of compute in ``bench.learning``; 4 when none is measured).
 """
 from __future__ import annotations
 
@@ -36,16 +42,20 @@ class ModeSpec:
     barrier: bool          # synchronous: max_staleness 0
     colocated: bool        # every GPU generates, then every GPU trains
     algo: str              # "grpo" or "v05"
-    group: int | None = 16  # GRPO's G; None: SimConfig.equal_mse_group
+    group: int | str = 16  # GRPO's G, or the SimConfig field that holds it
+    oversample: bool = False  # barrier only: admit SimConfig.oversampled_prompts, train the
+                              # first B to finish, abort the rest
 
 
 MODES = {
     "sync_grpo16": ModeSpec(True, False, "grpo"),
     "sync_grpo16_colocated": ModeSpec(True, True, "grpo"),
+    "sync_grpo16_colocated_oversample": ModeSpec(True, True, "grpo", oversample=True),
     "sync_v05": ModeSpec(True, False, "v05"),
     "async_grpo16": ModeSpec(False, False, "grpo"),
+    "async_grpo_best_g": ModeSpec(False, False, "grpo", "best_grpo_group"),
     "async_v05": ModeSpec(False, False, "v05"),
-    "async_grpo_equal_mse": ModeSpec(False, False, "grpo", None),
+    "async_grpo_equal_mse": ModeSpec(False, False, "grpo", "equal_mse_group"),
 }
 CHUNK = 512  # prompts drawn per block of random numbers
 
@@ -91,6 +101,7 @@ class SimResult:
     token_events: np.ndarray  # (E, 2): time, tokens of every finished or aborted rollout
     gen_tokens_done: int      # tokens of finished rollouts
     cancelled_tokens: int     # tokens of aborted rollouts (spent, never trained)
+    aborted_prompts: int      # oversample mode: prompts dropped at a hand-over, never trained
     checks: dict              # conservation and staleness-bound bookkeeping
 
 
@@ -103,10 +114,14 @@ class Sim:
         if spec.algo == "v05":
             self.est = ESTIMATORS["v05"](cfg.estimator_config())
         else:
-            g = spec.group if spec.group is not None else cfg.equal_mse_group
+            g = getattr(cfg, spec.group) if isinstance(spec.group, str) else spec.group
             if g is None:
-                raise ValueError(f"mode {mode}: set SimConfig.equal_mse_group first")
+                raise ValueError(f"mode {mode}: set SimConfig.{spec.group} first")
             self.est = make_estimator("grpo", k_init=g, k_max=g)
+        if spec.oversample and not spec.barrier:
+            raise ValueError(f"mode {mode}: over-sampling is a barrier's tail fix")
+        # Admissions per version: B, or ceil((1 + oversample) B) that race for B places.
+        admit = cfg.oversampled_prompts if spec.oversample else cfg.batch_prompts
         self.is_async = not spec.barrier
         slow = cfg.overlap_slowdown if self.is_async else 1.0
         usable = cfg.usable_gpus(self.est.needs_prior)
@@ -117,7 +132,7 @@ class Sim:
         self.engines = [Engine(i, times, cfg.decode.max_num_seqs, cfg.learner.sync_s, self)
                         for i in range(self.n_engines)]
         self.sched = Scheduler(
-            SchedulerConfig(batch_prompts=cfg.batch_prompts,
+            SchedulerConfig(batch_prompts=admit,
                             max_staleness=0 if spec.barrier else cfg.max_staleness,
                             slots_per_generator=cfg.decode.max_num_seqs,
                             max_inflight_prompts=cfg.max_inflight_prompts),
@@ -139,7 +154,7 @@ class Sim:
         self.sq_err: list = []
         self.finish_times: list = []
         self.token_events: list = []
-        self.gen_tokens = self.cancelled_tokens = 0
+        self.gen_tokens = self.cancelled_tokens = self.aborted_prompts = 0
 
     # -- event queue -------------------------------------------------------------------------
     def schedule(self, t: float, fn, *args) -> None:
@@ -211,16 +226,32 @@ class Sim:
         self.try_train()
 
     # -- learner -----------------------------------------------------------------------------
+    def abort_stragglers(self) -> list:
+        """Over-sampling: once B prompts have finished, drop every other prompt of the step
+        (the unfinished ones and any surplus finished ones, latest first) so that the barrier
+        releases at once. Returns the engines' cancels, to apply once the learner is busy."""
+        sched, B = self.sched, self.cfg.batch_prompts
+        if len(sched.ready) < B:
+            return []
+        keep = sorted(sched.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))[:B]
+        keep = {g.uid for g in keep}
+        cancels = []
+        for uid in [u for u in sched.inflight if u not in keep]:
+            cancels += sched.drop(uid, "oversample_aborted")
+            self.streams.pop(uid, None)
+            self.aborted_prompts += 1
+        return cancels
+
     def try_train(self) -> None:
         if self.learner_busy or self.stopped:
             return
+        aborts = self.abort_stragglers() if self.spec.oversample else []
         got = self.sched.take_batch(self.cfg.batch_prompts)
-        if got is None:
+        batch, actions = got if got is not None else ([], [])
+        if not batch:  # (after aborts the B kept prompts are all due and finished: not here)
+            self.apply(actions + aborts)
             return
-        batch, actions = got
         self.apply(actions)
-        if not batch:
-            return
         rolls = [grp.payloads[i] for grp in batch for i in grp.state.indices()]
         tokens = sum(r.length for r in rolls) + len(rolls) * self.cfg.length.prompt_tokens
         dur = self.cfg.learner.step_overhead_s + tokens * self.train_s_per_token
@@ -236,6 +267,9 @@ class Sim:
         self.steps.append(dict(t_start=self.now, t_end=self.now + dur, prompts=len(batch),
                                rollouts=len(rolls), tokens=tokens))
         self.schedule(self.now + dur, self.end_train)
+        # The aborts' reports come back through on_aborted -> try_train: the learner is busy
+        # and the step's admissions closed (the batch was taken), so nothing re-enters.
+        self.apply(aborts)
 
     def end_train(self) -> None:
         self.version += 1
@@ -265,7 +299,7 @@ class Sim:
             inflight=acct["prompts_in_flight"], drop_reasons=acct["drop_reasons"],
             rollouts_dispatched=acct["rollouts_dispatched"],
             rollouts_finished=len(self.finish_times), rollouts_cancelled=acct["rollouts_cancelled"],
-            stale_regenerated=acct["stale_regenerated"],
+            stale_regenerated=acct["stale_regenerated"], aborted_prompts=self.aborted_prompts,
             rollouts_in_engines=sum(e.outstanding for e in self.engines),
             max_staleness_bound=0 if self.spec.barrier else self.cfg.max_staleness)
         return SimResult(self.mode, self.cfg, self.n_engines, self.learner_gpus, self.now,
@@ -275,7 +309,7 @@ class Sim:
                          np.array(self.rounds_trained, dtype=int), np.array(self.sq_err),
                          np.array(self.finish_times),
                          np.array(self.token_events, dtype=float).reshape(-1, 2),
-                         self.gen_tokens, self.cancelled_tokens, checks)
+                         self.gen_tokens, self.cancelled_tokens, self.aborted_prompts, checks)
 
 
 def simulate(cfg: SimConfig, mode: str) -> SimResult:

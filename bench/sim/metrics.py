@@ -103,6 +103,7 @@ def summarise(res: SimResult) -> dict:
         rounds_p99=float(np.percentile(res.rounds_trained, 99)) if res.rounds_trained.size else 0.0,
         baseline_mse=float(res.baseline_sq_err.mean()) if res.baseline_sq_err.size else 0.0,
         cancelled_token_fraction=res.cancelled_tokens / max(1, res.cancelled_tokens + res.gen_tokens_done),
+        aborted_prompts=res.aborted_prompts,
         staleness=staleness_stats(res.staleness),
         sample_age_max=int(res.staleness.max()) if res.staleness.size else 0,
         n_engines=res.n_engines, learner_gpus=res.learner_gpus,
@@ -118,25 +119,42 @@ def summarise(res: SimResult) -> dict:
         res.n_engines + res.learner_gpus  # colocated: the same GPUs do both
     lim = physical_limit(res.cfg, gen_per_prompt, train_per_prompt, usable)
     out["gen_tokens_per_prompt"], out["train_tokens_per_prompt"] = gen_per_prompt, train_per_prompt
+    # Generated tokens never trained (cancelled, cut, aborted with their prompt), over the window.
+    trained_gen = sum(s["tokens"] - s["rollouts"] * res.cfg.length.prompt_tokens for s in steps)
+    out["untrained_generated_fraction"] = max(0.0, 1.0 - trained_gen / spent) if spent else 0.0
     out["limit_prompts_per_hour"] = lim["prompts_per_hour"]
     out["limit_best_generator_gpus"] = lim["best_generator_gpus"]
     out["fraction_of_limit"] = out["prompts_per_hour"] / max(lim["prompts_per_hour"], 1e-9)
     return out
 
 
-RATIOS = [("async_v05_vs_sync_grpo16_prompts_per_hour", "async_v05", "sync_grpo16"),
-          ("async_v05_vs_sync_grpo16_colocated_prompts_per_hour", "async_v05", "sync_grpo16_colocated"),
-          ("async_v05_vs_async_grpo16_prompts_per_hour", "async_v05", "async_grpo16"),
-          ("async_v05_vs_async_grpo_equal_mse_prompts_per_hour", "async_v05", "async_grpo_equal_mse"),
-          ("sync_v05_vs_sync_grpo16_prompts_per_hour", "sync_v05", "sync_grpo16"),
-          ("async_grpo16_vs_sync_grpo16_prompts_per_hour", "async_grpo16", "sync_grpo16")]
+# (name stem, numerator mode, denominator mode). Every ratio is given in two units: prompts
+# trained per hour (``<stem>_prompts_per_hour``) and rollouts trained per hour
+# (``<stem>_rollouts_per_hour``): the second is the first times the numerator's trained rollouts
+# per prompt over the denominator's (about mean k / G), so it says how much of a prompts/hour
+# gain is only fewer rollouts per prompt.
+RATIOS = [("async_v05_vs_sync_grpo16", "async_v05", "sync_grpo16"),
+          ("async_v05_vs_sync_grpo16_colocated", "async_v05", "sync_grpo16_colocated"),
+          ("async_v05_vs_sync_grpo16_colocated_oversample", "async_v05",
+           "sync_grpo16_colocated_oversample"),
+          ("async_v05_vs_async_grpo16", "async_v05", "async_grpo16"),
+          ("async_v05_vs_async_grpo_best_g", "async_v05", "async_grpo_best_g"),
+          ("async_v05_vs_async_grpo_equal_mse", "async_v05", "async_grpo_equal_mse"),
+          ("sync_v05_vs_sync_grpo16", "sync_v05", "sync_grpo16"),
+          ("async_grpo16_vs_sync_grpo16", "async_grpo16", "sync_grpo16"),
+          ("sync_grpo16_colocated_oversample_vs_sync_grpo16_colocated",
+           "sync_grpo16_colocated_oversample", "sync_grpo16_colocated")]
+UNITS = {"prompts_per_hour": "prompts_per_hour", "rollouts_per_hour": "trained_rollouts_per_hour"}
 
 
 def ratios(per_mode: dict) -> dict:
     out = {}
-    for name, a, b in RATIOS:
-        if a in per_mode and b in per_mode and per_mode[b]["prompts_per_hour"] > 0:
-            out[name] = per_mode[a]["prompts_per_hour"] / per_mode[b]["prompts_per_hour"]
+    for stem, a, b in RATIOS:
+        if a not in per_mode or b not in per_mode:
+            continue
+        for unit, key in UNITS.items():
+            if per_mode[b][key] > 0:
+                out[f"{stem}_{unit}"] = per_mode[a][key] / per_mode[b][key]
     a, b = per_mode.get("async_v05"), per_mode.get("async_grpo_equal_mse")
     if a and b and b["fraction_of_limit"] > 0:
         # Does the scheduler keep what the statistics give? V0.5's share of its limit over

@@ -6,6 +6,7 @@ default, what it is assumed from and how rough it is. Times are seconds, lengths
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -128,10 +129,20 @@ class LengthModel:
 
 
 def parse_prior(quality: str) -> tuple[str, float]:
-    """'exact' | 'sd0.2' (Gaussian error on p) | 'halluc0.2' (that fraction gets 1 - p) | 'const0.5'."""
+    """The prior's quality (on the probability scale, against the true success rate p):
+
+    - 'exact': the prior is p;
+    - 'errX': p + s z, z ~ N(0, 1), clipped to [0, 1], with the scale s chosen so that the
+      standard deviation of (prior - p) over the prompt population is X: the quantity that
+      ``bench.prior_truth`` measures (its ``error_sd`` with the truth's sampling noise removed);
+      zero-mean, no bias (docs/simulator.md, "The prior's error");
+    - 'sdX': the same with the scale s = X itself (before clipping: at X = 0.2 on the default
+      U-shaped population the error's sd is 0.161, since p near 0 or 1 clips most of it);
+    - 'hallucX': a fraction X gets 1 - p; 'constX': X for every prompt.
+    """
     if quality == "exact":
         return "exact", 0.0
-    for kind in ("sd", "halluc", "const"):
+    for kind in ("sd", "err", "halluc", "const"):
         if quality.startswith(kind):
             try:
                 val = float(quality[len(kind):])
@@ -139,13 +150,50 @@ def parse_prior(quality: str) -> tuple[str, float]:
                 break
             if 0 <= val <= 1:
                 return kind, val
-    raise ValueError(f"prompts.prior must be exact, sdX, hallucX or constX with X in [0, 1], got {quality!r}")
+    raise ValueError("prompts.prior must be exact, errX, sdX, hallucX or constX with X in "
+                     f"[0, 1], got {quality!r}")
+
+
+_SCALE_DRAWS = 200_000  # prompts in the fixed sample that maps an error sd to a noise scale
+
+
+def _population(beta_a: float, beta_b: float, p_values: tuple | None):
+    """A fixed sample of the prompt population's p and of the prior's standard normals."""
+    rng = np.random.default_rng([12345, 1])
+    if p_values is not None:
+        p = np.asarray(p_values, float)[rng.integers(0, len(p_values), _SCALE_DRAWS)]
+    else:
+        p = rng.beta(beta_a, beta_b, _SCALE_DRAWS)
+    return p, np.random.default_rng([12345, 2]).normal(size=_SCALE_DRAWS)
+
+
+@functools.lru_cache(maxsize=64)
+def noise_scale_for_error_sd(error_sd: float, beta_a: float = 0.3, beta_b: float = 0.3,
+                             p_values: tuple | None = None) -> float:
+    """The scale s of the 'errX' prior: clip(p + s z) - p has sd ``error_sd`` over the
+    population (bisection; the clipped error grows monotonically with s)."""
+    if error_sd <= 0:
+        return 0.0
+    p, z = _population(beta_a, beta_b, p_values)
+    sd = lambda s: float(np.std(np.clip(p + s * z, 0.0, 1.0) - p))  # noqa: E731
+    hi = 1.0
+    while sd(hi) < error_sd:
+        hi *= 2
+        _check(hi <= 64, f"no Gaussian prior on this population has error sd {error_sd} "
+               f"(the most a clipped one reaches is {sd(64.0):.3f})")
+    lo = 0.0
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if sd(mid) < error_sd else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True)
 class PromptModel:
     """True success rates p ~ Beta(a, b) (U-shaped) or resampled from measured (p, prior) pairs;
-    the V0 prior's prediction of p with a named quality (see :func:`parse_prior`)."""
+    the V0 prior's prediction of p with a named quality (see :func:`parse_prior`). ``prior``'s
+    default is the old assumption; ``python -m bench.sim`` sets it from a measurement
+    (bench/sim/measured.py)."""
 
     beta_a: float = 0.3
     beta_b: float = 0.3
@@ -178,11 +226,24 @@ class PromptModel:
         noise, flip = prior_rng.normal(0.0, 1.0, n), prior_rng.random(n)
         if kind == "exact":
             return p, p.copy()
-        if kind == "sd":
-            return p, np.clip(p + val * noise, 0.0, 1.0)
+        if kind in ("sd", "err"):
+            return p, np.clip(p + self.noise_scale() * noise, 0.0, 1.0)
         if kind == "halluc":  # the mirrored prediction, as in bench/estimator_mse/montecarlo.py
             return p, np.where(flip < val, 1.0 - p, p)
         return p, np.full(n, val)
+
+    def noise_scale(self) -> float:
+        """The Gaussian prior's scale before clipping ('sdX': X; 'errX': from X)."""
+        kind, val = parse_prior(self.prior)
+        if kind == "err":
+            return noise_scale_for_error_sd(val, self.beta_a, self.beta_b, self.p_values)
+        return val if kind == "sd" else 0.0
+
+    def prior_error_sd(self, n: int = 100_000, seed: int = 0) -> float:
+        """sd of (prior - p) over ``n`` drawn prompts: what this model's prior error is, on the
+        probability scale, whatever kind it is (measured pairs included)."""
+        p, q = self.draw(n, np.random.default_rng([seed, 97]), np.random.default_rng([seed, 96]))
+        return float(np.std(q - p))
 
 
 @dataclass(frozen=True)
@@ -219,6 +280,10 @@ class SimConfig:
     max_staleness: int = 6            # async: no trained sample older than this (versions)
     max_inflight_prompts: int | None = None
     equal_mse_group: int | None = None  # G of async_grpo_equal_mse (set from a V0.5 run)
+    best_grpo_group: int = 4          # G of async_grpo_best_g (python -m bench.sim reads it
+                                      # from bench/results/learning.json when that names one)
+    oversample: float = 0.1           # sync_grpo16_colocated_oversample: admit ceil((1 + this)
+                                      # x B) prompts per step, train the first B to finish
     steps: int = 40                   # budget: learner steps per mode ...
     max_hours: float | None = None    # ... or simulated hours, whichever ends first
     warmup_steps: int | None = None   # rates after this many steps; None: max_staleness + 2
@@ -242,6 +307,8 @@ class SimConfig:
         _check(self.warmup < self.steps, f"warm-up ({self.warmup} steps) must be shorter than "
                f"the run ({self.steps} steps)")
         _check(self.equal_mse_group is None or self.equal_mse_group >= 1, "equal_mse_group must be >= 1")
+        _check(self.best_grpo_group >= 1, f"best_grpo_group must be >= 1, got {self.best_grpo_group}")
+        _check(self.oversample >= 0, f"oversample must be >= 0, got {self.oversample}")
         _check(self.overlap_slowdown >= 1.0, f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
         _check(self.dispatch_latency_s >= 0, f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s}")
         _check(self.max_hours is None or self.max_hours > 0, "max_hours must be > 0")
@@ -269,7 +336,13 @@ class SimConfig:
 
     @property
     def reward_slots(self) -> int:
-        return 2 * max(self.group_size, self.k_max, self.equal_mse_group or 0)
+        return 2 * max(self.group_size, self.k_max, self.equal_mse_group or 0,
+                       self.best_grpo_group)
+
+    @property
+    def oversampled_prompts(self) -> int:
+        """Prompts admitted per step by the over-sampling barrier: ceil((1 + oversample) B)."""
+        return math.ceil((1.0 + self.oversample) * self.batch_prompts - 1e-9)
 
 
 # -- loading, overrides --------------------------------------------------------------------

@@ -12,7 +12,10 @@ from bench.sim.metrics import summarise, window  # noqa: E402
 
 TITLES = {"sync_grpo16": "sync GRPO G=16", "sync_v05": "sync V0.5 (k_init 4 .. k_max 16)",
           "sync_grpo16_colocated": "sync GRPO G=16, colocated (all GPUs generate, then all train)",
+          "sync_grpo16_colocated_oversample": "sync GRPO G=16, colocated, 10% over-sampled, "
+                                              "stragglers aborted",
           "async_grpo_equal_mse": "async GRPO at V0.5's baseline MSE",
+          "async_grpo_best_g": "async GRPO at the best G",
           "async_grpo16": "async GRPO G=16", "async_v05": "async V0.5 (the product)"}
 SYNC_COLOR, TRAIN_COLOR, IDLE_COLOR = "#d62728", "#1f77b4", "#ececec"
 
@@ -134,20 +137,76 @@ def utilisation(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def sweeps(sweep_data: dict, path: str) -> None:
-    """Each sweep: prompts/hour ratios (left axis) and async V0.5 utilisation (right axis)."""
-    names = list(sweep_data)
+PRIOR_LINES = (  # (ratio stem, colour, marker, label)
+    ("async_v05_vs_async_grpo_equal_mse", "black", "o", "/ async GRPO, equal MSE"),
+    ("async_v05_vs_async_grpo_best_g", "#ff7f0e", "s", "/ async GRPO, best G"),
+    ("async_v05_vs_sync_grpo16_colocated_oversample", "#1f77b4", "^",
+     "/ coloc. sync GRPO-16 +10% abort"),
+    ("async_v05_vs_sync_grpo16_colocated", "#9467bd", "v", "/ coloc. sync GRPO-16"),
+)
+
+
+def prior_panel(ax, sw: dict, measured: float | None) -> None:
+    """Async V0.5's ratios against the prior's error sd: prompts/hour (solid) and rollouts/hour
+    (dotted); the aims (1.5x equal MSE, 2.5x over-sampled colocated) and the measured sd."""
+    pts = sw["points"]
+    x = [p["prior_error_sd"] for p in pts]
+    for stem, col, mk, label in PRIOR_LINES:
+        ax.plot(x, [p["ratios"].get(f"{stem}_prompts_per_hour", np.nan) for p in pts], "-",
+                marker=mk, color=col, label="V0.5 " + label + ", prompts/h")
+        ax.plot(x, [p["ratios"].get(f"{stem}_rollouts_per_hour", np.nan) for p in pts], ":",
+                marker=mk, mfc="none", color=col, alpha=0.8, label="(same), rollouts/h")
+    ax.axhline(1.0, color="grey", lw=0.6)
+    ax.axhline(1.5, color="black", lw=0.8, ls="--", alpha=0.5)
+    ax.axhline(2.5, color="#1f77b4", lw=0.8, ls="--", alpha=0.5)
+    ax.set_yscale("log")
+    ys = [y for ln in ax.get_lines() for y in ln.get_ydata() if np.isfinite(y) and y > 0]
+    lo, hi = min(ys + [1.0]) / 1.15, max(ys + [2.5]) * 1.15
+    ticks = [t for t in (0.3, 0.5, 0.7, 1, 1.5, 2, 2.5, 3, 4, 6, 8, 12, 20) if lo <= t <= hi]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(lo, hi)
+    if measured is not None:
+        ax.axvline(measured, color="#2ca02c", lw=2, alpha=0.5)
+        ax.text(measured, 0.02, f" this run's prior: sd {measured:.3g}", color="#2ca02c",
+                fontsize=9, transform=ax.get_xaxis_transform())
+    ax.set_xlabel("prior error sd (sd of p_prior - true success rate, probability scale)")
+    ax.set_ylabel("ratio (log scale)")
+    ax.set_title("prior_error_sd: where V0.5 pays (dashed: aims 1.5x, 2.5x)", fontsize=11,
+                 loc="left")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_xticks(x, [f"{v:g}" for v in x], fontsize=9)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    ax2 = ax.twinx()
+    ax2.plot(x, [p["modes"].get("async_v05", {}).get("mean_k", np.nan) for p in pts],
+             color="#8c564b", alpha=0.4, lw=4)
+    ax2.set_ylabel("async V0.5 mean k (brown, right axis)", color="#8c564b")
+
+
+def sweeps(sweep_data: dict, path: str, measured: float | None = None) -> None:
+    """The prior sweep (its own panel, two units); each other sweep: prompts/hour ratios
+    (left axis) and async V0.5 utilisation (right axis)."""
+    names = [n for n in sweep_data if n != "prior_error_sd"]
+    prior = sweep_data.get("prior_error_sd")
     ncol = 3
-    nrow = -(-len(names) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(14, 3.9 * nrow + 1.0), squeeze=False)
+    nrow = -(-len(names) // ncol) + (prior is not None)
+    fig = plt.figure(figsize=(14, 3.9 * nrow + 1.0 + (1.5 if prior is not None else 0)))
+    grid = fig.add_gridspec(nrow, ncol, height_ratios=([1.4] if prior is not None else [])
+                            + [1] * (nrow - (prior is not None)))
+    if prior is not None:
+        prior_panel(fig.add_subplot(grid[0, :]), prior, measured)
+    axes = [fig.add_subplot(grid[(prior is not None) + i // ncol, i % ncol])
+            for i in range(len(names))]
     lines = []
-    for ax, name in zip(axes.ravel(), names):
+    for ax, name in zip(axes, names):
         sw = sweep_data[name]
         x = np.arange(len(sw["points"]))
         lines = []
-        for key, style, col in (("async_v05_vs_sync_grpo16_prompts_per_hour", "o-", "black"),
+        for key, style, col in (("async_v05_vs_sync_grpo16_colocated_prompts_per_hour", "o-", "black"),
+                                ("async_v05_vs_sync_grpo16_colocated_oversample_prompts_per_hour",
+                                 "v-", "#1f77b4"),
+                                ("async_v05_vs_sync_grpo16_prompts_per_hour", "o--", "grey"),
                                 ("async_v05_vs_async_grpo16_prompts_per_hour", "s--", "#ff7f0e"),
-                                ("async_grpo16_vs_sync_grpo16_prompts_per_hour", "d-.", "#8c564b"),
                                 ("sync_v05_vs_sync_grpo16_prompts_per_hour", "^:", "#e377c2")):
             ys = [p["ratios"].get(key, np.nan) for p in sw["points"]]
             lines += ax.plot(x, ys, style, color=col,
@@ -167,10 +226,10 @@ def sweeps(sweep_data: dict, path: str) -> None:
                               label="async V0.5 " + key.replace("_", " ") + " (right axis)")
         ax2.set_ylim(0, 1.05)
         ax2.set_ylabel("fraction of time (async V0.5)")
-    for ax in axes.ravel()[len(names):]:
-        ax.axis("off")
-    fig.legend(lines, [ln.get_label() for ln in lines], loc="lower center", ncol=3, fontsize=9,
-               frameon=False, title="dashed grey line: the 3x aim against colocated sync GRPO-16")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    if lines:
+        fig.legend(lines, [ln.get_label() for ln in lines], loc="lower center", ncol=3,
+                   fontsize=9, frameon=False,
+                   title="dashed grey line: the 3x aim against colocated sync GRPO-16")
+    fig.tight_layout(rect=(0, 0.1 if lines else 0, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -9,9 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from bench.sim import (MODES, DecodeModel, Engine, LearnerModel, LengthModel, PromptModel,
+from bench.sim import (MODES, RATIOS, DecodeModel, Engine, LearnerModel, LengthModel, PromptModel,
                        Rollout, SimConfig, calibration_config, from_dict, parse_overrides,
-                       physical_limit, predict_ratio, run_modes, simulate, summarise)
+                       physical_limit, predict_ratio, ratios, run_modes, simulate, summarise)
+from bench.sim.__main__ import build_config
+from bench.sim.measured import resolve_best_grpo_g, resolve_prior_error_sd
 
 
 def toy(**kw) -> SimConfig:
@@ -143,14 +145,16 @@ def test_conservation_fractions_and_the_age_bound(mode):
     total = s["generator_busy_fraction"] + s["generator_sync_fraction"] + s["generator_idle_fraction"]
     assert total == pytest.approx(1.0, abs=1e-9)
     assert 0 < s["fraction_of_limit"] <= 1.0 + 1e-9
-    if mode.endswith("grpo16") or mode.endswith("colocated"):
+    if MODES[mode].algo == "grpo" and MODES[mode].group == 16:
         assert set(res.k_trained) == {16}
     elif mode.endswith("equal_mse"):
         assert set(res.k_trained) == {6}
+    elif mode.endswith("best_g"):
+        assert set(res.k_trained) == {cfg.best_grpo_group}
     else:  # k comes from the real estimator state: between k_init and k_max, <= 3 rounds
         assert res.k_trained.min() >= 4 and res.k_trained.max() <= 16
         assert res.rounds_trained.max() <= 3
-    assert res.n_engines == (cfg.n_gpus if mode.endswith("colocated") else cfg.n_generators)
+    assert res.n_engines == (cfg.n_gpus if MODES[mode].colocated else cfg.n_generators)
 
 
 def test_the_prior_server_costs_v05_a_gpu():
@@ -281,3 +285,130 @@ def test_calibration_schema_errors_name_the_key():
         calibration_config({**CAL, "bogus": 1})
     with pytest.raises(ValueError, match="response_lengths"):
         calibration_config({**CAL, "response_lengths": [0, 3]})
+
+
+# -- the colocated barrier with over-sampling and abort ----------------------------------------
+
+def test_oversample_admits_1_1_b_trains_b_and_counts_the_aborted_tokens():
+    cfg = toy(oversample=0.25)                      # B = 8: 10 admitted per step, 2 aborted
+    assert cfg.oversampled_prompts == 10 and toy().oversampled_prompts == 9   # ceil(8.8)
+    res = simulate(cfg, "sync_grpo16_colocated_oversample")
+    ch = res.checks
+    assert [s["prompts"] for s in res.steps] == [8] * cfg.steps
+    assert [s["rollouts"] for s in res.steps] == [8 * 16] * cfg.steps
+    assert ch["admitted"] == 10 * cfg.steps         # every step admitted 1.25 B ...
+    assert ch["drop_reasons"] == {"oversample_aborted": 2 * cfg.steps}   # ... and dropped 0.25 B
+    assert res.aborted_prompts == 2 * cfg.steps and ch["inflight"] == 0
+    assert res.staleness.max() == 0                 # still a barrier: nothing trains stale
+    # Aborted rollouts' tokens are spent: counted in what was generated, never trained.
+    trained = sum(s["tokens"] - s["rollouts"] * cfg.length.prompt_tokens for s in res.steps)
+    spent = res.gen_tokens_done + res.cancelled_tokens
+    assert res.cancelled_tokens > 0
+    assert spent > trained
+    assert res.token_events[:, 1].sum() == spent
+    s = summarise(res)
+    assert s["untrained_generated_fraction"] > 0 and s["aborted_prompts"] == 2 * cfg.steps
+
+
+def test_oversample_with_abort_beats_the_barrier_that_waits_for_its_slowest():
+    per, _ = run_modes(toy(), ["sync_grpo16_colocated", "sync_grpo16_colocated_oversample"])
+    plain, over = per["sync_grpo16_colocated"], per["sync_grpo16_colocated_oversample"]
+    assert over["prompts_per_hour"] > plain["prompts_per_hour"]
+    assert over["decode_tokens_per_hour"] / over["prompts_per_hour"] > \
+        plain["decode_tokens_per_hour"] / plain["prompts_per_hour"] * 0.9   # pays in tokens
+    none = simulate(toy(oversample=0.0), "sync_grpo16_colocated_oversample")
+    assert none.aborted_prompts == 0 and none.checks["admitted"] == 8 * none.cfg.steps
+
+
+def test_best_g_mode_runs_grpo_at_that_g():
+    res = simulate(toy(best_grpo_group=3), "async_grpo_best_g")
+    assert set(res.k_trained) == {3}
+
+
+# -- ratios: two units ------------------------------------------------------------------------
+
+def test_rollouts_per_hour_ratio_is_prompts_ratio_times_rollouts_per_prompt_ratio():
+    per, _ = run_modes(toy(), list(MODES))
+    r = ratios(per)
+    k = {m: s["trained_rollouts_per_hour"] / s["prompts_per_hour"] for m, s in per.items()}
+    for stem, a, b in RATIOS:
+        assert r[f"{stem}_rollouts_per_hour"] == pytest.approx(
+            r[f"{stem}_prompts_per_hour"] * k[a] / k[b], rel=1e-12)
+    assert k["async_grpo16"] == 16 and k["sync_grpo16_colocated_oversample"] == 16
+    # V0.5 against GRPO-16: the rollouts ratio is the prompts ratio times about mean k / 16
+    assert r["async_v05_vs_async_grpo16_rollouts_per_hour"] == pytest.approx(
+        r["async_v05_vs_async_grpo16_prompts_per_hour"] * per["async_v05"]["mean_k"] / 16, rel=0.1)
+    for key in ("async_v05_vs_async_grpo_equal_mse_prompts_per_hour",
+                "async_v05_vs_async_grpo_best_g_prompts_per_hour",
+                "async_v05_vs_sync_grpo16_colocated_oversample_prompts_per_hour",
+                "async_v05_vs_sync_grpo16_colocated_rollouts_per_hour"):
+        assert key in r
+
+
+# -- the prior's error and GRPO's best G from measurements --------------------------------------
+
+def truth(task, snapshot, error_sd, noise, bias=0.0):
+    return dict(task=task, snapshot=snapshot, n_prompts=200, samples_per_prompt=16,
+                error_sd=error_sd, bias=bias, mae=0.8 * error_sd, spearman=0.7,
+                truth_sd=0.3, truth_noise_sd=noise)
+
+
+def test_prior_error_sd_is_the_largest_stepwise_snapshot_with_the_truths_noise_removed(tmp_path):
+    path = tmp_path / "prior_truth.json"
+    path.write_text(json.dumps({"snapshots": [
+        truth("stepwise", "start", 0.10, 0.06),     # prior's own error 0.08
+        truth("stepwise", "middle", 0.13, 0.05),    # 0.12: the largest once noise is removed
+        truth("stepwise", "end", 0.14, 0.10),       # 0.098: largest before removal, not after
+        truth("arithmetic", "end", 0.40, 0.01),     # another task: ignored
+    ]}))
+    sd, source, detail = resolve_prior_error_sd(None, path)
+    assert sd == pytest.approx(0.12)
+    assert str(path) in source and "snapshot middle" in source and "stepwise" in source
+    assert [r["snapshot"] for r in detail["per_snapshot"]] == ["start", "middle", "end"]
+    # a bias adds in quadrature (the simulator's error is zero-mean)
+    path.write_text(json.dumps({"snapshots": [truth("stepwise", "end", 0.10, 0.06, bias=0.06)]}))
+    assert resolve_prior_error_sd(None, path)[0] == pytest.approx(0.1)
+    # the command line wins; without a file the old assumption, said so
+    assert resolve_prior_error_sd(0.07, path)[:2] == (0.07, "--prior-error-sd")
+    assert resolve_prior_error_sd(None, tmp_path / "absent.json")[:2] == (0.2, "assumed")
+    path.write_text(json.dumps({"snapshots": [truth("arithmetic", "end", 0.1, 0.0)]}))
+    with pytest.raises(ValueError, match="stepwise"):
+        resolve_prior_error_sd(None, path)
+
+
+def test_the_err_prior_has_the_error_sd_it_names():
+    """'errX': the sd of (prior - p) on the probability scale is X (clipping at 0 and 1
+    included); the old 'sdX' names the scale before clipping (sd0.2 errs by 0.161)."""
+    for x in (0.05, 0.1, 0.2):
+        m = PromptModel(prior=f"err{x}")
+        assert m.prior_error_sd() == pytest.approx(x, abs=0.002)
+        assert m.noise_scale() > x
+    assert PromptModel(prior="sd0.2").prior_error_sd() == pytest.approx(0.161, abs=0.003)
+    assert PromptModel(prior="exact").prior_error_sd() == 0.0
+
+
+def test_build_config_records_the_prior_and_best_g_with_their_sources(tmp_path):
+    import argparse
+
+    truth_file, learning = tmp_path / "prior_truth.json", tmp_path / "learning.json"
+    truth_file.write_text(json.dumps({"snapshots": [truth("stepwise", "start", 0.10, 0.06)]}))
+    learning.write_text(json.dumps({"summary": {"controlled": {
+        "cold": {"best_grpo_G": 6}, "warm": {"best_grpo_G": 8}}}}))
+    args = argparse.Namespace(quick=True, calibrate=None, config=None, overrides=[],
+                              prior_error_sd=None, prior_truth=str(truth_file),
+                              best_grpo_g=None, learning=str(learning))
+    cfg, prov = build_config(args)
+    assert cfg.prompts.prior == "err0.08" and prov["prior_error_sd"] == pytest.approx(0.08)
+    assert "snapshot start" in prov["prior_error_sd_source"]
+    assert prov["prior_error_sd_realised"] == pytest.approx(0.08, abs=0.002)
+    assert cfg.best_grpo_group == 6
+    assert prov["best_grpo_group_source"].endswith("summary.controlled.cold.best_grpo_G")
+    args.prior_error_sd, args.best_grpo_g = 0.1, 5
+    cfg, prov = build_config(args)
+    assert (cfg.prompts.prior, prov["prior_error_sd_source"]) == ("err0.1", "--prior-error-sd")
+    assert (cfg.best_grpo_group, prov["best_grpo_group_source"]) == (5, "--best-grpo-g")
+    args.prior_error_sd, args.overrides = None, ["prompts.prior=sd0.2"]
+    cfg, prov = build_config(args)
+    assert "prompts.prior=sd0.2" in prov["prior_error_sd_source"]
+    assert prov["prior_error_sd"] == pytest.approx(0.161, abs=0.003)
+    assert resolve_best_grpo_g(None, tmp_path / "absent.json")[0] == 4
