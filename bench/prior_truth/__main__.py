@@ -129,9 +129,9 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                  "timing": timing}
         lm = error_stats(level_mean_predictor(truth, levels), truth, samples)
         entry["level_mean_predictor"] = lm
-        entry["variants"] = {}
+        entry["variants"], preds = {}, {}
         for vname, opts in variants.items():
-            p = prior_predictions(cfg, ctx, texts, opts)
+            p = preds[vname] = prior_predictions(cfg, ctx, texts, opts)
             entry["variants"][vname] = {**error_stats(p, truth, samples), "options": opts,
                                         "reliability": reliability(p, truth)}
         shipped = entry["variants"]["shipped"]
@@ -144,8 +144,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
             - entry["variants"][run_variant]["truth_noise_sd"] ** 2)))
         entry["online"]["offline_variant"] = run_variant
         entry["points"] = {"truth": truth.round(4).tolist(),
-                           "p": [round(float(x), 4) for x in
-                                 prior_predictions(cfg, ctx, texts, {})],
+                           "p": [round(float(x), 4) for x in preds["shipped"]],
                            "level": levels.tolist()}
         log(f"  truth {truth.mean():.3f} (sd {entry['truth_sd']:.3f}, noise "
             f"{shipped['truth_noise_sd']:.3f}); " + "; ".join(
