@@ -2,20 +2,11 @@
 in-process vLLM engine (the generators' engine, without Ray), scored by the task's verifier."""
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Sequence
 
 import numpy as np
-
-
-def prompt_seed(seed: int, prompt_id: str) -> int:
-    """A sampling seed of its own for each prompt, from the run's seed and the prompt's id
-    (vLLM seeds the i-th of a request's n completions with seed + i): repeatable, and no two
-    prompts share a stream."""
-    h = hashlib.blake2b(f"{seed}:{prompt_id}".encode(), digest_size=5).digest()
-    return int.from_bytes(h, "big") << 12  # 4096 completions apart
 
 
 def sample_truth(path: str, task, problems: Sequence, n: int, max_tokens: int,
@@ -27,13 +18,15 @@ def sample_truth(path: str, task, problems: Sequence, n: int, max_tokens: int,
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
 
+    from cluster.evaluation import eval_seed_base
+
     t0 = time.time()
     longest = max(len(p.prompt) for p in problems)
     llm = LLM(model=str(path), dtype="float32", max_model_len=longest + max_tokens + 8,
               enforce_eager=True, seed=seed, max_num_seqs=256)
     t1 = time.time()
     params = [SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens,
-                             seed=prompt_seed(seed, p.id)) for p in problems]
+                             seed=eval_seed_base(seed, p.id)) for p in problems]
     outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
     hi = task.rewards[1]
     correct = np.array([sum(task.score(p, c.text).reward == hi for c in o.outputs)
