@@ -149,20 +149,29 @@ def policy_loss(
     loss = _aggregate(per_token * maskf, maskf, n_tok, aggregation, normalizer,
                       inputs.segment_ids)
 
-    with torch.no_grad():
-        r = ratio.detach()
-        clipped = ((adv > 0) & (r > 1.0 + clip_high)) | ((adv < 0) & (r < 1.0 - clip_low))
-        mean = lambda x: _masked_mean(x.to(maskf.dtype), maskf, n_tok)  # noqa: E731
-        entropy = torch.zeros_like(kl)
-        if inputs.entropy is not None:
-            entropy = mean(torch.where(mask, inputs.entropy.to(logp.dtype), 0.0))
-        behaviour_log_ratio = (logp - old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # untruncated
-        approx_kl = mean(torch.exp(behaviour_log_ratio) - 1.0 - behaviour_log_ratio)
-        return LossOutputs(
-            loss=loss, clip_fraction=mean(clipped), approx_kl=approx_kl, kl=kl,
-            entropy=entropy, n_tokens=n_tok.detach(),
-            is_weight=mean(torch.where(mask, is_weight, 0.0)),
-            truncated_fraction=mean(truncated & mask), dual_clip_fraction=mean(dual & mask))
+    return _outputs(loss, kl, inputs, mask, n_tok, logp, old, adv, ratio, is_weight, truncated,
+                    dual, clip_low, clip_high)
+
+
+@torch.no_grad()
+def _outputs(loss, kl, inputs: LossInputs, mask, n_tok, logp, old, adv, ratio, is_weight,
+             truncated, dual, clip_low: float, clip_high: float) -> LossOutputs:
+    """The loss with its diagnostics: the share of tokens clipped (those whose update the clip
+    stopped), the behaviour KL, the entropy, the importance weights, the dual clip."""
+    maskf = mask.to(logp.dtype)
+    r = ratio.detach()
+    clipped = ((adv > 0) & (r > 1.0 + clip_high)) | ((adv < 0) & (r < 1.0 - clip_low))
+    mean = lambda x: _masked_mean(x.to(maskf.dtype), maskf, n_tok)  # noqa: E731
+    entropy = torch.zeros_like(kl)
+    if inputs.entropy is not None:
+        entropy = mean(torch.where(mask, inputs.entropy.to(logp.dtype), 0.0))
+    behaviour_log_ratio = (logp - old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # untruncated
+    approx_kl = mean(torch.exp(behaviour_log_ratio) - 1.0 - behaviour_log_ratio)
+    return LossOutputs(
+        loss=loss, clip_fraction=mean(clipped), approx_kl=approx_kl, kl=kl,
+        entropy=entropy, n_tokens=n_tok.detach(),
+        is_weight=mean(torch.where(mask, is_weight, 0.0)),
+        truncated_fraction=mean(truncated & mask), dual_clip_fraction=mean(dual & mask))
 
 
 def _ratio(inputs: LossInputs, mask, logp, old, objective, tis_cap):

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from actors.threads import threads_for
 from actors.types import TrainSample
+from common.records import StepResult
 from learner.bundles import fill_bundles
 from learner.batch import shard_samples
 from learner.config import LearnerConfig
@@ -116,7 +117,7 @@ class Learner:
 
         return ray.get(refs)
 
-    def train_step(self, samples: Sequence[TrainSample]) -> dict:
+    def train_step(self, samples: Sequence[TrainSample]) -> StepResult:
         """One optimiser step on the global batch; see ``shard_samples`` for the split.
         Returns rank 0's metrics (every rank computes the same all-reduced values)."""
         shards = shard_samples(samples, self.n_ranks)

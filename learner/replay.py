@@ -165,7 +165,7 @@ def run(args: argparse.Namespace, out=None) -> dict:
             m = learner.train_step(batch)
             n_samples += len(batch)
             history.append(m)
-            print(json.dumps({"samples": len(batch), **m}), file=out, flush=True)
+            print(json.dumps({"samples": len(batch), **m.to_dict()}), file=out, flush=True)
         wall = time.perf_counter() - t0
     finally:
         if learner is not None:
@@ -177,15 +177,16 @@ def run(args: argparse.Namespace, out=None) -> dict:
     return summary
 
 
-def _summary(history: list[dict], n_samples: int, wall: float, init_s: float) -> dict:
-    times = [m["step_time_s"] for m in history]
+def _summary(history: list, n_samples: int, wall: float, init_s: float) -> dict:
+    """``history``: the steps' ``StepResult``s."""
+    times = [m.step_time_s for m in history]
     return {
         "steps": len(history), "samples": n_samples,
-        "tokens": sum(m["n_tokens"] for m in history),
-        "skipped_steps": sum(m["skipped"] for m in history),
+        "tokens": sum(m.n_tokens for m in history),
+        "skipped_steps": sum(m.skipped for m in history),
         "wall_s": wall, "init_s": init_s, "samples_per_s": n_samples / wall if wall > 0 else 0.0,
         "mean_step_time_s": sum(times) / len(times) if times else 0.0,
-        "final_loss": history[-1]["loss"] if history else None,
+        "final_loss": history[-1].loss if history else None,
     }
 
 

@@ -25,15 +25,16 @@ import time
 from pathlib import Path
 
 from actors.types import TrainSample
+from common.records import PER_TOKEN, StepResult
 from learner.config import LearnerConfig
 
 # Files of an HF checkpoint directory that are not weights: copied next to saved weights.
 _AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 _CLIENT_KEY = "v05_client_state"
-# Order of the all-reduced metric sums in ``train_step``.
-_SUMS = ("loss", "clip", "approx_kl", "kl", "entropy", "is_weight", "truncated", "dual_clip",
-         "n_tokens")
+# The all-reduced metric sums of ``train_step``, in order: the loss, each per-token metric
+# (``PER_TOKEN``, weighted by the micro-batch's tokens), the token count.
+_SUMS = ("loss", *PER_TOKEN, "n_tokens")
 
 
 class LearnerWorker:
@@ -155,7 +156,7 @@ class LearnerWorker:
     def ready(self) -> int:
         return self.rank
 
-    def train_step(self, samples: list[TrainSample]) -> dict:
+    def train_step(self, samples: list[TrainSample]) -> StepResult:
         """One optimiser step on this rank's shard (every rank must be called; shards may
         differ in length, see ``_micro_batches``)."""
         import torch
@@ -221,10 +222,8 @@ class LearnerWorker:
                     loss = loss * float("nan")
             self.engine.backward(loss)
             n = out.n_tokens.detach()
-            per_tok = [out.clip_fraction, out.approx_kl, out.kl, out.entropy, out.is_weight,
-                       out.truncated_fraction, out.dual_clip_fraction]
-            sums += torch.stack([out.loss.detach()] + [x * n for x in per_tok] + [n]
-                                ).double().cpu()  # one device-to-host copy
+            sums += torch.stack([out.loss.detach()] + [getattr(out, k) * n for k in PER_TOKEN]
+                                + [n]).double().cpu()  # one device-to-host copy
         return sums, bad
 
     def _apply_update(self, loss_bad: bool) -> tuple[str, float]:
@@ -266,25 +265,15 @@ class LearnerWorker:
         return reason, norm
 
     def _metrics(self, sums, grad_norm: float, skip_reason: str, t0: float, n_seq: int,
-                 lr: float = math.nan, n_micro: int = 0) -> dict:
+                 lr: float = math.nan, n_micro: int = 0) -> StepResult:
         s = dict(zip(_SUMS, [float(x) for x in sums])) if sums is not None else {}
         n = s.get("n_tokens", 0.0)
-        per_tok = lambda k: s[k] / n if n else math.nan  # noqa: E731
-        return {
-            "loss": s.get("loss", math.nan), "grad_norm": grad_norm,
-            "entropy": per_tok("entropy") if s else math.nan,
-            "clip_fraction": per_tok("clip") if s else math.nan,
-            "approx_kl": per_tok("approx_kl") if s else math.nan,
-            "kl": per_tok("kl") if s else math.nan,
-            "is_weight": per_tok("is_weight") if s else math.nan,
-            "truncated_fraction": per_tok("truncated") if s else math.nan,
-            "dual_clip_fraction": per_tok("dual_clip") if s else math.nan,
-            "n_tokens": int(n), "n_samples": n_seq,
-            "skipped": bool(skip_reason), "skip_reason": skip_reason,
-            "step": self.step, "consecutive_skips": self.consecutive_nan,
-            "step_time_s": time.perf_counter() - t0,
-            "lr": lr, "micro_batches": n_micro,
-        }
+        return StepResult(
+            loss=s.get("loss", math.nan), grad_norm=grad_norm,
+            **{k: s[k] / n if n else math.nan for k in PER_TOKEN},
+            n_tokens=int(n), n_samples=n_seq, skipped=bool(skip_reason), skip_reason=skip_reason,
+            step=self.step, consecutive_skips=self.consecutive_nan,
+            step_time_s=time.perf_counter() - t0, lr=lr, micro_batches=n_micro)
 
     def _all_reduce(self, t, op=None):
         import torch.distributed as dist

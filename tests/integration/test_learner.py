@@ -127,12 +127,12 @@ def test_two_ranks_equal_one_rank(learners, cfg):
     # Same global batch and global normalisation: same loss, gradient and update.
     assert max_diff(per_rank[0], w1) < 2e-3 * moved
     for a, b in zip(m2, m1):
-        assert not a["skipped"] and not b["skipped"]
-        assert a["n_tokens"] == b["n_tokens"] and a["n_samples"] == b["n_samples"] == 5
+        assert not a.skipped and not b.skipped
+        assert a.n_tokens == b.n_tokens and a.n_samples == b.n_samples == 5
         for k in ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl", "kl"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
     assert m2[-1]["step"] == 2
-    assert [m["lr"] for m in m2] == [m["lr"] for m in m1] == [lr_at(cfg, 0), lr_at(cfg, 1)]
+    assert [m.lr for m in m2] == [m.lr for m in m1] == [lr_at(cfg, 0), lr_at(cfg, 1)]
     # The policy starts AT the reference, then moves away from it.
     assert m2[0]["kl"] == pytest.approx(0.0, abs=1e-6) and m2[1]["kl"] > 1e-6
 
@@ -155,18 +155,18 @@ def test_non_finite_step_is_skipped_then_raises(learners, poison):
 
     before = two.get_weights_per_rank()
     m = two.train_step(poisoned(3))
-    assert m["skipped"] and m["step"] == 0
+    assert m.skipped and m.step == 0
     # A NaN log-prob makes the loss NaN; a huge advantage may overflow the loss or only
     # the gradient, depending on the token counts.
-    assert m["skip_reason"] in (("non-finite loss",) if poison == "nan_logprob" else
+    assert m.skip_reason in (("non-finite loss",) if poison == "nan_logprob" else
                                 ("non-finite loss", "non-finite gradient norm"))
     after = two.get_weights_per_rank()
     assert max_diff(before[0], after[0]) == 0.0 and max_diff(before[1], after[1]) == 0.0
     good = two.train_step(make_samples(5, 4))  # resets the consecutive counter
-    assert not good["skipped"] and good["step"] == 1 and math.isfinite(good["loss"])
-    assert good["lr"] == m["lr"]  # a skipped step does not advance the lr schedule
+    assert not good.skipped and good.step == 1 and math.isfinite(good.loss)
+    assert good.lr == m.lr  # a skipped step does not advance the lr schedule
     assert max_diff(before[0], two.get_weights()) > 0.0
-    assert two.train_step(poisoned(5))["skipped"]
+    assert two.train_step(poisoned(5)).skipped
     with pytest.raises(RuntimeError, match="consecutive steps skipped"):
         two.train_step(poisoned(6))  # the 2nd in a row > max_consecutive_nan = 1
 
@@ -181,10 +181,10 @@ def test_checkpoint_restores_weights_and_client_state(learners, cfg, tmp_path):
     saved = two.get_weights()
     client = {"step": 2, "data_position": 42, "note": "after two steps"}
     two.save_checkpoint(tmp_path / "ckpt", client)
-    lrs = [two.train_step(make_samples(4, 8))["lr"]]
+    lrs = [two.train_step(make_samples(4, 8)).lr]
     w_next = two.get_weights()
     assert max_diff(saved, w_next) > 0.0
-    lrs.append(two.train_step(make_samples(4, 9))["lr"])  # moves on along the schedule
+    lrs.append(two.train_step(make_samples(4, 9)).lr)  # moves on along the schedule
     assert two.load_checkpoint(tmp_path / "ckpt") == client
     restored = two.get_weights_per_rank()
     assert max_diff(saved, restored[0]) == 0.0 and max_diff(saved, restored[1]) == 0.0
@@ -192,9 +192,9 @@ def test_checkpoint_restores_weights_and_client_state(learners, cfg, tmp_path):
     # lands on the same weights (a fresh optimiser would take a different, sign-like first
     # step; another lr a different step).
     m = two.train_step(make_samples(4, 8))
-    assert m["step"] == 3 and m["lr"] == lrs[0]
+    assert m.step == 3 and m.lr == lrs[0]
     assert max_diff(w_next, two.get_weights()) < 1e-7
-    lrs.append(two.train_step(make_samples(4, 9))["lr"])
+    lrs.append(two.train_step(make_samples(4, 9)).lr)
     assert lrs == [lr_at(cfg, 2), lr_at(cfg, 3), lr_at(cfg, 3)] and lrs[0] > lrs[1]
 
 
@@ -209,7 +209,7 @@ def test_zero3_two_ranks_equal_one_rank(learners, cfg):
     w0 = one.get_weights()
     assert max_diff(w0, z3.get_weights()) == 0.0  # same initial weights, gathered
     m3, m1 = z3.train_step(batch), one.train_step(batch)
-    assert not m3["skipped"] and m3["n_tokens"] == m1["n_tokens"]
+    assert not m3.skipped and m3.n_tokens == m1.n_tokens
     for k in ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl"):
         assert m3[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
     w3, w1 = z3.get_weights(), one.get_weights()
@@ -252,7 +252,7 @@ def test_record_then_replay(learners, policy_dir, tmp_path, capsys):
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     steps = [x for x in lines if "step" in x and "summary" not in x]
     assert [x["samples"] for x in steps] == [8, 8, 8]  # 2 prompts x 4, wrapping around
-    assert all(not x["skipped"] and math.isfinite(x["loss"]) for x in steps)
+    assert all(not x.skipped and math.isfinite(x.loss) for x in steps)
     assert lines[-1]["summary"] == summary
     assert summary["steps"] == 3 and summary["samples"] == 24 and summary["skipped_steps"] == 0
     assert summary["samples_per_s"] > 0

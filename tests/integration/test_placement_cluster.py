@@ -161,7 +161,7 @@ def test_learner_group_spanning_two_nodes_trains(cluster, tmp_path):
                                logprobs=[-4.6] * 2, advantage=1.0 if i % 2 else -1.0, version=0)
                    for i in range(6)]
         metrics = group.train_step(samples)
-        assert np.isfinite(metrics["loss"])
+        assert np.isfinite(metrics.loss)
         w = group.get_weights_per_rank()
         assert all(max(float(np.abs(w[0][k] - x[k]).max()) for k in x) == 0 for x in w[1:])
     finally:

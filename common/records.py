@@ -1,0 +1,84 @@
+"""Records the roles hand the driver, each defined once and passed on unchanged: the learner's
+``StepResult`` (one optimiser step) and the coordinator's ``Accounting`` (every admitted
+prompt's fate, the rollouts and the faults). Pure dataclasses: no Ray, torch or vLLM import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+# The learner's per-token metrics: summed over response tokens on every rank (one all-reduce)
+# and divided by the global token count. A ``StepResult`` field each; the loss output
+# (``learner.loss``) carries each under the same name.
+PER_TOKEN = ("clip_fraction", "approx_kl", "kl", "entropy", "is_weight", "truncated_fraction",
+             "dual_clip_fraction")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One learner step, as rank 0 reports it (every rank computes the same reduced values)."""
+
+    loss: float = math.nan
+    grad_norm: float = math.nan   # the global norm before clipping
+    clip_fraction: float = math.nan
+    approx_kl: float = math.nan
+    kl: float = math.nan
+    entropy: float = math.nan
+    is_weight: float = math.nan
+    truncated_fraction: float = math.nan
+    dual_clip_fraction: float = math.nan
+    n_tokens: int = 0             # response tokens of the global batch
+    n_samples: int = 0            # non-empty responses of the global batch
+    skipped: bool = False         # the update was not applied (non-finite loss or gradient)
+    skip_reason: str = ""
+    step: int = 0                 # optimiser steps applied so far
+    consecutive_skips: int = 0
+    step_time_s: float = 0.0
+    lr: float = math.nan
+    micro_batches: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The scheduler's counters, named as summary.json names them (``Scheduler.counts`` keys).
+SCHEDULER_COUNTS = ("prompts_admitted", "prompts_handed", "rollouts_dispatched",
+                    "rollouts_finished", "rollouts_cancelled", "cancelled_tokens",
+                    "extra_rollouts_requested", "reissued_requests", "stale_regenerated",
+                    "deadline_cuts", "generator_losses")
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What the coordinator accounts for when it stops (``Coordinator.stop``): the
+    identity ``prompts_admitted = prompts_trained + prompts_dropped + prompts_in_flight_at_end``
+    holds with the trainer's ``prompts_trained`` (summary.json carries every field but the
+    two uid lists, which go to dropped.jsonl and inflight_at_end.json)."""
+
+    prompts_admitted: int = 0
+    prompts_handed: int = 0
+    prompts_dropped: int = 0
+    drop_reasons: dict = field(default_factory=dict)
+    prompts_in_flight_at_end: int = 0
+    rollouts_dispatched: int = 0
+    rollouts_finished: int = 0
+    rollouts_cancelled: int = 0
+    cancelled_tokens: int = 0
+    extra_rollouts_requested: int = 0
+    reissued_requests: int = 0
+    stale_regenerated: int = 0
+    deadline_cuts: int = 0
+    generator_losses: int = 0
+    prior_fallbacks: int = 0
+    generator_restarts: int = 0
+    requests_per_generator: list = field(default_factory=list)
+    data_pos: int = 0             # the sampler's stream position up to which prompts were admitted
+    generator_events: list = field(default_factory=list)
+    scoring: dict = field(default_factory=dict)
+    inflight_uids: list = field(default_factory=list)
+    dropped_since_last_batch: list = field(default_factory=list)  # (uid, reason)
+
+    def summary(self) -> dict:
+        """summary.json's fields (the uid lists left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("inflight_uids", "dropped_since_last_batch")}
