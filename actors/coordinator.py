@@ -7,7 +7,8 @@ cancelled completions, scores completions with the task's verifier, and feeds th
 back. Both training modes run through it: ``mode: sync`` is the same coordinator with
 ``max_staleness = 0`` (see the scheduler's docstring).
 
-    coord = ray.remote(Coordinator).options(max_concurrency=1000).remote(...)
+    coord = ray.remote(Coordinator).options(max_concurrency=1000).remote(
+        generators, prior, estimator, CoordinatorConfig(task_cfg, sched_cfg, ...))
     coord.start.remote()
     batch = ray.get(coord.next_batch.remote(B))        # TrainBatch
     coord.set_version.remote(v, payload)               # after each weight publish
@@ -29,41 +30,58 @@ import functools
 import time
 from collections import Counter
 
-from actors.atomic import write_atomic
+from actors.coordinator_checkpoint import CoordinatorCheckpoint
 from actors.prompts import PromptSampler, checked_priors, make_record, success_rate, train_samples
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from actors.scoring import Overlong, Scorer
 from actors.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
+from common.records import Accounting
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
 
 
-class Coordinator:
-    def __init__(self, generators: list, prior, task_cfg, estimator, sched_cfg: SchedulerConfig,
-                 sampling: SamplingConfig, *, seed: int = 0, version: int = 0,
-                 prior_timeout_s: float = 10.0, request_timeout_s: float = 600.0,
-                 score_workers: int = 0, score_timeout_s: float = 10.0,
-                 overlong: Overlong | None = None, restore: str | None = None,
-                 score_fault: tuple[str, int] = ("none", 0), log_path: str | None = None):
+@dataclasses.dataclass(frozen=True)
+class CoordinatorConfig:
+    """What a run's coordinator is told besides its peers (generators, prior) and its
+    estimator: built from the run's config by ``cluster.run_start.coordinator_config``."""
+
+    task: object                   # tasks.TaskConfig: each side builds the task from it
+    sched: SchedulerConfig
+    sampling: SamplingConfig = SamplingConfig()
+    seed: int = 0                  # the prompt stream's
+    version: int = 0               # the policy version the generators serve at the start
+    prior_timeout_s: float = 10.0
+    request_timeout_s: float = 600.0
+    score_workers: int = 0
+    score_timeout_s: float = 10.0
+    overlong: Overlong | None = None
+    restore: str | None = None     # a checkpoint's run_state.msgpack to continue from
+    score_fault: tuple[str, int] = ("none", 0)
+    log_path: str | None = None
+
+
+class Coordinator(CoordinatorCheckpoint):
+    def __init__(self, generators: list, prior, estimator, cfg: CoordinatorConfig):
         from actors.logs import to_file
         from tasks import make_task_from_config
 
-        to_file(log_path)
+        to_file(cfg.log_path)
         self.gens = list(generators)
-        self.prior, self.prior_timeout_s = prior, prior_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.task = make_task_from_config(task_cfg)
-        self.scorer = Scorer(self.task, functools.partial(make_task_from_config, task_cfg),
-                             score_workers, score_timeout_s, overlong, *score_fault)
-        self.sampling = sampling
-        self.sampler = PromptSampler(self.task.train(), seed)
-        self.sched = Scheduler(sched_cfg, estimator, len(self.gens), version, clock=time.time)
+        self.prior, self.prior_timeout_s = prior, cfg.prior_timeout_s
+        self.request_timeout_s = cfg.request_timeout_s
+        self.task = make_task_from_config(cfg.task)
+        self.scorer = Scorer(self.task, functools.partial(make_task_from_config, cfg.task),
+                             cfg.score_workers, cfg.score_timeout_s, cfg.overlong, *cfg.score_fault)
+        self.sampling = cfg.sampling
+        self.sampler = PromptSampler(self.task.train(), cfg.seed)
+        self.sched = Scheduler(cfg.sched, estimator, len(self.gens), cfg.version, clock=time.time)
         self.needs_prior = estimator.needs_prior
         self.payload = None
         self.incarnations: list[str | None] = [None] * len(self.gens)
         self.last_heard = [time.time()] * len(self.gens)  # last answer from each generator
         self.prior_pending_since: float | None = None
-        self.counts = Counter()
+        self.counts = Counter()          # faults and fallbacks, by kind
+        self.served = [0] * len(self.gens)  # requests each generator completed
         self.failures = Counter()        # uid -> engine errors
         self.events: list[tuple] = []    # faults for the summary: (t, kind, generator, detail)
         self._admitting = False
@@ -77,8 +95,8 @@ class Coordinator:
         self._noted: set[tuple] = set()  # (kind, generator, type) already in self.events
         self._restored: list = []  # dispatches of the rollouts in flight at the checkpoint
         self._drawing_from: int | None = None  # stream position of prompts awaiting the prior
-        if restore is not None:
-            self._restore(restore)
+        if cfg.restore is not None:
+            self._restore(cfg.restore)
 
     # -- control (called by the driver) --------------------------------------------------
     async def start(self) -> None:
@@ -86,39 +104,7 @@ class Coordinator:
         self._restored = []
         self._kick()
 
-    # -- checkpoints ---------------------------------------------------------------------
-    async def snapshot_to(self, path: str) -> int:
-        """Write every admitted, untrained prompt (estimator state, finished rollouts), the
-        sampler position and the counters to ``path`` (msgpack); returns prompts written.
-        Taken between two awaits: a consistent point of the scheduler."""
-        import msgpack
-
-        snap = {"scheduler": self.sched.snapshot(dataclasses.asdict, Rollout.to_dict),
-                "data_pos": self.admitted_pos,
-                "counts": dict(self.counts), "events": list(self.events)}
-        data = msgpack.packb(snap, use_bin_type=True)
-        await asyncio.to_thread(write_atomic, path, data)
-        return len(snap["scheduler"]["inflight"])
-
-    @property
-    def admitted_pos(self) -> int:
-        """The stream position up to which prompts were admitted: prompts drawn but still
-        waiting for the prior are not (a resumed run draws them again)."""
-        return self.sampler.position if self._drawing_from is None else self._drawing_from
-
-    def _restore(self, path: str) -> None:
-        import msgpack
-
-        from tasks.base import Problem
-
-        with open(path, "rb") as f:
-            snap = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
-        self._restored = self.sched.restore(snap["scheduler"], lambda d: Problem(**d),
-                                            lambda d: Rollout(**d))
-        self.sampler.position = snap["data_pos"]
-        self.counts.update(snap["counts"])
-        self.events = [tuple(e) for e in snap["events"]]
-
+    # -- checkpoints: ``CoordinatorCheckpoint`` (snapshot_to, admitted_pos, _restore) ------
     async def next_batch(self, n: int) -> TrainBatch:
         """Wait until the scheduler hands over ``n`` prompts at the current version."""
         while True:
@@ -135,7 +121,7 @@ class Coordinator:
         return TrainBatch(records=[make_record(p) for p in prompts],
                           samples=[s for p in prompts for s in train_samples(p)],
                           version=self.sched.version, inflight_prompts=self.sched.in_flight(),
-                          counters=self._counters(), dropped=dropped)
+                          dropped=dropped)
 
     async def set_version(self, version: int, payload=None) -> None:
         """Learner published ``version`` (every live generator loaded it)."""
@@ -152,25 +138,22 @@ class Coordinator:
         self.sched.paused = False
         self._kick()
 
-    async def stop(self) -> dict:
+    async def stop(self) -> Accounting:
         self._stopped = True
         for t in list(self._tasks):
             t.cancel()
         self.scorer.close()
-        return self.summary()
+        return self.accounting()
 
-    def summary(self) -> dict:
-        acct = self.sched.accounting()
-        acct["prompts_in_flight_at_end"] = acct.pop("prompts_in_flight")
-        data_pos = self.admitted_pos
-        acct["inflight_uids"] = sorted(self.sched.inflight)
-        acct["dropped_since_last_batch"] = list(self.sched.dropped)
-        return {**acct,
-                "prior_fallbacks": self.counts["prior_fallback"],
-                "generator_restarts": self.counts["restarts"],
-                "requests_per_generator": [self.counts[f"served{i}"] for i in range(len(self.gens))],
-                "data_pos": data_pos, "generator_events": list(self.events),
-                "scoring": dict(self.scorer.counts)}
+    def accounting(self) -> Accounting:
+        s = self.sched
+        return Accounting(**s.accounting(), prompts_in_flight_at_end=s.in_flight(),
+                          prior_fallbacks=self.counts["prior_fallbacks"],
+                          generator_restarts=self.counts["generator_restarts"],
+                          requests_per_generator=list(self.served), data_pos=self.admitted_pos,
+                          generator_events=list(self.events), scoring=dict(self.scorer.counts),
+                          inflight_uids=sorted(s.inflight),
+                          dropped_since_last_batch=list(s.dropped))
 
     def waiting_on(self) -> dict:
         """For the trainer's watchdog: which role the hand-over is waiting for, and what that
@@ -203,13 +186,7 @@ class Coordinator:
         return {"inflight": s.in_flight(), "ready": len(s.ready), "load": list(s.load),
                 "alive": list(s.alive), "version": s.version, "room": s.room(),
                 "last_prior_error": self.last_prior_error, "last_error": self.last_error,
-                **self.summary()}
-
-    def _counters(self) -> dict:
-        a = self.sched.accounting()
-        return {k: v for k, v in {**a, "prior_fallbacks": self.counts["prior_fallback"],
-                                  "generator_restarts": self.counts["restarts"]}.items()
-                if isinstance(v, int)}
+                **self.accounting().summary()}
 
     # -- carrying out the scheduler's actions ---------------------------------------------
     def _apply(self, actions) -> None:
@@ -259,7 +236,7 @@ class Coordinator:
                 self.prior.predict.remote([p.prompt for p in problems]), self.prior_timeout_s)
             return checked_priors(ps, len(problems))
         except Exception as err:  # timeout, dead actor, garbage: fall back, never wait forever
-            self.counts["prior_fallback"] += len(problems)
+            self.counts["prior_fallbacks"] += len(problems)
             self.last_prior_error = f"{type(err).__name__}: {err}"
             return [None] * len(problems)
         finally:
@@ -309,7 +286,7 @@ class Coordinator:
     async def _completed(self, d: Dispatch, pif, rollouts: list[Rollout]) -> list:
         """Score a request's completions and report them to the scheduler; its actions."""
         self.last_heard[d.generator] = time.time()
-        self.counts[f"served{d.generator}"] += 1
+        self.served[d.generator] += 1
         inc = rollouts[0].incarnation if rollouts else None
         if self.incarnations[d.generator] is None:
             self.incarnations[d.generator] = inc
@@ -361,7 +338,7 @@ class Coordinator:
     def _lost(self, i: int, why: str) -> None:
         if self.sched.alive[i]:
             self.sched.mark_lost(i)
-            self.counts["restarts"] += 1
+            self.counts["generator_restarts"] += 1
             self.events.append((round(time.time() - self.t_start, 3), "lost", i, why))
             self._spawn(self._rejoin(i))
 

@@ -122,5 +122,4 @@ class TrainBatch:
     samples: list[TrainSample]
     version: int               # policy version the learner is at when it takes the batch
     inflight_prompts: int      # admitted, not yet handed, after this hand-over
-    counters: dict[str, int]   # the coordinator's running totals (accounting, faults)
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (uid, reason) since the last

@@ -296,7 +296,7 @@ class Sim:
         checks = dict(
             admitted=acct["prompts_admitted"], trained=len(self.k_trained),
             handed=acct["prompts_handed"], dropped=acct["prompts_dropped"],
-            inflight=acct["prompts_in_flight"], drop_reasons=acct["drop_reasons"],
+            inflight=self.sched.in_flight(), drop_reasons=acct["drop_reasons"],
             rollouts_dispatched=acct["rollouts_dispatched"],
             rollouts_finished=len(self.finish_times), rollouts_cancelled=acct["rollouts_cancelled"],
             stale_regenerated=acct["stale_regenerated"], aborted_prompts=self.aborted_prompts,

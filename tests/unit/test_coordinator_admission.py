@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.coordinator import Coordinator
+from actors.coordinator import Coordinator, CoordinatorConfig
 from actors.scheduler import SchedulerConfig
-from actors.types import SamplingConfig
 from estimator import make_estimator
 from tasks import TaskConfig
 
@@ -47,10 +46,9 @@ async def settle():
 def test_many_kicks_in_one_turn_start_one_admitter_and_nothing_is_skipped():
     async def main():
         prior = HeldPrior()
-        c = Coordinator([SilentGenerator(), SilentGenerator()], prior, TaskConfig(),
-                        make_estimator("v05"),
-                        SchedulerConfig(batch_prompts=4, max_staleness=1, slots_per_generator=8),
-                        SamplingConfig())
+        c = Coordinator([SilentGenerator(), SilentGenerator()], prior, make_estimator("v05"),
+                       CoordinatorConfig(TaskConfig(), SchedulerConfig(
+                           batch_prompts=4, max_staleness=1, slots_per_generator=8)))
         for _ in range(3):       # rollouts finishing together each kick admission
             c._kick()
         await settle()
@@ -68,7 +66,7 @@ def test_many_kicks_in_one_turn_start_one_admitter_and_nothing_is_skipped():
             await settle()
         admitted = sorted(int(u[1:]) for u in c.sched.inflight)
         assert admitted == list(range(len(admitted))) and admitted, admitted
-        assert c.admitted_pos == c.sched.counts["admitted"] == len(admitted)
+        assert c.admitted_pos == c.sched.counts["prompts_admitted"] == len(admitted)
         c._stopped = True
         for t in list(c._tasks):
             t.cancel()

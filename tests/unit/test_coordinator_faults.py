@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.coordinator import Coordinator
+from actors.coordinator import Coordinator, CoordinatorConfig
 from actors.scheduler import SchedulerConfig
-from actors.types import Rollout, SamplingConfig
+from actors.types import Rollout
 from estimator import make_estimator
 from tasks import TaskConfig
 
@@ -62,9 +62,9 @@ class RaisingScorer:
 
 
 def coordinator(gen) -> Coordinator:
-    return Coordinator([gen], None, TaskConfig(), make_estimator("grpo"),
-                       SchedulerConfig(batch_prompts=1, max_staleness=0, slots_per_generator=4),
-                       SamplingConfig())
+    return Coordinator([gen], None, make_estimator("grpo"),
+                       CoordinatorConfig(TaskConfig(), SchedulerConfig(
+                           batch_prompts=1, max_staleness=0, slots_per_generator=4)))
 
 
 async def first_prompt_fails(c: Coordinator, gen) -> None:
@@ -78,7 +78,7 @@ async def first_prompt_fails(c: Coordinator, gen) -> None:
     assert s.load == [4]                             # only s1's 4 rollouts hold slots
     a = s.accounting()
     assert a["prompts_admitted"] == (a["prompts_handed"] + a["prompts_dropped"]
-                                     + a["prompts_in_flight"])
+                                     + s.in_flight())
     assert c.counts["coordinator_error"] == 1
     assert c.waiting_on()["last_error"] == c.last_error and "s0/" in c.last_error
     assert [e[1] for e in c.events] == ["coordinator_error"]
@@ -169,9 +169,10 @@ class HungGenerator:
 def test_a_timed_out_request_is_aborted_in_the_engine_before_the_generator_is_used_again():
     async def main():
         gen = HungGenerator()
-        c = Coordinator([gen], None, TaskConfig(), make_estimator("grpo"),
-                        SchedulerConfig(batch_prompts=1, max_staleness=0, slots_per_generator=4),
-                        SamplingConfig(), request_timeout_s=1.0)
+        c = Coordinator([gen], None, make_estimator("grpo"),
+                       CoordinatorConfig(TaskConfig(), SchedulerConfig(
+                           batch_prompts=1, max_staleness=0, slots_per_generator=4),
+                           request_timeout_s=1.0))
         await c.start()
         await until(lambda: ("incarnation",) in gen.log, "the generator to be asked to rejoin",
                     turns=1000, pause_s=0.01)

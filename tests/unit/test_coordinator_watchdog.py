@@ -1,17 +1,15 @@
 """What the coordinator tells the watchdog it is waiting on (pure state, no Ray calls)."""
 import time
 
-from actors.coordinator import Coordinator
+from actors.coordinator import Coordinator, CoordinatorConfig
 from actors.scheduler import SchedulerConfig
-from actors.types import SamplingConfig
 from estimator import make_estimator
 from tasks import TaskConfig
 
 
 def coordinator(n_gens=2):
-    return Coordinator([object()] * n_gens, None, TaskConfig(), make_estimator("grpo"),
-                       SchedulerConfig(batch_prompts=2, max_staleness=1, slots_per_generator=64),
-                       SamplingConfig())
+    return Coordinator([object()] * n_gens, None, make_estimator("grpo"), CoordinatorConfig(
+        TaskConfig(), SchedulerConfig(batch_prompts=2, max_staleness=1, slots_per_generator=64)))
 
 
 def test_names_the_generator_that_holds_work_and_stopped_answering():

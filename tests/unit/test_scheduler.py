@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from actors import scheduler as sched_mod
+from actors.scheduler import core as sched_mod
 from actors.scheduler import (Cancel, Dispatch, Finished, Scheduler, SchedulerConfig,
                               priority)
 from estimator import make_estimator
@@ -184,7 +184,7 @@ def test_no_trained_sample_is_older_than_max_staleness(staleness, seed):
         f.complete(rng.choice(list(f.inflight)))
         a = s.accounting()
         assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + \
-            a["prompts_in_flight"]
+            s.in_flight()
 
 
 def test_synchronous_barrier_admits_one_batch_per_version_and_waits_for_all_of_it():
@@ -233,7 +233,7 @@ def test_filtered_prompts_free_their_slot_and_are_refilled_then_the_batch_trains
     batch, _ = s.take_batch(2)
     assert [g.uid for g in batch] == ["keep"]  # a closed deadline trains short
     a = s.accounting()
-    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + a["prompts_in_flight"]
+    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + s.in_flight()
 
 
 def test_a_stale_finished_sample_is_regenerated_then_the_prompt_dropped():
@@ -422,7 +422,7 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
     assert len(trained) == len(set(trained))  # no prompt twice
     assert set(trained) | set(s2.inflight) == every_uid and not set(trained) & set(s2.inflight)
     assert not s2.inflight  # and none left behind
-    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + a["prompts_in_flight"]
+    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + s2.in_flight()
 
 
 def test_a_resume_under_a_higher_version_number_keeps_every_age():
