@@ -16,19 +16,15 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from actors.generator import GeneratorConfig
-from actors.weight_sync.base import TRANSPORT_NAMES, WeightSyncConfig, check_transport
+from cluster.config_roles import (ClusterConfig, ConfigError, GeneratorsConfig,  # noqa: F401
+                                  LearnerPlacement, ModelConfig, PriorPlacement, Section,
+                                  error_lines)
 from estimator.core import DEFAULT_REWARDS
 from estimator.registry import ESTIMATORS, EstimatorConfig
 from learner.config import LearnerConfig
 from tasks import TaskConfig
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class RunConfig(Section):
@@ -90,59 +86,6 @@ class RunConfig(Section):
         return v
 
 
-class ModelConfig(Section):
-    """The policy checkpoint (a Hugging Face directory) that generators and learner load."""
-
-    path: str = Field("embedded", description=(
-        "A checkpoint directory, a model id already in the local Hugging Face cache "
-        "(e.g. Qwen/Qwen3-4B-Instruct-2507; nothing is downloaded at run time), or "
-        "'embedded' for the tiny policy built on first use."))
-
-    def resolve(self, task: str | None = None) -> str:
-        """The checkpoint directory; 'embedded' builds the embedded policy of ``task`` (the
-        default task's when None) on first use. Checked here (at launch, before any actor
-        starts) rather than at parse time, so that a config for another machine still parses."""
-        if self.path == "embedded":
-            from tasks.policy import ensure_default_policy
-            try:
-                return str(ensure_default_policy(task=task))
-            except ValueError as err:  # no embedded policy for this task
-                raise ConfigError(f"model.path 'embedded': {err}") from None
-        path = Path(self.path)
-        if not path.exists() and _looks_like_model_id(self.path):
-            path = _from_hf_cache(self.path)
-        hint = ("use 'embedded', a checkpoint directory or a model id in the local Hugging Face "
-                "cache")
-        if not path.exists():
-            raise ConfigError(f"model.path {self.path!r} does not exist; {hint}")
-        if not path.is_dir():
-            raise ConfigError(f"model.path {self.path!r} is a file, not a checkpoint directory; "
-                              f"{hint}")
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path {self.path!r}: no Hugging Face checkpoint there "
-                              f"(config.json missing); {hint}")
-        return str(path.resolve())
-
-
-def _looks_like_model_id(s: str) -> bool:
-    parts = s.split("/")
-    return len(parts) == 2 and all(parts) and not s.startswith((".", "/", "~"))
-
-
-def _from_hf_cache(model_id: str) -> Path:
-    """The snapshot directory of ``model_id`` in the local Hugging Face cache (HF_HOME /
-    HF_HUB_CACHE); never downloads."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(model_id, local_files_only=True))
-    except LocalEntryNotFoundError:
-        raise ConfigError(f"model.path {model_id!r} is not a directory and not in the local "
-                          "Hugging Face cache; download it first (e.g. `huggingface-cli "
-                          f"download {model_id}` on every node) or give its directory") from None
-
-
 _EST = EstimatorConfig()  # the estimator's defaults; its __post_init__ holds the bounds
 
 
@@ -198,7 +141,8 @@ class RolloutConfig(Section):
     max_staleness: int = Field(2, ge=0, description=(
         "Async: no trained sample is older than this many policy versions (version trained "
         "minus the version that started it); each prompt is admitted with a deadline version "
-        "at most this far ahead. Sync mode is 0."))
+        "at most this far ahead. Not read in sync mode, whose barrier is 0 "
+        "(``Config.max_staleness``)."))
     max_inflight_prompts: int | None = Field(None, ge=1, description=(
         "Most prompts admitted and not yet trained (None: bounded by engine slots and the "
         "staleness calendar only)."))
@@ -221,111 +165,6 @@ class RewardConfig(Section):
         "Fault injection (bench.chaos): the verifier raises, or never returns, on every "
         "inject_every-th answer. 'hang' needs workers >= 1."))
     inject_every: int = Field(0, ge=0, description="See inject_fault (0: never).")
-
-
-class GeneratorsConfig(Section):
-    """The vLLM generator actors."""
-
-    count: int = Field(2, ge=1, description="Number of generator actors (one vLLM engine each).")
-    gpus: float = Field(0, ge=0, description="GPUs per generator (0 on CPU machines).")
-    cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per generator.")
-    threads: int = Field(1, ge=1, description="CPU threads each engine uses.")
-    measure_peak: bool = Field(True, description=(
-        "Measure each engine's peak decode rate (every sequence slot busy) when a run starts, "
-        "so the summary reports decode throughput as a fraction of it (seconds on a CPU)."))
-    engine: GeneratorConfig = Field(default_factory=GeneratorConfig, description=(
-        "Engine settings of every generator (actors.generator.GeneratorConfig: max_num_seqs, "
-        "max_model_len, ...)."))
-
-
-class LearnerPlacement(Section):
-    """How many learner ranks and what each gets."""
-
-    ranks: int = Field(1, ge=1, description="DeepSpeed data-parallel ranks (one Ray actor each).")
-    gpus: float = Field(0, ge=0, description="GPUs per rank (0 on CPU machines).")
-    cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per rank.")
-    threads: int = Field(1, ge=1, description="torch threads per rank.")
-
-
-class PriorPlacement(Section):
-    """The V0 prior server."""
-
-    backend: str = Field("embedded", description="Prior backend (see actors/prior.py).")
-    gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
-    cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
-    window: int = Field(256, ge=1, description="Recent (prompt, success rate) pairs the prior conditions on.")
-    timeout_s: float = Field(10.0, gt=0, description=(
-        "The coordinator's wait for the prior server; past it the prompts fall back to the "
-        "empirical baseline (counted in prior_fallbacks)."))
-    options: dict[str, Any] = Field(default_factory=dict, description="Backend options.")
-    fallback: str | None = Field("auto", description=(
-        "The server's fallback backend when its own raises, answers garbage or exceeds "
-        "budget_s ('auto': embedded for backends other than embedded/constant; None: off)."))
-    fallback_options: dict[str, Any] = Field(default_factory=dict, description="Fallback backend options.")
-    budget_s: float | None = Field(None, gt=0, description=(
-        "The server's budget per prediction before its fallback answers (None: half of "
-        "timeout_s); below timeout_s, so that the fallback answers before the coordinator "
-        "gives up."))
-
-    @property
-    def server_budget_s(self) -> float:
-        return self.timeout_s / 2 if self.budget_s is None else self.budget_s
-
-    @model_validator(mode="after")
-    def _budget_below_timeout(self) -> "PriorPlacement":
-        if self.budget_s is not None and self.budget_s >= self.timeout_s:
-            raise ValueError(f"prior.budget_s ({self.budget_s}) must be smaller than "
-                             f"prior.timeout_s ({self.timeout_s})")
-        return self
-
-
-class ClusterConfig(Section):
-    """Where the actors run."""
-
-    address: str | None = Field(None, description=(
-        "Ray address to join; None: join a running cluster (RAY_ADDRESS or `ray start`) if any, "
-        "else start a local one on 127.0.0.1; 'local': always start a private local one."))
-    num_cpus: float | None = Field(None, gt=0, description="Logical CPUs of a cluster we start (None: Ray's count, at least what the roles ask).")
-    weight_sync: Literal[TRANSPORT_NAMES] | WeightSyncConfig = Field(
-        "object_store", description=(
-            "Weight-sync transport (docs/weight_sync.md): object_store (CPU default), nccl "
-            "(GPU broadcast from learner rank 0), gloo (the same broadcast protocol on CPUs); "
-            "or a mapping of actors.weight_sync.WeightSyncConfig's settings, e.g. {type: nccl, "
-            "restart_fallback: true, timeout_s: 300, probe_timeout_s: 10, max_attempts: 3, "
-            "master_port: 0}."))
-    nodes: int | None = Field(None, ge=1, description=(
-        "Nodes of the cluster this config is meant for. Only `--check-placement` reads it: "
-        "with no cluster running it simulates nodes x gpus_per_node here (None: one node). "
-        "A real launch places the roles on the nodes Ray reports."))
-    gpus_per_node: int | None = Field(None, ge=0, description=(
-        "GPUs per node of that cluster, for `--check-placement`'s simulated cluster (None: "
-        "0 for a CPU plan; a plan with GPUs must set it)."))
-    cpus_per_node: int | None = Field(None, ge=1, description=(
-        "Logical CPUs per node of `--check-placement`'s simulated cluster (None: as many as "
-        "the whole plan asks, so that CPUs never limit the check)."))
-
-    @field_validator("weight_sync", mode="before")
-    @classmethod
-    def _name_or_mapping(cls, v):
-        """One clear message for a bad name or a bad setting (a plain union would report the
-        value against both of its forms)."""
-        if isinstance(v, str):
-            check_transport(v)
-        elif isinstance(v, dict):
-            try:
-                return WeightSyncConfig(**v)
-            except ValidationError as err:
-                raise ValueError("; ".join(_error_lines(err))) from None
-        elif not isinstance(v, WeightSyncConfig):
-            raise ValueError(f"must be a transport name {list(TRANSPORT_NAMES)} or a mapping "
-                             f"of {sorted(WeightSyncConfig.model_fields)}")
-        return v
-
-    @property
-    def weight_sync_config(self) -> WeightSyncConfig:
-        """``weight_sync`` with every setting (a name is its transport's defaults)."""
-        ws = self.weight_sync
-        return ws if isinstance(ws, WeightSyncConfig) else WeightSyncConfig(type=ws)
 
 
 class LoggingConfig(Section):
@@ -382,6 +221,12 @@ class Config(Section):
                              f"({self.generators.engine.max_model_len})")
         return self
 
+    @property
+    def max_staleness(self) -> int:
+        """The scheduler's staleness bound, the one place sync is told from async: ``mode:
+        sync`` is the synchronous barrier, 0; async, ``rollout.max_staleness``."""
+        return 0 if self.mode == "sync" else self.rollout.max_staleness
+
     def scheduler_batch_prompts(self) -> int:
         """B the scheduler starts with: batch_prompts, or with batch_samples S the prompts
         that S samples make when every prompt stops at k_init."""
@@ -403,10 +248,6 @@ class Config(Section):
         """The absolute run directory (cluster/paths.py)."""
         from cluster.paths import output_root
         return output_root(self.run.output_dir) / self.run.name
-
-
-class ConfigError(ValueError):
-    """A bad config file or override; the message names the key and the valid choices."""
 
 
 def _model_fields(model: type[BaseModel]) -> dict[str, Any]:
@@ -475,21 +316,7 @@ def apply_override(data: dict, dotted: str) -> None:
 
 
 def _format_validation(err: ValidationError) -> str:
-    return "invalid config: " + "; ".join(_error_lines(err))
-
-
-def _error_lines(err: ValidationError) -> list[str]:
-    """One line per error: the dotted key, the message, the valid choices, what was given."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
-        if loc and not msg.startswith((f"{loc}:", f"{loc}.", f"{loc}=")):  # a validator's
-            msg = f"{loc}: {msg}"                                           # own may name it
-        choices = e.get("ctx", {}).get("expected")
-        lines.append(msg + (f" (valid: {choices})" if choices and str(choices) not in msg else "")
-                     + (f"; got {e['input']!r}" if "input" in e and not isinstance(e["input"], dict) else ""))
-    return lines
+    return "invalid config: " + "; ".join(error_lines(err))
 
 
 def _non_finite(model: BaseModel, where: str = "") -> Iterator[tuple[str, Any]]:

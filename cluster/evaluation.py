@@ -25,6 +25,7 @@ pathological answer would otherwise hang it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import math
@@ -266,12 +267,70 @@ def score_answers(problems: list, requests: list[tuple], results: dict,
         if not answered:
             continue
         vals = np.array([scores[kind][p.id] for p in answered])
-        out[f"eval_{kind}"], out[f"eval_{kind}_se"] = accuracy_stats(vals)
+        out[eval_key(kind)], out[eval_key(kind, se=True)] = accuracy_stats(vals)
         by: dict[int, list[float]] = {}
         for p, v in zip(answered, vals):
             by.setdefault(p.difficulty, []).append(v)
-        out[f"eval_{kind}_by_difficulty"] = {str(d): float(np.mean(v)) for d, v in sorted(by.items())}
+        out[eval_key(kind, "by_difficulty")] = {str(d): float(np.mean(v)) for d, v in sorted(by.items())}
     after = scorer.counts
     out["eval_score_timeouts"] = after["score_timeout"] - before["score_timeout"]
     out["eval_score_errors"] = after["score_error"] - before["score_error"]
     return out
+
+
+# summary.json's held-out figures: each kind at each end, with its SE (``eval_key``), and the
+# headline metric's (``run.eval_metric``) under ``eval_accuracy_{initial,final}``.
+EVAL_KINDS = ("sampled", "greedy")
+
+
+def eval_key(kind: str, when: str = "", se: bool = False) -> str:
+    """``eval_<kind>[_<when>][_se]``: an evaluation's (``when`` empty) or summary.json's key."""
+    return f"eval_{kind}" + (f"_{when}" if when else "") + ("_se" if se else "")
+
+
+def eval_summary(initial: dict, final: dict, metric: str) -> dict:
+    """summary.json's held-out fields from the first and the latest evaluation."""
+    return {"eval_metric": metric, "eval_time_initial_s": initial.get("eval_time_s"),
+            "eval_accuracy_initial": initial.get("eval_accuracy"),
+            "eval_accuracy_initial_se": initial.get("eval_accuracy_se"),
+            "eval_accuracy_final": final.get("eval_accuracy"),
+            "eval_accuracy_se": final.get("eval_accuracy_se"),
+            **{eval_key(kind, when, se): ev.get(eval_key(kind, se=se))
+               for kind in EVAL_KINDS for when, ev in (("initial", initial), ("final", final))
+               for se in (False, True)},
+            "eval_prompts": final.get("eval_prompts"), "eval_samples": final.get("eval_samples")}
+
+
+class Evaluator:
+    """A run's held-out evaluation (``run.eval_*``): the first ``run.eval_prompts`` held-out
+    problems, answers scored as the coordinator scores rollouts (``reward.workers``,
+    ``reward.timeout_s``; worker processes start with the first evaluation), a generator
+    that fails or hangs (``run.call_timeout_s``) replaced by the others. An evaluation's
+    ``eval_accuracy`` and ``eval_accuracy_se`` are its ``run.eval_metric``'s."""
+
+    def __init__(self, cfg, task):
+        self.cfg, self.task = cfg, task
+        self.heldout = task.heldout()[: cfg.run.eval_prompts]
+        self.scorer: AnswerScorer | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cfg.run.eval_every or self.cfg.run.eval_every_s)
+
+    def __call__(self, generators: list) -> dict:
+        cfg, run = self.cfg, self.cfg.run
+        if self.scorer is None:
+            from tasks import make_task_from_config
+
+            self.scorer = AnswerScorer(self.task, functools.partial(make_task_from_config, cfg.task),
+                                       cfg.score_workers(), cfg.reward.timeout_s)
+        ev = evaluate(generators, self.task, self.heldout, cfg.rollout.max_tokens,
+                      samples=run.eval_samples, temperature=cfg.rollout.temperature,
+                      seed=run.seed, scorer=self.scorer, timeout_s=run.call_timeout_s)
+        ev["eval_accuracy"] = ev.get(eval_key(run.eval_metric))
+        ev["eval_accuracy_se"] = ev.get(eval_key(run.eval_metric, se=True))
+        return ev
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()

@@ -72,7 +72,7 @@ def run(cfg, checked=None) -> dict:
         print(f"actors up in {time.time() - t0:.0f}s (learner {up['learner_s']:.0f}s, generators "
               f"{up['generators_s']:.0f}s" + (f", prior {up['prior_s']:.0f}s" if "prior_s" in up
                                               else "") + ")", file=sys.stderr, flush=True)
-        return Trainer(cfg, roles, task).run()
+        return Trainer.start(cfg, roles, task).run()
     finally:
         if roles is not None:
             roles.shutdown()
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from actors.rayproc import prefer_loopback
-    from cluster.trainer import Stalled
+    from cluster.watchdog import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
     print(f"run directory: {cfg.run_dir}", flush=True)
@@ -122,13 +122,15 @@ def main(argv=None) -> int:
 def accuracy_lines(summary: dict) -> list[str]:
     """'held-out <metric> accuracy: start +- se -> end +- se (+n SE)' for the headline metric
     first, then the other one."""
+    from cluster.evaluation import EVAL_KINDS, eval_key
+
     metric = summary.get("eval_metric")
     out = []
-    for kind in sorted(("sampled", "greedy"), key=lambda k: k != metric):
-        a1, se1 = summary.get(f"eval_{kind}_final"), summary.get(f"eval_{kind}_final_se")
+    for kind in sorted(EVAL_KINDS, key=lambda k: k != metric):
+        a1, se1 = summary.get(eval_key(kind, "final")), summary.get(eval_key(kind, "final", True))
         if a1 is None:
             continue
-        a0, se0 = summary.get(f"eval_{kind}_initial"), summary.get(f"eval_{kind}_initial_se")
+        a0, se0 = summary.get(eval_key(kind, "initial")), summary.get(eval_key(kind, "initial", True))
         start = f"{a0:.3f} +- {se0:.3f} -> " if a0 is not None else ""
         gain = f" ({(a1 - a0) / se1:+.1f} SE)" if a0 is not None and se1 else ""
         what = " (the headline)" if kind == metric else ""

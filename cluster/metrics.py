@@ -1,17 +1,17 @@
-"""Run outputs (docs/pipeline.md, "Run outputs"): config.yaml, metrics.jsonl, summary.json,
-progress lines, and the per-step metrics, computed by pure functions from what a step saw."""
+"""The per-step metrics (a line of metrics.jsonl), computed by pure functions from what a step
+saw, the run's running counters (``Tally``) and summary.json's figures (``run_summary``); the
+files themselves are ``cluster.run_files``'s."""
 from __future__ import annotations
 
-import json
 import math
-import sys
-import time
+from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from actors.types import PromptRecord, TrainBatch
+from cluster.evaluation import eval_summary
+from common.records import Accounting, StepResult
 from estimator.core import reward_to_prob
 
 
@@ -46,6 +46,11 @@ class TrainClock:
         self.totals["train_s"] += max(0.0, now - self.mark)
         self.mark = now
         return self.totals["train_s"]
+
+    def tick_at(self, now: float) -> float:
+        """``tick(now)``; returns ``now``."""
+        self.tick(now)
+        return now
 
     def skip(self, now: float) -> None:
         """The time since the last mark was not training (an evaluation)."""
@@ -238,7 +243,7 @@ def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> 
     return out
 
 
-def step_metrics(step: int, version: int, batch: TrainBatch, learner: dict, t: StepTimes,
+def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
                  generators: dict, k_init: int, rewards: tuple[float, float]) -> dict:
     """One line of metrics.jsonl (``rewards``: the task's range, see ``batch_metrics``)."""
     staleness = np.array([batch.version - s.version for s in batch.samples] or [0])
@@ -246,8 +251,8 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: dict, t: S
     return {"step": step, "policy_version": version,
             **batch_metrics(batch.records, k_init, rewards),
             "trained_tokens": sum(len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples),
-            **{k: learner.get(k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
-                                             "approx_kl", "lr", "skipped", "skip_reason")},
+            **{k: getattr(learner, k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
+                                                "approx_kl", "lr", "skipped", "skip_reason")},
             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
             "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,
             "train_time_s": t.trained - t.got_batch, "sync_time_s": t.published - t.trained,
@@ -257,96 +262,13 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: dict, t: S
             "t_step_end": t.published, "eval_time_s": t.eval_s}
 
 
-def _clean(v):
-    """JSON-safe: NaN/inf become null so that every line parses."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
-
-
-class RunWriter:
-    def __init__(self, run_dir: Path, config_yaml: str, resume_step: int | None = None,
-                 tensorboard: bool = False, progress: bool = True):
-        """``resume_step``: continuing from the checkpoint of that step: lines of later steps
-        (written after it by a run that then crashed) are dropped, so that every step and every
-        prompt appears once. None: a fresh run, earlier outputs are replaced."""
-        self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(config_yaml)
-        self.metrics_path = self.dir / "metrics.jsonl"
-        self.prompts_path = self.dir / "prompts.jsonl"
-        self.dropped_path = self.dir / "dropped.jsonl"
-        for path in (self.metrics_path, self.prompts_path, self.dropped_path):
-            if resume_step is None:
-                path.unlink(missing_ok=True)
-            else:
-                keep_steps(path, resume_step)
-        self.progress = progress
-        self.t0 = time.time()
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.dir / "tb"))
-
-    def step(self, m: dict) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_clean(m)) + "\n")
-        if self._tb is not None:
-            for k, v in m.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, m["step"])
-            self._tb.flush()
-        if self.progress:
-            acc = m.get("eval_accuracy")
-            parts = [f"step {m['step']:>4}", f"reward {m.get('reward_mean') or float('nan'):+.3f}",
-                     f"acc {acc:.3f}" if acc is not None else "acc   -  ",
-                     f"k {m.get('k_mean', float('nan')):4.1f}",
-                     f"busy {100 * m.get('generator_busy_fraction', 0):3.0f}%",
-                     f"{m.get('step_time_s', 0):5.1f}s/step",
-                     f"[{time.time() - self.t0:6.0f}s]"]
-            print(" | ".join(parts), file=sys.stderr, flush=True)
-
-    def note(self, msg: str) -> None:
-        """A line for the person watching (stderr), when progress lines are on."""
-        if self.progress:
-            print(msg, file=sys.stderr, flush=True)
-
-    def summary(self, s: dict) -> None:
-        (self.dir / "summary.json").write_text(json.dumps(_clean(s), indent=2) + "\n")
-        if self._tb is not None:
-            self._tb.close()
-
-
-def keep_steps(path: Path, max_step: int) -> int:
-    """Keep only the lines of ``path`` (JSON lines with a "step") up to ``max_step``;
-    returns how many were dropped. Rewritten atomically."""
-    if not path.exists():
-        return 0
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= max_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(ln + "\n" for ln in kept))
-    tmp.replace(path)
-    return len(lines) - len(kept)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: float,
+def run_summary(cfg, acct: Accounting, totals: dict, steps: int, version: int, wall: float,
                 initial: dict, final: dict, generators: dict) -> dict:
     """summary.json: the coordinator's accounting, the trainer's totals, rates over training
     wall-clock (``totals["train_s"]``: evaluations excluded, over the run and its resumes, as
     the totals are), the held-out accuracy at the start and the end. ``wall``: this process's
     wall-clock since its loop started (``wall_time_s``)."""
-    acct = dict(acct, drop_reasons=dict(acct.get("drop_reasons", {})))
+    acct = {**acct.summary(), "drop_reasons": dict(acct.drop_reasons)}
     # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
     acct["prompts_dropped"] += totals["prompts_skipped_nan"]
     acct["drop_reasons"]["learner_nan_skip"] = totals["prompts_skipped_nan"]
@@ -357,17 +279,7 @@ def run_summary(cfg, acct: dict, totals: dict, steps: int, version: int, wall: f
             "prompts_per_s": per_s["prompts_per_s"],
             "rollouts_per_s": per_s["rollouts_per_s"], **generators,
             "learner_idle_fraction": totals["learner_wait_s"] / train_wall,
-            "eval_metric": cfg.run.eval_metric,
-            "eval_time_initial_s": initial.get("eval_time_s"),
-            "eval_accuracy_initial": initial.get("eval_accuracy"),
-            "eval_accuracy_initial_se": initial.get("eval_accuracy_se"),
-            "eval_accuracy_final": final.get("eval_accuracy"),
-            "eval_accuracy_se": final.get("eval_accuracy_se"),
-            **{f"eval_{kind}_{when}{se}": ev.get(f"eval_{kind}{se}")  # both metrics, both ends
-               for kind in ("greedy", "sampled") for when, ev in (("initial", initial),
-                                                                  ("final", final))
-               for se in ("", "_se")},
-            "eval_prompts": final.get("eval_prompts"), "eval_samples": final.get("eval_samples"),
+            **eval_summary(initial, final, cfg.run.eval_metric),
             **run_prior_error(totals)}
 
 
@@ -385,28 +297,58 @@ def run_prior_error(totals: dict) -> dict:
     return out
 
 
-def prompt_fates(run_dir: Path) -> dict:
-    """Every admitted prompt's fate, by uid, from a run's files (the evidence that nothing
-    was lost or trained twice, across crashes and resumes): uids are ``s<position>`` in the
-    sampler's stream, so the admitted ones are s0 .. s<data_pos - 1>."""
-    from collections import Counter
+# The run's counters: summary.json's totals, saved in every checkpoint and continued by a
+# resume. train_s is the training wall-clock (``TrainClock``), last_eval_train_s where the
+# last evaluation was on it.
+TOTALS = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0, "tokens_generated": 0,
+          "nan_skipped_steps": 0, "generator_update_failures": 0, "learner_wait_s": 0.0,
+          "eval_time_s": 0.0, "train_s": 0.0, "last_eval_train_s": 0.0}
 
-    run_dir = Path(run_dir)
 
-    def lines(name):
-        p = run_dir / name
-        return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+class Tally:
+    """The run's counters (``totals``, from ``TOTALS`` and a checkpoint's ``restored``) and
+    the prior's noise-corrected error pooled over the run and the last ``PRIOR_WINDOW_STEPS``
+    steps (this process's; a resume starts the window afresh)."""
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    trained = Counter(r["uid"] for r in lines("prompts.jsonl"))
-    dropped = Counter(r["uid"] for r in lines("dropped.jsonl"))
-    end = run_dir / "inflight_at_end.json"
-    inflight = set(json.loads(end.read_text())["uids"]) if end.exists() else set()
-    admitted = {f"s{i}" for i in range(summary["data_pos"])}
-    seen = set(trained) | set(dropped) | inflight
-    return {"admitted": len(admitted), "trained": sum(trained.values()),
-            "dropped": sum(dropped.values()), "in_flight": len(inflight),
-            "lost": sorted(admitted - seen, key=lambda u: int(u[1:])),
-            "trained_twice": sorted(u for u, n in trained.items() if n > 1),
-            "trained_and_dropped": sorted(set(trained) & set(dropped)),
-            "unknown": sorted(seen - admitted)}
+    def __init__(self, restored: dict | None = None):
+        self.totals = {**TOTALS, **(restored or {})}
+        self.prior_window: deque[dict] = deque(maxlen=PRIOR_WINDOW_STEPS)
+
+    def step(self, batch: TrainBatch, skipped: bool, m: dict) -> None:
+        """Count a step's prompts, rollouts and waits; add the running figures to ``m``."""
+        t = self.totals
+        t["nan_skipped_steps"] += skipped
+        t["prompts_skipped_nan" if skipped else "prompts_trained"] += len(batch.records)
+        t["rollouts"] += m["rollouts"]
+        t["tokens_generated"] += m["tokens_generated"]
+        t["learner_wait_s"] += m["learner_wait_s"]
+        if m.get("prior_abs_error") is not None:  # the prior's running error over the run
+            n = m["prior_prompts"]
+            t["prior_error_sum"] = t.get("prior_error_sum", 0.0) + m["prior_abs_error"] * n
+            t["prior_error_prompts"] = t.get("prior_error_prompts", 0) + n
+            m["prior_abs_error_running"] = t["prior_error_sum"] / t["prior_error_prompts"]
+        self.prior_error(m)
+        m.update(rates(t))
+
+    def evaluation(self, ev: dict) -> None:
+        self.totals["eval_time_s"] += ev["eval_time_s"]
+        self.totals["last_eval_train_s"] = self.totals["train_s"]
+
+    def prior_error(self, m: dict) -> None:
+        """Pool the step's ``corrected_prior_error`` into the run's sums and the window, as
+        ``prior_error_sd_corrected_{running,window}`` and ``prior_bias_{running,window}``."""
+        t = self.totals
+        if m.get("prior_error_n"):
+            n = m["prior_error_n"]
+            t["prior_error_sq_sum"] = t.get("prior_error_sq_sum", 0.0) + m["prior_error_var_corrected"] * n
+            t["prior_bias_sum"] = t.get("prior_bias_sum", 0.0) + m["prior_bias"] * n
+            t["prior_error_n"] = t.get("prior_error_n", 0) + n
+            self.prior_window.append(m)
+        if not t.get("prior_error_n"):
+            return
+        for when, pooled in (("running", prior_error_summary(
+                t["prior_error_sq_sum"], t["prior_bias_sum"], t["prior_error_n"])),
+                             ("window", pool_prior_error(self.prior_window))):
+            for key in ("prior_error_sd_corrected", "prior_error_var_corrected", "prior_bias"):
+                if key in pooled:
+                    m[f"{key}_{when}"] = pooled[key]

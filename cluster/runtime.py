@@ -171,22 +171,6 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
     return roles
 
 
-@dataclass
-class RunState:
-    """Where a run starts: fresh, or from its last whole checkpoint."""
-
-    version: int                 # policy version the generators serve at the start
-    step: int = 0
-    totals: dict = field(default_factory=dict)
-    run_state: str | None = None  # the coordinator's prompts and sampler position to restore
-    resumed_from: str | None = None
-    skipped_checkpoints: list = field(default_factory=list)
-
-    @property
-    def resumed(self) -> bool:
-        return self.resumed_from is not None
-
-
 def wait_ready(handles: list, timeout_s: float = 600.0) -> None:
     """Wait until every actor answers ``ready()``. An actor Ray is restarting raises
     ``ActorUnavailableError`` at once instead of waiting; retry those until ``timeout_s``."""
@@ -238,56 +222,3 @@ def _reset_in_place(prior, timeout_s: float = 60.0) -> bool:
         return bool(ray.get(prior.reset.remote(), timeout=timeout_s))
     except (ray.exceptions.RayError, TimeoutError):
         return False
-
-
-def resume_state(cfg, roles: Roles) -> RunState:
-    """Fresh: versions continue from what the generators serve (actors may outlive a run).
-    Resume: the learner loads the newest whole checkpoint (older ones if it is corrupt), and
-    the run continues its counters and its admitted prompts."""
-    import ray
-
-    from cluster.checkpoints import resumable
-
-    served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
-    if not cfg.run.resume:
-        return RunState(version=served)
-    ckpts = resumable(cfg.run_dir, cfg.run.keep_checkpoints)
-    tag, st, run_state, skipped = ckpts.load(roles.learner)
-    # Generators that outlived the run hold a newer version: publish over theirs.
-    version = max(st["policy_version"], served + 1)
-    return RunState(version=version, step=st["step"], totals=st.get("totals", {}),
-                    run_state=str(run_state), resumed_from=tag, skipped_checkpoints=skipped)
-
-
-def start_run_roles(cfg, roles: Roles, task, state: RunState):
-    """A run's coordinator (the scheduler with its estimator) and its telemetry actor."""
-    import ray
-
-    from actors.coordinator import Coordinator
-    from actors.scheduler import SchedulerConfig
-    from actors.scoring import Overlong, shaped_range
-    from actors.telemetry import Telemetry
-    from actors.types import SamplingConfig
-    from cluster.placement import COORDINATOR_CPUS
-    from estimator.registry import ESTIMATORS
-
-    r = cfg.rollout
-    overlong = Overlong(r.max_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
-    est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(shaped_range(task.rewards, overlong)))
-    sched = SchedulerConfig(
-        batch_prompts=cfg.scheduler_batch_prompts(), batch_samples=r.batch_samples,
-        max_staleness=0 if cfg.mode == "sync" else r.max_staleness,
-        slots_per_generator=cfg.generators.engine.max_num_seqs,
-        max_inflight_prompts=r.max_inflight_prompts)
-    sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
-    coord = ray.remote(Coordinator).options(
-        num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
-        scheduling_strategy=pg_strategy(roles.placement_groups["coordinator"], 0)).remote(
-        roles.generators, roles.prior, cfg.task, est, sched, sampling, seed=cfg.run.seed,
-        version=state.version, prior_timeout_s=cfg.prior.timeout_s,
-        request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
-        score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state,
-        score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every),
-        log_path=log_path(cfg, "coordinator"))
-    telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
-    return coord, telemetry

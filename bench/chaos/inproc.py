@@ -47,7 +47,7 @@ class Bench:
     def trainer(self, cfg, after_step=None):
         from cluster.trainer import Trainer
 
-        return Trainer(cfg, self.roles, self.task, after_step=after_step)
+        return Trainer.start(cfg, self.roles, self.task, after_step=after_step)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Ran:
 def run(trainer_or_factory) -> Ran:
     """Run a trainer (or build one, then run it: a resume loads in the constructor) to the end;
     the watchdog's ``Stalled`` and any other error become the result, not an exception."""
-    from cluster.trainer import Stalled
+    from cluster.watchdog import Stalled
 
     try:
         trainer = trainer_or_factory() if callable(trainer_or_factory) else trainer_or_factory

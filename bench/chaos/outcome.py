@@ -51,7 +51,7 @@ def summary_of(run_dir: Path) -> dict | None:
 
 def evidence(run_dir: Path) -> dict:
     """Fates by uid and the accounting identity, from a finished run's files."""
-    from cluster.metrics import prompt_fates
+    from cluster.run_files import prompt_fates
 
     summary = summary_of(run_dir)
     if summary is None or "data_pos" not in summary:

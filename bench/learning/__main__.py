@@ -164,7 +164,7 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
                 cfg = run_config(base, mode, seed, run_dir)
                 reset_roles(cfg, roles, init_dir)
                 log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
-                trainer = Trainer(cfg, roles, task, initial_eval=initial)
+                trainer = Trainer.start(cfg, roles, task, initial_eval=initial)
                 trainer.run()
                 initial = trainer.initial_eval
                 curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric,

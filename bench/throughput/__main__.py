@@ -68,11 +68,11 @@ def mode_config(base: dict, name: str, run_dir: Path, group: int | None = None):
 
 
 def run_mode(cfg, roles, task, mem, warmup: int) -> dict:
-    from cluster.metrics import read_metrics
+    from cluster.run_files import read_metrics
     from cluster.trainer import Trainer
 
     mem.reset()
-    summary = Trainer(cfg, roles, task).run()
+    summary = Trainer.start(cfg, roles, task).run()
     rows = read_metrics(cfg.run_dir)
     prompts = [json.loads(x) for x in (cfg.run_dir / "prompts.jsonl").read_text().splitlines()]
     w = [r for r in rows if r["step"] > warmup]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 from cluster.config import build_config  # noqa: E402
-from cluster.metrics import prompt_fates, read_metrics  # noqa: E402
+from cluster.run_files import prompt_fates, read_metrics  # noqa: E402
 from cluster.placement import plan  # noqa: E402
 
 METRIC_KEYS = {"step", "policy_version", "reward_mean", "rollouts", "tokens_generated",
@@ -82,7 +82,7 @@ def fresh(system):
 def run(system, cfg, after_step=None):
     from cluster.trainer import Trainer
 
-    return Trainer(cfg, system["roles"], system["task"], after_step=after_step).run()
+    return Trainer.start(cfg, system["roles"], system["task"], after_step=after_step).run()
 
 
 def prompts_of(cfg):
@@ -293,11 +293,12 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
 def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
     """Admission paused for good after step 1: the prompts already admitted feed step 2, then
     the hand-over waits forever. The watchdog stops the run and says on what."""
-    from cluster.trainer import Stalled, Trainer
+    from cluster.trainer import Trainer
+    from cluster.watchdog import Stalled
 
     cfg = make_cfg(fresh["tmp"], "stall", mode="async", rollout={"max_staleness": 1},
                    run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 15})
-    trainer = Trainer(cfg, fresh["roles"], fresh["task"])
+    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"])
     trainer.after_step = lambda step, m: step == 1 and ray.get(trainer.coord.pause.remote())
     with pytest.raises(Stalled) as stall:
         trainer.run()

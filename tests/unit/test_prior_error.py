@@ -5,7 +5,6 @@ of recent steps (the trainer), in the summary, the report's table and the dashbo
 from __future__ import annotations
 
 from collections import deque
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -129,18 +128,19 @@ def test_pooling_steps_equals_the_estimate_over_their_prompts():
     assert pool_prior_error([]) == {}
 
 
-def test_the_trainer_pools_the_run_and_a_window_and_the_summary_and_gauges_read_them():
-    """``Trainer._account_prior_error`` on a stand-in: running sums in the totals (a resume
+def test_the_tally_pools_the_run_and_a_window_and_the_summary_and_gauges_read_them():
+    """``Tally.prior_error``: running sums in the totals (a resume
     continues them), a window of the last steps; the run's figures in summary.json; the two
     dashboard gauges read keys the step metrics carry."""
     from actors.telemetry import GAUGES
-    from cluster.trainer import Trainer
+    from cluster.metrics import Tally
 
     records, *_ = synthetic(160, 0.1, 0.05, seed=3)
     steps = [batch_metrics(records[i:i + 16], 4, (-1.0, 1.0)) for i in range(0, 160, 16)]
-    t = SimpleNamespace(totals={}, prior_window=deque(maxlen=3))
+    t = Tally()
+    t.prior_window = deque(maxlen=3)
     for m in steps:
-        Trainer._account_prior_error(t, m)
+        t.prior_error(m)
     last = steps[-1]
     whole = pool_prior_error(steps)
     assert t.totals["prior_error_n"] == 160
@@ -157,5 +157,5 @@ def test_the_trainer_pools_the_run_and_a_window_and_the_summary_and_gauges_read_
     assert run_prior_error({}) == {}
     # A step without a prior leaves the sums alone but still reports the run's figures.
     empty = {"prompts": 16}
-    Trainer._account_prior_error(t, empty)
+    t.prior_error(empty)
     assert t.totals["prior_error_n"] == 160 and "prior_bias_running" in empty

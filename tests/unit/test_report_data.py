@@ -1,5 +1,5 @@
 """Crafted run directories for the report's tests (``make_run``), written with the run's own
-writers (``RunWriter``, ``batch_metrics``, ``PromptRecord``) so that their format is the one a
+writers (``RunFiles``, ``batch_metrics``, ``PromptRecord``) so that their format is the one a
 real run writes; and the check that they are faithful (every prompt's fate adds up under
 ``prompt_fates``, the evidence the resume tests use)."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from actors.types import PromptRecord
-from cluster.metrics import RunWriter, batch_metrics, pool_prior_error, prompt_fates
+from cluster.metrics import batch_metrics, pool_prior_error
+from cluster.run_files import RunFiles, prompt_fates
 
 CONFIG = """mode: async
 run:
@@ -50,7 +51,7 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
     summary the watchdog writes instead."""
     rng = np.random.default_rng(0)
     run = Path(root)
-    w = RunWriter(run, CONFIG, progress=False)
+    w = RunFiles(run, CONFIG, progress=False)
     uid, t, rows = 0, T0, []
     with (run / "prompts.jsonl").open("w") as plog:
         for step in range(1, steps + 1):

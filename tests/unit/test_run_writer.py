@@ -1,11 +1,11 @@
 """Run outputs: metrics.jsonl lines parse (NaN -> null), the progress line, TensorBoard scalars."""
 import json
 
-from cluster.metrics import RunWriter, read_metrics
+from cluster.run_files import RunFiles, read_metrics
 
 
 def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
-    w = RunWriter(tmp_path / "run", "a: 1\n", tensorboard=True)
+    w = RunFiles(tmp_path / "run", "a: 1\n", tensorboard=True)
     w.step({"step": 1, "reward_mean": 0.25, "k_mean": 4.5, "generator_busy_fraction": 0.9,
             "step_time_s": 1.0, "eval_accuracy": 0.5, "loss": float("nan")})
     w.summary({"steps": 1})
@@ -20,17 +20,17 @@ def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
 
 def test_resume_drops_lines_written_after_the_checkpoint(tmp_path):
     run = tmp_path / "run"
-    w = RunWriter(run, "a: 1\n", progress=False)
+    w = RunFiles(run, "a: 1\n", progress=False)
     for step in (1, 2, 3, 4):
         w.step({"step": step})
     (run / "prompts.jsonl").write_text("".join(json.dumps({"uid": f"p{i}", "step": i}) + "\n"
                                                for i in (1, 2, 3, 4)))
     # The crashed run had written steps 3 and 4 after its checkpoint at step 2.
-    RunWriter(run, "a: 1\n", resume_step=2, progress=False)
+    RunFiles(run, "a: 1\n", resume_step=2, progress=False)
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
     assert [json.loads(x)["uid"] for x in (run / "prompts.jsonl").read_text().splitlines()] == \
         ["p1", "p2"]
-    RunWriter(run, "a: 1\n", progress=False)  # a fresh run replaces both
+    RunFiles(run, "a: 1\n", progress=False)  # a fresh run replaces both
     assert not (run / "metrics.jsonl").exists() and not (run / "prompts.jsonl").exists()
 
 

@@ -1,21 +1,27 @@
-"""The trainer's step loop (cluster.trainer.Trainer.one_step) over fake roles, on a fake clock:
-the watchdog's clock after an evaluation and a checkpoint, and the in-loop checkpoints.
+"""The trainer's step loop (cluster.trainer.Trainer.one_step) over a run of fake roles, on a
+fake clock: the watchdog's clock after an evaluation and a checkpoint, the in-loop
+checkpoints, and the order of the remote calls.
 
 No Ray: the coordinator and telemetry are plain objects whose ``.remote`` answers at once,
-and the loop's Ray plumbing (``ray_get``, ``publish``, ``_gen_stats``) is replaced by calls
-that answer those answers; evaluation and checkpoints only take (fake) time."""
+the watchdog's ``get`` takes those answers as they are, and publishing, generator stats,
+evaluation and checkpoints are stand-ins that only take (fake) time. The run files, the
+counters and the watchdog's deadline are the real ones."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 
 import cluster.trainer as trainer_mod
+import cluster.watchdog as watchdog_mod
 from actors.types import TrainBatch
 from cluster.config import build_config
-from cluster.metrics import RunWriter, TrainClock
+from cluster.metrics import Tally
+from cluster.run_files import RunFiles
+from cluster.run_start import Run, RunState
 from cluster.trainer import Trainer
+from cluster.watchdog import Watchdog
+from common.records import StepResult
 
 EVAL_S, SAVE_S, STEP_S = 30.0, 20.0, 5.0  # what each takes on the fake clock
 
@@ -26,6 +32,9 @@ class Clock:
 
     def time(self) -> float:
         return self.now
+
+    def advance(self, s: float) -> None:
+        self.now += s
 
 
 class _Remote:
@@ -38,69 +47,73 @@ class _Remote:
 
 class FakeCoordinator:
     def __init__(self, log: list, on_next_batch):
-        batch = TrainBatch(records=[], samples=[], version=0, inflight_prompts=0, counters={})
+        batch = TrainBatch(records=[], samples=[], version=0, inflight_prompts=0)
         self.next_batch = _Remote(lambda n: on_next_batch() or log.append("next_batch") or batch)
         for name in ("pause", "resume", "set_version", "start"):
             setattr(self, name, _Remote(lambda *a, name=name: log.append(name)))
 
 
-class Loop(Trainer):
-    """The real ``one_step`` over fake roles."""
-
-    def __init__(self, cfg, clock: Clock, totals: dict):
-        self.cfg, self.clock_ = cfg, clock
-        self.task = SimpleNamespace(rewards=(-1.0, 1.0))
-        self.log: list = []
-        self.saves: list[int] = []
-        self.left_at_next_batch: list[float] = []  # the watchdog's time left, each step
-        self.coord = FakeCoordinator(self.log,
-                                     lambda: self.left_at_next_batch.append(self.time_left()))
-        self.telemetry = SimpleNamespace(report=_Remote(lambda *a: None))
-        learner = SimpleNamespace(train_step=lambda samples: clock_advance(clock, STEP_S) or {})
-        self.roles = SimpleNamespace(learner=learner, generators=[])
-        self.version = self.step = 0
-        self.totals = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0,
-                       "tokens_generated": 0, "nan_skipped_steps": 0,
-                       "generator_update_failures": 0, "learner_wait_s": 0.0,
-                       "eval_time_s": 0.0, "train_s": 0.0, "last_eval_train_s": 0.0, **totals}
-        self._calls = ThreadPoolExecutor(max_workers=1)
-        self.recorder, self.after_step = None, None
-        self.writer = RunWriter(cfg.run_dir, "", progress=False)
-        self.prompts_log = self.writer.prompts_path.open("a")
-        self.t_start = self.last_progress = clock.time()
-        self.clock = TrainClock(self.totals, self.t_start)
-
-    def ray_get(self, role, ref):
+class Dog(Watchdog):
+    def get(self, role, ref):  # the fake roles answer at once: the answer is the "ref"
         return self.call(role, lambda r: r, ref)
 
-    def publish(self):
-        self.ray_get("coordinator", self.coord.set_version.remote(self.version, None))
 
-    def evaluate(self):
-        clock_advance(self.clock_, EVAL_S)
-        self.log.append("evaluate")
+def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, list, list]:
+    """A ``Run`` of fake roles; (run, call log, steps checkpointed, watchdog time left at
+    each next_batch)."""
+    log, saves, left = [], [], []
+    dog = Dog(cfg.run.stall_timeout_s, lambda role, waited, step: (role, {}))
+    learner = SimpleNamespace(train_step=lambda samples: clock.advance(STEP_S) or StepResult())
+
+    def evaluate(generators):
+        clock.advance(EVAL_S)
+        log.append("evaluate")
         return {"eval_time_s": EVAL_S, "eval_accuracy": 0.5, "eval_accuracy_se": 0.1}
 
-    def save(self):
-        clock_advance(self.clock_, SAVE_S)
-        self.saves.append(self.step)
+    def save(step, learner, coord, state):
+        clock.advance(SAVE_S)
+        saves.append(step)
 
-    def _gen_stats(self):
-        return []
+    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}),
+              SimpleNamespace(rewards=(-1.0, 1.0)), RunState(version=0, step=step),
+              FakeCoordinator(log, lambda: left.append(dog.time_left())),
+              SimpleNamespace(report=_Remote(lambda *a: None)), dog,
+              RunFiles(cfg.run_dir, "", progress=False), Tally(totals),
+              SimpleNamespace(save=save), Evaluating(evaluate))
+    return run, log, saves, left
 
 
-def clock_advance(clock: Clock, s: float) -> None:
-    clock.now += s
+class Evaluating:
+    """The evaluator stand-in: a callable with the real one's ``enabled`` and ``heldout``."""
+
+    enabled, heldout = True, []
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, generators):
+        return self.fn(generators)
+
+    def close(self):
+        pass
 
 
 @pytest.fixture
 def loop(tmp_path, monkeypatch):
-    def make(totals=None, **run):
+    def make(totals=None, step=0, **run):
         clock = Clock()
-        monkeypatch.setattr(trainer_mod, "time", clock)
+        for mod in (trainer_mod, watchdog_mod):
+            monkeypatch.setattr(mod, "time", clock)
+        monkeypatch.setattr(trainer_mod, "generator_stats", lambda generators: [])
+        monkeypatch.setattr(trainer_mod, "publish",
+                            lambda r, version: r.coord.set_version.remote(version))
         cfg = build_config({"run": {"name": "r", "output_dir": str(tmp_path), "progress": False,
                                     "stall_timeout_s": 100.0, **run}})
-        return Loop(cfg, clock, totals or {})
+        r, log, saves, left = fake_run(cfg, clock, totals or {}, step)
+        t = Trainer(r)
+        t.log, t.saves, t.left_at_next_batch = log, saves, left
+        t.dog.progress(step)
+        return t
     return make
 
 
@@ -118,8 +131,7 @@ def test_a_resumed_run_continues_its_training_clock_and_budget(loop):
     """Resumed with 100 s of training behind it (its checkpoint's totals): the 120 s budget
     ends it after 4 more 5 s steps, evaluations (30 s each) not counted."""
     t = loop(totals={"train_s": 100.0, "last_eval_train_s": 100.0, "prompts_trained": 60},
-             max_steps=1000, max_train_s=120.0, eval_every=0, eval_every_s=10.0)
-    t.step = 20
+             step=20, max_steps=1000, max_train_s=120.0, eval_every=0, eval_every_s=10.0)
     last = [t.one_step() for _ in range(4)]
     assert last == [False, False, False, True]
     assert t.totals["train_s"] == pytest.approx(120.0)
@@ -132,3 +144,13 @@ def test_the_last_step_leaves_its_checkpoint_to_the_end_of_the_run(loop):
     t = loop(max_steps=2, eval_every=0, checkpoint_every=1)
     assert [t.one_step(), t.one_step()] == [False, True]
     assert t.saves == [1]  # Trainer.run saves step 2 once, after the coordinator stops
+
+
+def test_one_step_calls_the_roles_in_the_order_of_the_pseudocode(loop):
+    """Batch, (train), pause before an evaluation, publish, evaluate, resume after it; the
+    last step pauses admission for good and does not resume it."""
+    t = loop(max_steps=2, eval_every=1, checkpoint_every=0)
+    assert [t.one_step(), t.one_step()] == [False, True]
+    assert t.log == ["next_batch", "pause", "set_version", "evaluate", "resume",
+                     "next_batch", "pause", "set_version", "evaluate"]
+    assert t.version == 2 and t.totals["eval_time_s"] == 2 * EVAL_S

@@ -65,7 +65,7 @@ def test_pair_auc_counts_ordered_pairs_and_ties():
 
 
 def test_every_kind_of_failed_weight_update_is_counted_by_generator():
-    from cluster.trainer import failed_updates
+    from cluster.waits import failed_updates
 
     class ActorDied(Exception):   # what ray.get raises for a dead generator's ref
         pass
@@ -107,15 +107,17 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
     this process's wall-clock minus the run's whole evaluation time."""
     from cluster.config import build_config
     from cluster.metrics import run_summary
+    from common.records import Accounting
 
     totals = {"prompts_trained": 300, "prompts_skipped_nan": 0, "rollouts": 1500,
               "tokens_generated": 30000, "learner_wait_s": 15.0, "eval_time_s": 70.0,
               "train_s": 150.0}
-    acct = {"prompts_admitted": 320, "prompts_dropped": 0, "drop_reasons": {}}
+    acct = Accounting(prompts_admitted=320)
     s = run_summary(build_config({}), acct, totals, 30, 30, 60.0, {}, {}, {})
     assert s["train_wall_time_s"] == 150.0 and s["wall_time_s"] == 60.0
     assert s["prompts_per_s"] == 2.0 and s["rollouts_per_s"] == 10.0
     assert s["learner_idle_fraction"] == 0.1
+    assert s["prompts_admitted"] == 320 and "inflight_uids" not in s  # the uids have files
 
 
 def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():

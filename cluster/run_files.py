@@ -1,0 +1,191 @@
+"""The one owner of a run's files (docs/pipeline.md, "Run outputs"): ``config.yaml``,
+``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``, ``inflight_at_end.json``,
+``summary.json``, ``report.html``, ``rollouts.msgpack`` (``run.record_rollouts``), TensorBoard's
+``tb/``, and the progress lines on stderr;
+with ``prompt_fates``, the accounting check that reads them back (every admitted prompt
+trained, dropped or in flight at the end, exactly once).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+# Every line of dropped.jsonl: {"uid", "reason", "step"}; a NaN-skipped step's prompts are
+# dropped with this reason (the summary counts them among ``prompts_dropped``).
+NAN_SKIP = "learner_nan_skip"
+
+
+def _clean(v):
+    """JSON-safe: NaN/inf become null so that every line parses."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+class RunFiles:
+    def __init__(self, run_dir: Path, config_yaml: str, resume_step: int | None = None,
+                 tensorboard: bool = False, progress: bool = True, record_rollouts: bool = False):
+        """``resume_step``: continuing from the checkpoint of that step: lines of later steps
+        (written after it by a run that then crashed) are dropped, so that every step and every
+        prompt appears once. None: a fresh run, earlier outputs are replaced."""
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(config_yaml)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.prompts_path = self.dir / "prompts.jsonl"
+        self.dropped_path = self.dir / "dropped.jsonl"
+        for path in (self.metrics_path, self.prompts_path, self.dropped_path):
+            if resume_step is None:
+                path.unlink(missing_ok=True)
+            else:
+                keep_steps(path, resume_step)
+        self.progress = progress
+        self.t0 = time.time()
+        self._prompts = None  # prompts.jsonl, opened at the first trained prompt
+        self._recorder = self._rollouts(resume_step, record_rollouts)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir / "tb"))
+
+    def _rollouts(self, resume_step: int | None, record: bool):
+        from learner.replay import RolloutRecorder, keep_records
+
+        path = self.dir / "rollouts.msgpack"
+        if resume_step is not None:  # what was recorded after the checkpoint is trained again
+            keep_records(path, resume_step)
+        return RolloutRecorder(path) if record else None
+
+    def step(self, m: dict) -> None:
+        """metrics.jsonl's line for a step, TensorBoard's scalars, the progress line."""
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_clean(m)) + "\n")
+        if self._tb is not None:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, m["step"])
+            self._tb.flush()
+        if self.progress:
+            print(progress_line(m, time.time() - self.t0), file=sys.stderr, flush=True)
+
+    def note(self, msg: str) -> None:
+        """A line for the person watching (stderr), when progress lines are on."""
+        if self.progress:
+            print(msg, file=sys.stderr, flush=True)
+
+    def prompts(self, batch, step: int, version: int, t_trained: float, skipped: bool) -> None:
+        """prompts.jsonl: one line per trained prompt; dropped.jsonl: one per prompt the
+        coordinator dropped since the last batch, and every prompt of a NaN-skipped step;
+        rollouts.msgpack: every prompt's samples, when recording."""
+        self.dropped(batch.dropped, step)
+        if self._recorder is not None:
+            it = iter(batch.samples)
+            for r in batch.records:
+                self._recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, version,
+                                      [next(it) for _ in range(r.k)], step=step)
+        if skipped:
+            self.dropped([(r.uid, NAN_SKIP) for r in batch.records], step)
+            return
+        if self._prompts is None:
+            self._prompts = self.prompts_path.open("a")
+        for r in batch.records:
+            self._prompts.write(json.dumps({**r.to_dict(), "step": step,
+                                            "t_trained": t_trained}) + "\n")
+        self._prompts.flush()
+
+    def dropped(self, drops, step: int) -> None:
+        """dropped.jsonl: one line per (uid, reason)."""
+        with self.dropped_path.open("a") as f:
+            for uid, why in drops:
+                f.write(json.dumps({"uid": uid, "reason": why, "step": step}) + "\n")
+
+    def end(self, acct, step: int) -> None:
+        """After the coordinator stopped: the drops after the last hand-over to dropped.jsonl,
+        the uids still in flight to inflight_at_end.json (with prompts.jsonl: every admitted
+        prompt's fate, by uid)."""
+        self.dropped(acct.dropped_since_last_batch, step)
+        (self.dir / "inflight_at_end.json").write_text(
+            json.dumps({"step": step, "uids": list(acct.inflight_uids)}) + "\n")
+
+    def summary(self, s: dict) -> None:
+        (self.dir / "summary.json").write_text(json.dumps(_clean(s), indent=2) + "\n")
+
+    def report(self) -> None:
+        """report.html from the run's files; a failed report never fails the run."""
+        from cluster.report import write_report  # lazy: matplotlib costs ~1 s of import
+
+        try:
+            self.note(f"report: {write_report(self.dir)}")
+        except Exception as err:  # noqa: BLE001 - the run's outputs are already written
+            self.note(f"report: not written ({type(err).__name__}: {err})")
+
+    def close(self) -> None:
+        if self._prompts is not None:
+            self._prompts.close()
+        if self._recorder is not None:
+            self._recorder.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def progress_line(m: dict, elapsed_s: float) -> str:
+    acc = m.get("eval_accuracy")
+    return " | ".join([f"step {m['step']:>4}", f"reward {m.get('reward_mean') or float('nan'):+.3f}",
+                       f"acc {acc:.3f}" if acc is not None else "acc   -  ",
+                       f"k {m.get('k_mean', float('nan')):4.1f}",
+                       f"busy {100 * m.get('generator_busy_fraction', 0):3.0f}%",
+                       f"{m.get('step_time_s', 0):5.1f}s/step", f"[{elapsed_s:6.0f}s]"])
+
+
+def keep_steps(path: Path, max_step: int) -> int:
+    """Keep only the lines of ``path`` (JSON lines with a "step") up to ``max_step``;
+    returns how many were dropped. Rewritten atomically."""
+    if not path.exists():
+        return 0
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= max_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in kept))
+    tmp.replace(path)
+    return len(lines) - len(kept)
+
+
+def read_lines(path: Path) -> list[dict]:
+    path = Path(path)
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+        if path.exists() else []
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def prompt_fates(run_dir: Path) -> dict:
+    """Every admitted prompt's fate, by uid, from a run's files (the evidence that nothing
+    was lost or trained twice, across crashes and resumes): uids are ``s<position>`` in the
+    sampler's stream, so the admitted ones are s0 .. s<data_pos - 1>."""
+    from collections import Counter
+
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    trained = Counter(r["uid"] for r in read_lines(run_dir / "prompts.jsonl"))
+    dropped = Counter(r["uid"] for r in read_lines(run_dir / "dropped.jsonl"))
+    end = run_dir / "inflight_at_end.json"
+    inflight = set(json.loads(end.read_text())["uids"]) if end.exists() else set()
+    admitted = {f"s{i}" for i in range(summary["data_pos"])}
+    seen = set(trained) | set(dropped) | inflight
+    return {"admitted": len(admitted), "trained": sum(trained.values()),
+            "dropped": sum(dropped.values()), "in_flight": len(inflight),
+            "lost": sorted(admitted - seen, key=lambda u: int(u[1:])),
+            "trained_twice": sorted(u for u, n in trained.items() if n > 1),
+            "trained_and_dropped": sorted(set(trained) & set(dropped)),
+            "unknown": sorted(seen - admitted)}

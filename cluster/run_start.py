@@ -1,0 +1,197 @@
+"""A run's start on running roles (``cluster.runtime.start_roles``): its directory, where it
+resumes from, its own roles (coordinator, telemetry), the watchdog, the run files, and, on a
+resume, the first weight publish; then ``publish``, the one way weights reach the
+generators. ``cluster.trainer.Trainer`` drives the ``Run`` this returns.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+
+from cluster.checkpoints import Checkpoints
+from cluster.config import dump_config
+from cluster.evaluation import Evaluator
+from cluster.metrics import Tally
+from cluster.paths import REPLACED, fresh_run_dir
+from cluster.run_files import RunFiles
+from cluster.runtime import log_path, pg_strategy
+from cluster.waits import failed_updates, gather_stats
+from cluster.watchdog import Watchdog, coordinator_blame
+
+STATS_WAIT_S = 5.0  # telemetry: a generator that does not answer in this long is skipped
+
+
+@dataclass
+class RunState:
+    """Where a run starts: fresh, or from its last whole checkpoint."""
+
+    version: int                 # policy version the generators serve at the start
+    step: int = 0
+    totals: dict = field(default_factory=dict)
+    run_state: str | None = None  # the coordinator's prompts and sampler position to restore
+    resumed_from: str | None = None
+    skipped_checkpoints: list = field(default_factory=list)
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumed_from is not None
+
+
+def resume_state(cfg, roles) -> RunState:
+    """Fresh: versions continue from what the generators serve (actors may outlive a run).
+    Resume: the learner loads the newest whole checkpoint (older ones if it is corrupt), and
+    the run continues its counters and its admitted prompts."""
+    import ray
+
+    from cluster.checkpoints import resumable
+
+    served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
+    if not cfg.run.resume:
+        return RunState(version=served)
+    ckpts = resumable(cfg.run_dir, cfg.run.keep_checkpoints)
+    tag, st, run_state, skipped = ckpts.load(roles.learner)
+    # Generators that outlived the run hold a newer version: publish over theirs.
+    version = max(st["policy_version"], served + 1)
+    return RunState(version=version, step=st["step"], totals=st.get("totals", {}),
+                    run_state=str(run_state), resumed_from=tag, skipped_checkpoints=skipped)
+
+
+def coordinator_config(cfg, task, state: RunState):
+    """The run's ``CoordinatorConfig`` and estimator, from its config."""
+    from actors.coordinator import CoordinatorConfig
+    from actors.scheduler import SchedulerConfig
+    from actors.scoring import Overlong, shaped_range
+    from actors.types import SamplingConfig
+    from estimator.registry import ESTIMATORS
+
+    r = cfg.rollout
+    overlong = Overlong(r.max_tokens, cfg.reward.overlong_buffer, cfg.reward.overlong_penalty)
+    est = ESTIMATORS[cfg.algo.name](cfg.algo.estimator_config(shaped_range(task.rewards, overlong)))
+    sched = SchedulerConfig(
+        batch_prompts=cfg.scheduler_batch_prompts(), batch_samples=r.batch_samples,
+        max_staleness=cfg.max_staleness, slots_per_generator=cfg.generators.engine.max_num_seqs,
+        max_inflight_prompts=r.max_inflight_prompts)
+    return est, CoordinatorConfig(
+        cfg.task, sched, SamplingConfig(temperature=r.temperature, top_p=r.top_p,
+                                        max_tokens=r.max_tokens),
+        seed=cfg.run.seed, version=state.version, prior_timeout_s=cfg.prior.timeout_s,
+        request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
+        score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state,
+        score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every),
+        log_path=log_path(cfg, "coordinator"))
+
+
+def start_run_roles(cfg, roles, task, state: RunState):
+    """A run's coordinator (the scheduler with its estimator) and its telemetry actor."""
+    import ray
+
+    from actors.coordinator import Coordinator
+    from actors.telemetry import Telemetry
+    from cluster.placement import COORDINATOR_CPUS
+
+    est, coord_cfg = coordinator_config(cfg, task, state)
+    coord = ray.remote(Coordinator).options(
+        num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
+        scheduling_strategy=pg_strategy(roles.placement_groups["coordinator"], 0)).remote(
+        roles.generators, roles.prior, est, coord_cfg)
+    telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
+    return coord, telemetry
+
+
+@dataclass
+class Run:
+    """A started run: its config, the long-lived roles and its own, and the objects that own
+    its deadline (``dog``), files, counters (``tally``), checkpoints and evaluation."""
+
+    cfg: object
+    roles: object
+    task: object
+    state: RunState
+    coord: object
+    telemetry: object
+    dog: Watchdog
+    files: RunFiles
+    tally: Tally
+    ckpts: Checkpoints
+    evaluator: Evaluator
+    update_failed: list = field(default_factory=list)  # (version, generator, why)
+
+
+def start_run(cfg, roles, task) -> Run:
+    """Everything a run needs before its first step, on roles already up."""
+    # A fresh run: nothing of an older run's in its directory (the launcher has cleared
+    # logs/ before the roles started; roles that outlive a run keep writing theirs).
+    if not cfg.run.resume and fresh_run_dir(cfg.run_dir, logs=False) and cfg.run.progress:
+        print(REPLACED, file=sys.stderr, flush=True)
+    state = resume_state(cfg, roles)
+    coord, telemetry = start_run_roles(cfg, roles, task, state)
+    files = RunFiles(cfg.run_dir, dump_config(cfg), state.step if state.resumed else None,
+                     tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress,
+                     record_rollouts=cfg.run.record_rollouts)
+    run = Run(cfg, roles, task, state, coord, telemetry,
+              Watchdog(cfg.run.stall_timeout_s, coordinator_blame(coord)), files,
+              Tally(state.totals), Checkpoints(cfg.run_dir / "checkpoints",
+                                               cfg.run.keep_checkpoints), Evaluator(cfg, task))
+    if state.resumed:
+        publish(run, state.version)  # generators serve the checkpoint's weights first
+    return run
+
+
+def publish(run: Run, version: int) -> None:
+    """Learner rank 0's weights -> every generator, in place, as ``version``; then the
+    coordinator.
+
+    The generators' updates are waited for together, at most ``run.call_timeout_s`` and
+    never past the watchdog's deadline. A generator that did not load them (dead, hung,
+    or its ``update_weights`` raised) is counted in ``generator_update_failures`` and
+    named in the summary's ``generator_update_failed``; the coordinator re-syncs one
+    that Ray restarts (its incarnation changes)."""
+    import ray
+
+    roles = run.roles
+    payload, refs = run.dog.call("learner (weight publish)", roles.learner.publish_weights,
+                                 roles.generators, version)
+    roles.published = version
+    refs = list(refs)
+    ready, _ = ray.wait(refs, num_returns=len(refs),
+                        timeout=min(run.cfg.run.call_timeout_s, run.dog.time_left())) \
+        if refs else ([], [])
+    failed = failed_updates(refs, ready, functools.partial(ray.get, timeout=10))
+    run.tally.totals["generator_update_failures"] += len(failed)
+    run.update_failed += [(version, i, why) for i, why in failed.items()]
+    run.dog.get("coordinator", run.coord.set_version.remote(version, payload))
+
+
+def generator_stats(generators: list) -> list:
+    """Each generator's ``stats()`` (None while it is dead or restarting), waited for at most
+    ``STATS_WAIT_S``."""
+    import ray
+
+    return gather_stats([g.stats.remote() for g in generators], ray.wait, ray.get,
+                        STATS_WAIT_S, (ray.exceptions.RayActorError,))
+
+
+def measure_peaks(run: Run) -> list[float]:
+    """Each engine's decode tokens/s with every slot busy, all engines at once (they share
+    the machine as they do in a run)."""
+    import ray
+
+    heldout = run.evaluator.heldout
+    prompt, n = heldout[0].prompt if heldout else "0", min(32, run.cfg.rollout.max_tokens)
+    return run.dog.call("generators (peak probe)", ray.get,
+                        [g.measure_peak.remote(prompt, n) for g in run.roles.generators])
+
+
+def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
+               initial_reused: bool) -> dict:
+    """summary.json's fields about the generators over the run, its start and its resume."""
+    from cluster.metrics import generator_delta, per_generator
+
+    gen_end, st = generator_stats(run.roles.generators), run.state
+    return {**generator_delta(gen0, gen_end), "t_start": t_start,
+            "eval_initial_reused": initial_reused, "resumed_from": st.resumed_from,
+            "startup": dict(run.roles.startup), "skipped_checkpoints": st.skipped_checkpoints,
+            "generator_update_failed": run.update_failed,
+            "generators": per_generator(gen0, gen_end, peaks),
+            "decode_peak_tokens_per_s": sum(peaks) if peaks else None}

@@ -1,0 +1,97 @@
+"""The house rules of the product code (docs/architecture.md), checked on the source itself:
+the packages stand in layers and import only downwards, no two modules import each other,
+no product file is over 400 lines and no product function over 60, and the driver's loop
+reads like its pseudocode (``Trainer.one_step`` at most 25 lines, ``Trainer`` at most 150).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Bottom to top: a package may import those below it and itself, never one above.
+LAYERS = ("estimator", "common", "tasks", "actors", "learner", "cluster", "bench")
+PRODUCT = LAYERS[:-1]  # bench/ is measurement code: its own limits are not these
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def modules(packages=LAYERS) -> dict[str, Path]:
+    out = {}
+    for pkg in packages:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The project modules ``path`` imports, at module level or inside functions."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for n in names:
+            while n and n not in known:
+                n = n.rpartition(".")[0]
+            if n and n != name:
+                out.add(n)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: imports(p, m, known) for m, p in mods.items()}
+
+
+def layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def test_packages_import_only_downwards():
+    up = sorted(f"{m} -> {d}" for m, deps in graph().items() for d in deps
+                if layer(d) > layer(m))
+    assert up == []
+
+
+def test_no_two_modules_import_each_other():
+    g = graph()
+    # A package's __init__ re-exporting its own modules is not a circle between rooms.
+    circles = sorted(f"{a} <-> {b}" for a, deps in g.items() for b in deps
+                     if a < b and a in g.get(b, set())
+                     and not (b.startswith(a + ".") or a.startswith(b + ".")))
+    assert circles == []
+
+
+def test_no_product_file_over_400_lines_and_no_function_over_60():
+    long_files, long_functions = [], []
+    for name, path in modules(PRODUCT).items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            long_files.append(f"{name}: {len(text.splitlines())}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {n}")
+    assert long_files == [] and long_functions == []
+
+
+def test_the_driver_loop_is_short_enough_to_read_as_its_pseudocode():
+    tree = ast.parse((REPO / "cluster" / "trainer.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
+    step = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "one_step")
+    assert cls.end_lineno - cls.lineno + 1 <= 150
+    assert step.end_lineno - step.lineno + 1 <= 25
