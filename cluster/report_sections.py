@@ -13,7 +13,7 @@ import numpy as np
 
 from cluster import report_plots as plots
 from cluster.metrics import PRIOR_WINDOW_STEPS, rolling_prior_error
-from cluster.report import RunData, as_float
+from cluster.report_data import RunData, as_float
 
 PLOTS = {
     "plot-learning-steps": "Reward and held-out accuracy against steps",
