@@ -21,6 +21,7 @@ import html
 import sys
 from pathlib import Path
 
+from cluster.report_analysis import accounting_checks
 from cluster.report_data import ReportError, RunData, load_run
 
 CSS = """
@@ -42,7 +43,7 @@ td:first-child,th:first-child,table.checks td{text-align:left}tr.sub td:first-ch
 
 def render(run: RunData) -> tuple[str, bool]:
     """The page, and whether every accounting check the run's files allow holds."""
-    from cluster.report_sections import SECTIONS, accounting_checks  # lazy: matplotlib, ~1 s
+    from cluster.report_sections import SECTIONS  # lazy: it imports matplotlib (~1 s)
 
     body, nav = [], []
     for sid, title, build in SECTIONS:

@@ -16,8 +16,9 @@ from test_report_data import make_run
 
 from cluster import report_data
 from cluster.report import main, write_report
+from cluster.report_analysis import accounting_checks, reliability_bins
 from cluster.report_data import ReportError, load_run
-from cluster.report_sections import PLOTS, SECTIONS, accounting_checks, reliability_bins
+from cluster.report_sections import PLOTS, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
