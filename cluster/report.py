@@ -6,8 +6,9 @@ Reads only the run's files (``metrics.jsonl``, ``prompts.jsonl``, ``dropped.json
 ``inflight_at_end.json``, ``summary.json``, ``config.yaml``; see docs/pipeline.md), so it
 needs no Ray and no torch, and renders in seconds: the trainer calls ``write_report`` at the
 end of every run. Figures are PNGs inlined as base64 (``cluster/report_plots.py``); no
-script, stylesheet or font is fetched, the page opens offline. Sections are built in
-``cluster/report_sections.py``; a section without data says "no data".
+script, stylesheet or font is fetched, the page opens offline. The run's files are read in
+``cluster/report_data.py``, the sections built in ``cluster/report_sections.py``; a section
+without data says "no data".
 
 Exit codes: 0 the page was written; 1 with ``--check``, written but an accounting check
 failed (admitted = trained + dropped + in flight, the files against summary.json); 2 the
@@ -17,160 +18,12 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
-import math
-import re
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from cluster.report_analysis import accounting_checks
+from cluster.report_data import ReportError, RunData, load_run
 
-# Parse at most this many lines of prompts.jsonl: beyond, every m-th line of the older part
-# and the newest lines whole (the rollout timeline reads those), to stay within seconds.
-MAX_PROMPT_LINES = 20_000
-TAIL_PROMPT_LINES = 5_000
-_UID = re.compile(r'"uid": "((?:[^"\\]|\\.)*)"')
-
-
-class ReportError(RuntimeError):
-    """The run directory cannot be reported (it or its metrics.jsonl is missing)."""
-
-
-@dataclass
-class RunData:
-    """What the report reads of a run. Missing files are empty (or None where "absent" and
-    "empty" differ: ``dropped``, ``inflight``, ``summary``)."""
-
-    dir: Path
-    metrics: list[dict]                 # metrics.jsonl, one dict per step
-    summary: dict | None = None         # summary.json
-    config: dict = field(default_factory=dict)   # config.yaml, parsed
-    prompts: list[dict] = field(default_factory=list)  # prompts.jsonl (a sample when huge)
-    prompt_lines: int = 0               # lines of prompts.jsonl
-    prompt_uids: Counter | None = None  # every line's uid (all lines, also when sampled)
-    prompts_stride: int = 1             # 1: every line parsed; m: 1 in m of the older lines
-    tail_start: int = 0                 # prompts[tail_start:] are the newest lines, all parsed
-    dropped: list[dict] | None = None   # dropped.jsonl
-    inflight: list[str] | None = None   # inflight_at_end.json's uids
-    bad_lines: int = 0                  # lines that did not parse (a crash mid-write)
-
-    def col(self, key: str) -> np.ndarray:
-        """``key`` of every step as floats, NaN where absent, null or not a number."""
-        return np.array([as_float(m.get(key)) for m in self.metrics], dtype=float)
-
-    @property
-    def steps(self) -> np.ndarray:
-        return np.array([as_float(m.get("step", i + 1)) for i, m in enumerate(self.metrics)],
-                        dtype=float)
-
-    @property
-    def t0(self) -> float | None:
-        """The run's clock origin: the trainer's start (after the initial evaluation)."""
-        t = as_float((self.summary or {}).get("t_start"))
-        if math.isnan(t) and self.metrics:
-            t = as_float(self.metrics[0].get("t_start"))
-        return None if math.isnan(t) else t
-
-    @property
-    def status(self) -> str:
-        if self.summary is None:
-            return "unknown"
-        return str(self.summary.get("status", "finished"))
-
-
-def as_float(v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return math.nan
-    return float(v)
-
-
-def _jsonl(path: Path) -> tuple[list[dict], int]:
-    """Parsed lines and how many did not parse."""
-    if not path.exists():
-        return [], 0
-    return _parse(path.read_text(errors="replace").splitlines())
-
-
-def _parse(lines: list[str]) -> tuple[list[dict], int]:
-    rows, bad = [], 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    return rows, bad
-
-
-def _json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def load_run(run_dir: str | Path) -> RunData:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
-    if not (run_dir / "metrics.jsonl").exists():
-        raise ReportError(f"{run_dir}: no metrics.jsonl (not a run directory, or the run wrote "
-                          "no step yet)")
-    metrics, bad = _jsonl(run_dir / "metrics.jsonl")
-    run = RunData(run_dir, metrics, bad_lines=bad)
-    summary = _json(run_dir / "summary.json")
-    run.summary = summary if isinstance(summary, dict) else None
-    run.config = _config(run_dir / "config.yaml")
-    _load_prompts(run, run_dir / "prompts.jsonl")
-    if (run_dir / "dropped.jsonl").exists():
-        run.dropped, bad = _jsonl(run_dir / "dropped.jsonl")
-        run.bad_lines += bad
-    inflight = _json(run_dir / "inflight_at_end.json")
-    if isinstance(inflight, dict) and isinstance(inflight.get("uids"), list):
-        run.inflight = inflight["uids"]
-    return run
-
-
-def _config(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    import yaml
-
-    try:
-        cfg = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
-
-
-def _load_prompts(run: RunData, path: Path) -> None:
-    if not path.exists():
-        return
-    text = path.read_text(errors="replace")
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    run.prompt_lines = len(lines)
-    if len(lines) <= MAX_PROMPT_LINES:
-        run.prompts, bad = _parse(lines)
-        run.prompt_uids = Counter(str(p.get("uid")) for p in run.prompts if "uid" in p)
-    else:
-        head = len(lines) - TAIL_PROMPT_LINES
-        run.prompts_stride = m = math.ceil(head / (MAX_PROMPT_LINES - TAIL_PROMPT_LINES))
-        sampled, bad = _parse(lines[:head:m])
-        tail, bad2 = _parse(lines[head:])
-        run.prompts, run.tail_start, bad = sampled + tail, len(sampled), bad + bad2
-        run.prompt_uids = Counter(_UID.findall(text))  # every line's, without parsing them
-    run.bad_lines += bad
-
-
-# -- the page ------------------------------------------------------------------------------
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;
 max-width:1100px;padding:1em 2em;color:#222;line-height:1.4}
@@ -190,7 +43,7 @@ td:first-child,th:first-child,table.checks td{text-align:left}tr.sub td:first-ch
 
 def render(run: RunData) -> tuple[str, bool]:
     """The page, and whether every accounting check the run's files allow holds."""
-    from cluster.report_sections import SECTIONS, accounting_checks
+    from cluster.report_sections import SECTIONS  # lazy: it imports matplotlib (~1 s)
 
     body, nav = [], []
     for sid, title, build in SECTIONS:

@@ -41,6 +41,8 @@ class Communicator(ABC):
     raises after ``timeout_s``."""
 
     device: Any
+    name: str = ""          # in messages: "gloo", "NCCL"
+    _handle: Any = None     # the underlying communicator; None once closed
 
     @abstractmethod
     def broadcast(self, tensor: Any, timeout_s: float) -> None:
@@ -54,15 +56,23 @@ class Communicator(ABC):
     def close(self) -> None:
         """Release the communicator; peers blocked on it fail (at once or at their timeout)."""
 
+    def _live(self) -> Any:
+        """The underlying communicator, or RuntimeError once closed."""
+        if self._handle is None:
+            raise RuntimeError(f"{self.name} communicator is closed")
+        return self._handle
+
 
 class GlooCommunicator(Communicator):
+    name = "gloo"
+
     def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float,
                  device: Any = None):
         import torch
         from torch.distributed import ProcessGroupGloo
 
         self.device = torch.device("cpu")
-        self._pg = ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
+        self._handle = ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
 
     def broadcast(self, tensor: Any, timeout_s: float) -> None:
         from torch.distributed import BroadcastOptions
@@ -78,15 +88,12 @@ class GlooCommunicator(Communicator):
         # Destroying the gloo context closes its sockets: a peer blocked in an operation
         # fails with "connection closed" at once. (abort()/shutdown() leave them open and
         # the peers wait for their timeout.)
-        self._pg = None
-
-    def _live(self):
-        if self._pg is None:
-            raise RuntimeError("gloo communicator is closed")
-        return self._pg
+        self._handle = None
 
 
 class NcclCommunicator(Communicator):
+    name = "NCCL"
+
     def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float,
                  device: Any = None):
         import torch
@@ -98,9 +105,9 @@ class NcclCommunicator(Communicator):
         pg = StatelessProcessGroup(rank=rank, world_size=world_size, store=store)
         # ncclCommInitRank has no timeout; every rank was seen alive by the rendezvous
         # barrier just before, and a rank lost in between is caught here.
-        self._comm = _bounded(lambda: PyNcclCommunicator(pg, device=self.device), timeout_s,
-                              "NCCL communicator init")
-        if self._comm.disabled:  # no NCCL library: its broadcast would silently do nothing
+        self._handle = _bounded(lambda: PyNcclCommunicator(pg, device=self.device), timeout_s,
+                                "NCCL communicator init")
+        if self._handle.disabled:  # no NCCL library: its broadcast would silently do nothing
             raise RuntimeError("vLLM's PyNcclCommunicator is disabled (NCCL library not "
                                "found, or VLLM_DISABLE_PYNCCL)")
 
@@ -116,14 +123,9 @@ class NcclCommunicator(Communicator):
         tensor.copy_(out)
 
     def close(self) -> None:
-        if self._comm is not None:
-            self._comm.destroy()  # ncclCommAbort: also ends an operation stuck on a lost peer
-            self._comm = None
-
-    def _live(self):
-        if self._comm is None:
-            raise RuntimeError("NCCL communicator is closed")
-        return self._comm
+        if self._handle is not None:
+            self._handle.destroy()  # ncclCommAbort: also ends an operation stuck on a lost peer
+            self._handle = None
 
     def _stream(self):
         import torch

@@ -51,7 +51,8 @@ def model_dir(tmp_path_factory):
 def gen(model_dir):
     import ray
 
-    from actors.generator import Generator, GeneratorConfig
+    from actors.engine_config import GeneratorConfig
+    from actors.generator import Generator
 
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False)

@@ -65,7 +65,8 @@ def ray_gpu():
 def gen(ray_gpu, tmp_path_factory):
     import ray
 
-    from actors.generator import Generator, GeneratorConfig
+    from actors.engine_config import GeneratorConfig
+    from actors.generator import Generator
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path_factory.mktemp("gpu_policy")

@@ -62,7 +62,8 @@ def _assert_serves(gen, model, version: int, tag: str) -> list:
 def gen(tmp_path_factory):
     import ray
 
-    from actors.generator import Generator, GeneratorConfig
+    from actors.engine_config import GeneratorConfig
+    from actors.generator import Generator
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path_factory.mktemp("gloo_policy")

@@ -1,7 +1,8 @@
 """How a task prompt reaches the engine: raw text, or the chat template's token ids."""
 import pytest
 
-from actors.generator import GeneratorConfig, render_prompt
+from actors.engine_config import GeneratorConfig
+from actors.generator import render_prompt
 from tasks.policy_model import build_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"

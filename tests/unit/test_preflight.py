@@ -1,7 +1,7 @@
 """Bad models and prompts fail before any actor starts, naming the problem."""
 import pytest
 
-from actors.generator import GeneratorConfig
+from actors.engine_config import GeneratorConfig
 from cluster.preflight import PreflightError, check_model, check_prompts
 from tasks import ArithmeticTask
 from tasks.base import Problem

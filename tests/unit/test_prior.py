@@ -367,7 +367,7 @@ def _write(path, rows):
 def test_cli_predicts_one_line_per_query_in_order(tmp_path, capsys):
     """The default (embedded) backend through the CLI's main in this process (a fresh
     interpreter would only load torch and the encoder again), then the command itself."""
-    from actors.prior_cli import main
+    from actors.prior.cli import main
 
     ctx = _write(tmp_path / "c.jsonl", [{"prompt": p, "score": 0.9} for p in EASY[:-3]]
                  + [{"prompt": p, "score": 0.1} for p in HARD[:-3]])
@@ -409,10 +409,10 @@ def test_cli_errors_for_backend_problems_and_help_is_light(tmp_path):
     assert bad.returncode == 2 and "valid: constant, embedded" in bad.stderr
     helped = _cli("--help")
     assert helped.returncode == 0 and "predict" in helped.stdout
-    own = _cli("predict", "--help", module="actors.prior_cli")       # the CLI's own module
+    own = _cli("predict", "--help", module="actors.prior.cli")       # the CLI's own module
     assert own.returncode == 0 and "--fallback" in own.stdout
     probe = subprocess.run([sys.executable, "-c",
-                            "import sys, actors.prior, actors.prior_cli, actors.priors, "
+                            "import sys, actors.prior, actors.prior.cli, actors.priors, "
                             "actors.priors.v0; "
                             "print(sorted(m for m in ('torch', 'sentence_transformers', "
                             "'transformers', 'ray') if m in sys.modules))"],

@@ -164,7 +164,7 @@ def test_tiny_v0_with_a_random_tabpfn_head(tmp_path):
 def test_cli_predicts_with_the_tiny_v0(tiny, tmp_path, capsys):
     """The CLI's v0 path, in this process (``python -m actors.prior predict`` itself runs as
     a command in test_prior.py; a second interpreter here would only reload torch)."""
-    from actors.prior_cli import main
+    from actors.prior.cli import main
 
     ctx = tmp_path / "c.jsonl"
     ctx.write_text("".join(json.dumps({"prompt": p, "score": s}) + "\n" for p, s, _ in CONTEXT))

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from test_report_data import make_run
 
-from cluster import report
-from cluster.report import ReportError, load_run, main, write_report
-from cluster.report_sections import PLOTS, SECTIONS, accounting_checks, reliability_bins
+from cluster import report_data
+from cluster.report import main, write_report
+from cluster.report_analysis import accounting_checks, reliability_bins
+from cluster.report_data import ReportError, load_run
+from cluster.report_sections import PLOTS, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,8 +172,8 @@ def test_reliability_bins_by_hand():
 
 
 def test_large_prompts_file_is_sampled_but_counted_whole(tmp_path, monkeypatch, text_only):
-    monkeypatch.setattr(report, "MAX_PROMPT_LINES", 20)
-    monkeypatch.setattr(report, "TAIL_PROMPT_LINES", 8)
+    monkeypatch.setattr(report_data, "MAX_PROMPT_LINES", 20)
+    monkeypatch.setattr(report_data, "TAIL_PROMPT_LINES", 8)
     run = make_run(tmp_path / "run")
     data = load_run(run)
     assert data.prompt_lines == 64 and data.prompts_stride > 1 and len(data.prompts) < 64

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.generator import GeneratorConfig, resolve_dtype, validate_request
+from actors.engine_config import GeneratorConfig, resolve_dtype
+from actors.generator import validate_request
 from actors.threads import cpu_engine_env, omp_binding, parse_cpu_list
 from actors.types import RolloutRequest, SamplingConfig
 from actors.weight_sync import (CollectivePayload, CollectiveReceiver, CollectiveSender,
@@ -311,6 +312,16 @@ def test_generator_config_and_dtype():
         GeneratorConfig(max_num_seq=4)  # typo: extra fields are refused
     with pytest.raises(ValueError):
         GeneratorConfig(gpu_memory_utilization=1.5)
+
+
+def test_generator_config_import_is_light():
+    """The engine settings (``actors.engine_config``, which cluster/config.py validates) and
+    the engine start-up module load no vLLM, Ray or torch until an engine starts."""
+    code = ("import sys, actors.engine_config, actors.engine; "
+            "print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("n, sampling, match", [

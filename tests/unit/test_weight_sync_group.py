@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from actors.weight_sync import BroadcastError, GroupSpec, NotInGroupError, broadcast_plan
-from actors.weight_sync.group import BroadcastGroup, GroupMember, Listener
+from actors.weight_sync.group import BroadcastGroup, GlooCommunicator, GroupMember, Listener
 
 TIMEOUT_S = 3.0    # the group's step timeout
 REPLY_S = 60.0     # how long the test waits for a receiver's reply (spawn + import torch)
@@ -228,6 +228,20 @@ def test_open_rejects_unknown_backend_and_bad_rank():
         BroadcastGroup.open(GroupSpec("mpi", "127.0.0.1", 1, 1, 2, 1.0), 1)
     with pytest.raises(ValueError, match="rank 2 is outside world_size 2"):
         BroadcastGroup.open(GroupSpec("gloo", "127.0.0.1", 1, 1, 2, 1.0), 2)
+
+
+def test_a_closed_communicator_refuses_every_operation():
+    """A one-rank gloo communicator works until closed, then each operation says so (and
+    closing twice is harmless)."""
+    comm = GlooCommunicator(torch.distributed.HashStore(), 0, 1, TIMEOUT_S)
+    t = torch.ones(2)
+    comm.all_reduce_sum(t, TIMEOUT_S)
+    assert t.tolist() == [1.0, 1.0]
+    comm.close()
+    comm.close()
+    for op in (comm.broadcast, comm.all_reduce_sum):
+        with pytest.raises(RuntimeError, match="^gloo communicator is closed$"):
+            op(t, TIMEOUT_S)
 
 
 def test_receivers_exit_cleanly(receivers):

@@ -14,7 +14,8 @@ server that does not answer at all within the coordinator's ``prior.timeout_s`` 
 coordinator use the empirical mean (``actors/coordinator.py``).
 
 Offline evaluation: ``python -m actors.prior predict ...`` (the CLI lives in
-``actors/prior_cli.py``). Only the standard library is imported at import time.
+``actors/prior/cli.py``; ``actors/prior/__main__.py`` runs it, so this module never imports
+it). Only the standard library is imported at import time.
 """
 from __future__ import annotations
 
@@ -328,8 +329,3 @@ def _build_fallback(backend: str, fallback: str | None, options: dict | None,
         raise ValueError(f"the fallback must differ from the backend, got {fallback!r} for both")
     return fallback, make_prior(fallback, **_with_threads(fallback, options, cpu_threads)), ""
 
-
-if __name__ == "__main__":
-    # ``python -m actors.prior predict ...`` keeps working; the CLI is its own module.
-    from actors.prior_cli import main
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """Offline use of the prior server: ``python -m actors.prior predict --context C.jsonl
---queries Q.jsonl [--backend NAME] [--option key=value ...]`` (or ``python -m actors.prior_cli``).
+--queries Q.jsonl [--backend NAME] [--option key=value ...]`` (or ``python -m actors.prior.cli``).
 
 Context lines are ``{"prompt": str, "score": float in [0, 1]}``, query lines ``{"prompt": str}``;
 one ``{"prompt", "p"}`` JSON line per query comes out, in order. A bad line, an unknown backend

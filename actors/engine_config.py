@@ -1,0 +1,56 @@
+"""The engine settings of one generator (one vLLM engine), ``GeneratorConfig``. Pure pydantic:
+no vLLM, Ray or torch import, so the run's config (``cluster/config.py``) validates them on a
+machine without vLLM; ``actors/engine.py`` turns them into an engine.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GeneratorConfig(BaseModel):
+    """Engine settings of one generator (one vLLM engine)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int = Field(64, gt=0, description="Most sequences in one running batch.")
+    max_model_len: int = Field(256, gt=0, description="Prompt + completion length limit "
+                               "in tokens.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Engine dtype; 'auto' is float32 on CPU, bfloat16 on CUDA.")
+    enforce_eager: bool = Field(True, description="Skip torch.compile / CUDA graphs (fast "
+                                "start; set False on GPUs for decode speed).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="CUDA: fraction of "
+                                          "GPU memory vLLM may take (weights + KV cache).")
+    cpu_kvcache_gib: float = Field(1.0, gt=0, description="CPU: KV-cache size in GiB.")
+    seed: int = Field(0, description="Engine seed (requests without their own seed).")
+    enable_prefix_caching: bool = Field(True, description="Reuse prompt KV across the n "
+                                        "completions of one prompt.")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="Token budget per "
+                                               "engine step; None lets vLLM choose.")
+    tensor_parallel_size: int = Field(1, gt=0, description="GPUs per engine.")
+    cpu_worker_process: bool = Field(False, description="CPU: run the model in a separate "
+                                     "worker process (vLLM's multiprocess executor, which binds "
+                                     "its threads itself) rather than inside the engine-core "
+                                     "process: one process more per generator, slower start.")
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
+        "raw_logprobs", description="'raw': log-softmax of the model's logits (what the "
+        "learner recomputes); 'processed': after temperature/top-p.")
+    prompt_format: Literal["auto", "chat", "raw"] = Field(
+        "auto", description="How a task prompt reaches the model: 'chat' renders it as a "
+        "user turn with the tokenizer's chat template (instruct models), 'raw' sends the text "
+        "as is (base models, the embedded policy), 'auto' is chat when the tokenizer carries a "
+        "chat template.")
+    system_prompt: str | None = Field(None, description="chat: a system turn before the "
+                                      "user's (None: none).")
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority", description="'priority': requests with a lower priority value run first "
+        "(the coordinator sends extra rollouts of prompts in flight ahead of new prompts); "
+        "'fcfs': arrival order, priorities ignored.")
+
+
+def resolve_dtype(dtype: str, on_cpu: bool) -> str:
+    if dtype != "auto":
+        return dtype
+    return "float32" if on_cpu else "bfloat16"
