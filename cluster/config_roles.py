@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from actors.generator import GeneratorConfig
+from actors.engine_config import GeneratorConfig
 from actors.weight_sync.base import TRANSPORT_NAMES, WeightSyncConfig, check_transport
 
 
@@ -87,7 +87,7 @@ class GeneratorsConfig(Section):
         "Measure each engine's peak decode rate (every sequence slot busy) when a run starts, "
         "so the summary reports decode throughput as a fraction of it (seconds on a CPU)."))
     engine: GeneratorConfig = Field(default_factory=GeneratorConfig, description=(
-        "Engine settings of every generator (actors.generator.GeneratorConfig: max_num_seqs, "
+        "Engine settings of every generator (actors.engine_config.GeneratorConfig: max_num_seqs, "
         "max_model_len, ...)."))
 
 
@@ -103,7 +103,7 @@ class LearnerPlacement(Section):
 class PriorPlacement(Section):
     """The V0 prior server."""
 
-    backend: str = Field("embedded", description="Prior backend (see actors/prior.py).")
+    backend: str = Field("embedded", description="Prior backend (see actors/prior/).")
     gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
     cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
     window: int = Field(256, ge=1, description="Recent (prompt, success rate) pairs the prior conditions on.")
