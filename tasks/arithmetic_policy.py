@@ -7,13 +7,13 @@ difficulty. Registered in ``tasks.policy.POLICIES`` under ``"arithmetic"``.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 
 from tasks import arithmetic
 from tasks.base import Problem
-from tasks.policy_model import DEFAULT_ARCH, EOS, PAD, vocab
+from tasks.policy_model import DEFAULT_ARCH, EOS, vocab
+from tasks.warm_start import train
 
 # Every constant that changes the built weights. Any change here (or in the architecture,
 # vocabulary, difficulty levels or split) changes the hash, so the cache rebuilds. Bump
@@ -43,26 +43,25 @@ def facts() -> dict:
                 split=[arithmetic.SPLIT_SALT, arithmetic.HELDOUT_FRACTION])
 
 
-def encode_batch(problems: Sequence[Problem]):
-    """Arithmetic warm start: teacher-forcing tensors for prompt + answer + EOS, loss on the answer and EOS only.
-
-    Returns input_ids, attention_mask, labels, each (B, T) with right padding; labels are
-    -100 on the prompt and the padding.
-    """
-    import torch
-
+def examples(problems: Iterable[Problem]) -> list[tuple[list[int], list[int]]]:
+    """Teacher forcing on bare answers: (input ids, labels) of prompt + answer + EOS, the
+    loss on the answer and EOS only (labels -100 on the prompt; ``tasks.warm_start.collate``
+    pads them)."""
     v = vocab()
-    seqs, labels = [], []
+    out = []
     for p in problems:
         prompt = [v[c] for c in p.prompt]
         answer = [v[c] for c in p.answer] + [v[EOS]]
-        seqs.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
-    t = max(map(len, seqs))
-    ids = torch.tensor([s + [v[PAD]] * (t - len(s)) for s in seqs])
-    lab = torch.tensor([s + [-100] * (t - len(s)) for s in labels])
-    mask = (torch.arange(t)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
-    return ids, mask, lab
+        out.append((prompt + answer, [-100] * len(prompt) + answer))
+    return out
+
+
+def batches(recipe: dict) -> Iterator[list[tuple[list[int], list[int]]]]:
+    """The warm start's batches in order: ``batch_size`` problems each from one seeded
+    stream of train-side problems."""
+    stream = arithmetic.train_stream(recipe["seed"], recipe["difficulties"])
+    while True:
+        yield examples([next(stream) for _ in range(recipe["batch_size"])])
 
 
 def _lr_at(step: int, recipe: dict) -> float:
@@ -74,26 +73,6 @@ def _lr_at(step: int, recipe: dict) -> float:
 
 
 def warm_start(model, recipe: dict, log: Callable[[str], None]) -> float:
-    """Arithmetic: AdamW with teacher forcing on the train stream; returns the last loss."""
-    import torch
-
-    stream = arithmetic.train_stream(recipe["seed"], recipe["difficulties"])
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"],
-                            weight_decay=recipe["weight_decay"])
-    model.train()
-    t0, loss_avg = time.time(), None
-    for step in range(recipe["steps"]):
-        ids, mask, labels = encode_batch([next(stream) for _ in range(recipe["batch_size"])])
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, recipe)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
-        if step % 100 == 0 or step == recipe["steps"] - 1:
-            log(f"step {step + 1}/{recipe['steps']} loss {loss_avg:.3f} "
-                f"elapsed {time.time() - t0:.1f}s")
-    model.eval()
-    return float(loss_avg)
+    """Arithmetic: AdamW (torch's default betas) with teacher forcing on ``batches(recipe)``
+    (``tasks.warm_start.train``); returns the last loss."""
+    return train(model, recipe, batches(recipe), _lr_at, log, loss_weight=0.1)

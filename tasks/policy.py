@@ -11,8 +11,9 @@ Each warm start is deliberately imperfect, so that sampled accuracy starts in a 
 that varies with difficulty: RL then has signal to learn from and a prior has something to
 predict.
 
-``python -m tasks.policy [--task NAME]`` builds (or finds) a policy and measures it
-(``tasks/policy_eval.py``).
+``python -m tasks.policy [--task NAME]`` builds (or finds) a policy and measures it: the same
+command as ``python -m tasks.policy_eval`` (``tasks/policy_eval.py``, which imports this
+module; this one never imports it).
 """
 from __future__ import annotations
 
@@ -149,11 +150,9 @@ def build_policy(out_dir: Path, recipe: dict | None = None, *, task: str | None 
     return stats
 
 
-def main() -> None:
-    from tasks.policy_eval import main as measure
-
-    measure()
-
-
 if __name__ == "__main__":
-    main()
+    # ``python -m tasks.policy`` is another name for ``python -m tasks.policy_eval``, run as
+    # that script rather than imported: the measurement imports this module, not the reverse.
+    import runpy
+
+    runpy.run_module("tasks.policy_eval", run_name="__main__", alter_sys=True)

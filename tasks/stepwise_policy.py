@@ -14,13 +14,13 @@ sorted by length and cut into batches, so that short and long traces do not pad 
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
 from tasks import stepwise
 from tasks.base import Problem
-from tasks.policy_model import DEFAULT_ARCH, EOS, PAD, vocab
+from tasks.policy_model import DEFAULT_ARCH, EOS, vocab
+from tasks.warm_start import collate, train  # noqa: F401 - collate: shared, named here too
 
 # Every constant that changes the built weights (hashed with ARCH and facts()); bump `version`
 # when the training code changes. Measured in docs/task.md.
@@ -105,18 +105,6 @@ def batches(recipe: dict) -> Iterator[list[tuple[list[int], list[int]]]]:
     yield from bucketed(examples(problems, recipe["slip_rate"], rng), recipe, rng)
 
 
-def collate(batch: list[tuple[list[int], list[int]]]):
-    """input_ids, attention_mask, labels, each (B, T), right-padded (labels -100 there)."""
-    import torch
-
-    pad = vocab()[PAD]
-    t = max(len(ids) for ids, _ in batch)
-    ids = torch.tensor([s + [pad] * (t - len(s)) for s, _ in batch])
-    labels = torch.tensor([lab + [-100] * (t - len(lab)) for _, lab in batch])
-    mask = (torch.arange(t)[None, :] < torch.tensor([len(s) for s, _ in batch])[:, None]).long()
-    return ids, mask, labels
-
-
 def lr_at(step: int, recipe: dict) -> float:
     """Linear warmup, constant, then a linear decay over the last ``decay_frac`` of the steps."""
     warm = (step + 1) / recipe["warmup_steps"]
@@ -125,25 +113,7 @@ def lr_at(step: int, recipe: dict) -> float:
 
 
 def warm_start(model, recipe: dict, log: Callable[[str], None]) -> float:
-    """AdamW with teacher forcing on ``batches(recipe)``; returns the last (smoothed) loss."""
-    import torch
-
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], betas=tuple(recipe["betas"]),
-                            weight_decay=recipe["weight_decay"])
-    model.train()
-    t0, loss_avg, source = time.time(), None, batches(recipe)
-    for step in range(recipe["steps"]):
-        ids, mask, labels = collate(next(source))
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
-        if step % 100 == 0 or step == recipe["steps"] - 1:
-            log(f"step {step + 1}/{recipe['steps']} loss {loss_avg:.3f} "
-                f"elapsed {time.time() - t0:.1f}s")
-    model.eval()
-    return float(loss_avg)
+    """AdamW with teacher forcing on ``batches(recipe)`` (``tasks.warm_start.train``);
+    returns the last (smoothed) loss."""
+    return train(model, recipe, batches(recipe), lr_at, log, loss_weight=0.05,
+                 betas=tuple(recipe["betas"]))

@@ -5,6 +5,7 @@ in milliseconds (``python -m actors.prior --help``, unit tests).
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -98,7 +99,8 @@ class ConstantPrior(PriorBackend):
 class EmbeddingCache:
     """Bounded LRU map prompt text -> embedding (d,), filled in batches by ``encode``.
 
-    ``encode(texts) -> (len(texts), d)`` is called once per ``get`` with the distinct misses.
+    ``encode(texts) -> (len(texts), d)`` is called once per ``get`` with the distinct misses;
+    ``encode_s`` sums the seconds spent in it. Both embedding backends cache through one.
     """
 
     def __init__(self, encode: Callable[[list[str]], np.ndarray], capacity: int = 32768):
@@ -109,6 +111,12 @@ class EmbeddingCache:
         self._store: OrderedDict[str, np.ndarray] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.encode_s = 0.0
+
+    def stats(self) -> dict:
+        """The counters a backend's ``stats()`` reports for its embeddings."""
+        return {"cache_entries": len(self), "cache_hits": self.hits,
+                "cache_misses": self.misses, "encode_s": round(self.encode_s, 4)}
 
     def __len__(self) -> int:
         return len(self._store)
@@ -120,7 +128,9 @@ class EmbeddingCache:
         self.hits += len(texts) - len(missing)
         fresh = {}
         if missing:
+            t0 = time.perf_counter()
             emb = np.asarray(self._encode(missing))
+            self.encode_s += time.perf_counter() - t0
             if emb.shape[0] != len(missing):
                 raise RuntimeError(f"encoder returned {emb.shape[0]} rows for {len(missing)} texts")
             fresh = dict(zip(missing, emb))

@@ -113,18 +113,11 @@ class EmbeddedPrior(PriorBackend):
         self.encoder = encoder if encoder is not None else SentenceEncoder(
             model_dir, device=device, batch_size=batch_size, max_seq_length=max_seq_length,
             threads=threads)
-        self.cache = EmbeddingCache(self._encode, cache_size)
+        self.cache = EmbeddingCache(self.encoder.encode, cache_size)  # times the encodes
         self._context = Context.empty()
         self._fit: Fitted | None = None
-        self.encode_s = 0.0
         self.fit_s = 0.0
         self.n_fits = 0
-
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = self.encoder.encode(texts)
-        self.encode_s += time.perf_counter() - t0
-        return out
 
     def set_context(self, context: Context) -> None:
         self._context = context
@@ -154,9 +147,7 @@ class EmbeddedPrior(PriorBackend):
 
     def stats(self) -> dict:
         fit = self._fit
-        return {"cache_entries": len(self.cache), "cache_hits": self.cache.hits,
-                "cache_misses": self.cache.misses, "encode_s": round(self.encode_s, 4),
-                "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
+        return {**self.cache.stats(), "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
                 "model": fit.label() if fit else None,
                 "loo_mse": _finite(fit.loo_mse) if fit else None,
                 "const_loo_mse": _finite(fit.const_loo_mse) if fit else None}

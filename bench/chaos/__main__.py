@@ -21,8 +21,9 @@ injects, one scenario at a time:
  9 corrupt_checkpoint                     the newest checkpoint truncated, then resume
 
 In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
-``cluster.runtime.reset_roles`` gives each the same starting state); 4 and 5 run the launcher
-in subprocesses, each with its own local Ray cluster, and stop only what those started.
+``bench.harness`` starts them once and gives each scenario the same starting state); 4 and 5
+run the launcher in subprocesses, each with its own local Ray cluster, and stop only what
+those started.
 
 Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
 prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.metrics.prompt_fates``), hung
@@ -34,16 +35,14 @@ scenario is not clean (survived, 0 lost, 0 trained twice, not hung).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
+
+from bench.harness import shared_roles, stamp, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -82,35 +81,18 @@ def parse_args(argv):
 
 def run_inproc(names, base_cfg, workdir: Path, steps: int, budget_s: float, hold_s: float):
     """One local cluster, one set of actors, the in-process scenarios in turn."""
-    import ray
-
     from bench.chaos import inproc
-    from cluster.placement import plan
-    from cluster.runtime import connect, start_roles
-    from tasks import make_task_from_config
 
-    t0 = time.time()
-    p = plan(base_cfg)
-    started = connect(base_cfg, p)
-    roles = start_roles(base_cfg, p, base_cfg.model_path())
     out = []
-    try:
-        init = str(workdir / "init")
-        roles.learner.save_checkpoint(init, {"step": 0})
-        setup_s = time.time() - t0
-        bench = inproc.Bench(base=base_cfg.model_dump(mode="json"), roles=roles,
-                             task=make_task_from_config(base_cfg.task), init_dir=init,
+    with shared_roles(base_cfg, workdir) as shared:
+        bench = inproc.Bench(base=base_cfg.model_dump(mode="json"), shared=shared,
                              workdir=workdir, steps=steps, budget_s=budget_s, hold_s=hold_s)
         for name in names:
             print(f"== {name}", file=sys.stderr, flush=True)
             o = getattr(inproc, name)(bench)
             print(f"   {_line(o)}", file=sys.stderr, flush=True)
             out.append(o)
-    finally:
-        roles.shutdown()
-        if started:
-            ray.shutdown()
-    return out, setup_s
+    return out, shared.setup_s
 
 
 def run_procs(names, overrides, workdir: Path, steps: int, budget_s: float):
@@ -216,9 +198,7 @@ def main(argv=None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     rows = [results[n].to_dict() for n in SCENARIOS if n in results]
     out = {
-        "command": "python -m bench.chaos " + " ".join(argv),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        **stamp("bench.chaos", argv),
         "config": {"file": "v05.yaml", "overrides": [*overrides, f"run.max_steps={st.steps}"],
                    "steps": st.steps, "batch_prompts": st.batch},
         "budget": {"per_scenario_s": st.budget_s, "per_subprocess_s": st.budget_s,
@@ -229,8 +209,7 @@ def main(argv=None) -> int:
         "workdir": str(workdir) if kept else None,
         "scenarios": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    write_json(args.out, out, indent=2, default=str)
     from bench.chaos.plot import plot
 
     print(f"plot: {plot(rows, Path(args.out).with_suffix('.png'))}", file=sys.stderr)

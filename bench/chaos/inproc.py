@@ -1,12 +1,11 @@
 """The scenarios that run on one set of long-lived actors, in this process's Ray cluster.
 
-Every scenario starts from the same state (``cluster.runtime.reset_roles``: initial learner
+Every scenario starts from the same state (``bench.harness.Shared.reset``: initial learner
 weights served by every generator, a new prior), runs the real ``Trainer`` on the real actors,
 injects its fault, and is judged on the run's own files (``outcome.judge``).
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from bench.chaos.faults import FaultyLearner, GeneratorKill, Watch, pid_of, restarted
 from bench.chaos.outcome import Outcome, first_step_after, judge, read_jsonl
+from bench.harness import config_for
 
 
 @dataclass
@@ -21,33 +21,25 @@ class Bench:
     """The shared actors and the settings every in-process scenario uses."""
 
     base: dict            # the resolved v05.yaml with the bench's overrides, as data
-    roles: object         # cluster.runtime.Roles, long-lived
-    task: object
-    init_dir: str         # the learner's initial state (reset_roles loads it)
+    shared: object        # bench.harness.Shared: the long-lived roles, task and initial state
     workdir: Path
     steps: int            # learner steps of a plain scenario run
     budget_s: float       # per-scenario wall-clock budget (past it: hung)
     hold_s: float         # longest wait for a killed role to come back inside a run
     baseline_step_s: float | None = None  # median step time of the clean control run
 
-    def cfg(self, name: str, **sections):
-        from cluster.config import build_config
+    @property
+    def roles(self):      # cluster.runtime.Roles (a scenario may swap its learner)
+        return self.shared.roles
 
-        data = json.loads(json.dumps(self.base))
-        for k, v in sections.items():
-            data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
-        data["run"] = {**data["run"], "name": name, "output_dir": str(self.workdir)}
-        return build_config(data)
+    def cfg(self, name: str, **sections):
+        return config_for(self.base, name, self.workdir, **sections)
 
     def reset(self, cfg) -> None:
-        from cluster.runtime import reset_roles
-
-        reset_roles(cfg, self.roles, self.init_dir)
+        self.shared.reset(cfg)
 
     def trainer(self, cfg, after_step=None):
-        from cluster.trainer import Trainer
-
-        return Trainer.start(cfg, self.roles, self.task, after_step=after_step)
+        return self.shared.trainer(cfg, after_step=after_step)
 
 
 @dataclass

@@ -70,7 +70,7 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
     responses of ``prompt_len + resp_len`` tokens, one response per micro-batch."""
     import torch
 
-    from bench.gpu_learner import SHAPES, save_random_shape, synthetic_samples
+    from bench.gpu_learner import SHAPES, save_random_shape, synthetic_samples, timed_steps
     from learner.config import LearnerConfig
     from learner.ranks import free_port
     from learner.worker import LearnerWorker
@@ -93,14 +93,7 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
             try:
                 w.train_step(samples)  # warm-up: allocator, kernels, Adam's moments
                 rest = _reset_peak()
-                times = []
-                for _ in range(steps):
-                    t = time.perf_counter()
-                    m = w.train_step(samples)
-                    if torch.cuda.is_available():
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - t)
-                    assert not m["skipped"], m
+                times, m = timed_steps(w, samples, steps)
                 peak = _peak()
                 tokens = responses * (prompt_len + resp_len)
                 run.update(rest_gib=rest / GIB, peak_gib=peak / GIB,

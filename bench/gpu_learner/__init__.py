@@ -17,7 +17,7 @@ Writes ``gpu_learner.json`` under --out (default bench/results).
 """
 from bench.gpu_learner.cli import main
 from bench.gpu_learner.core import (SHAPES, check, fp32_logprobs, measure, save_random_shape,
-                                    synthetic_samples)
+                                    synthetic_samples, timed_steps)
 
 __all__ = ["SHAPES", "check", "fp32_logprobs", "main", "measure", "save_random_shape",
-           "synthetic_samples"]
+           "synthetic_samples", "timed_steps"]

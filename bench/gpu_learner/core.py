@@ -9,17 +9,21 @@ from actors.types import TrainSample
 from learner.config import LearnerConfig
 from learner.ranks import free_port
 
+
+def _qwen3(hidden_size: int, intermediate_size: int, num_hidden_layers: int,
+           num_attention_heads: int) -> dict:
+    """A released Qwen3 shape: 8 KV heads of 128 dims, the 151936-token vocabulary, the
+    embeddings tied."""
+    return dict(hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
+
+
 # Public Qwen3 shapes (config.json of the released checkpoints); random weights here.
 SHAPES = {
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16),
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=2, head_dim=32,
                  vocab_size=512, tie_word_embeddings=False),
@@ -143,14 +147,7 @@ def measure(shape: str, tmp: Path, batch: int, prompt_len: int, resp_len: int,
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        m = w.train_step(samples)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        assert not m["skipped"], m
+    times, _ = timed_steps(w, samples, steps)
     tokens = batch * (prompt_len + resp_len)  # every position goes through forward+backward
     mean = sum(times) / len(times)
     res = {"shape": shape, "params": n_params, "batch": batch, "prompt_len": prompt_len,
@@ -166,6 +163,23 @@ def measure(shape: str, tmp: Path, batch: int, prompt_len: int, resp_len: int,
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return res
+
+
+def timed_steps(worker, samples, steps: int) -> tuple[list[float], dict]:
+    """``steps`` train steps of ``worker`` on ``samples``, each timed to its end on the device
+    (CUDA synchronised); (the seconds of each, the last step's metrics). A skipped step fails
+    the measurement (AssertionError)."""
+    import torch
+
+    times, m = [], {}
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        m = worker.train_step(samples)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        assert not m["skipped"], m
+    return times, m
 
 
 def isolated(fn, *args):

@@ -11,7 +11,7 @@ default task, each for several seeds on the same wall-clock budget:
     sync_dapo16   DAPO, G = 16 (all-equal groups dropped and refilled), synchronous
 
 Same task, same initial policy (one set of long-lived actors, reset to the same weights and
-an empty prior before every run, as in bench.throughput), same learner settings (v05.yaml's),
+an empty prior before every run: bench.harness), same learner settings (v05.yaml's),
 the same held-out prompts (the starting accuracy is measured once per seed, by its first run,
 and shared by the seed's other runs: the same weights, evaluation seed and prompts). Each run
 trains for ``--budget-s`` seconds of training wall-clock (evaluations excluded:
@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
 from bench.learning.analysis import AXES, controlled, mean_curve, read_curve, summarise
 from bench.learning.starts import STARTS
 
@@ -91,15 +89,9 @@ def parse_args(argv):
 
 
 def run_config(base: dict, mode: str, seed: int, run_dir: Path):
-    from cluster.config import build_config
-
-    data = json.loads(json.dumps(base))
     spec = MODES[mode]
-    data["mode"] = spec["mode"]
-    data["algo"] = {**data.get("algo", {}), **spec["algo"]}
-    data["run"] = {**data["run"], "name": f"{mode}-seed{seed}", "seed": seed,
-                   "output_dir": str(run_dir)}
-    return build_config(data)
+    return config_for(base, f"{mode}-seed{seed}", run_dir, mode=spec["mode"],
+                      algo=spec["algo"], run={"seed": seed})
 
 
 @dataclass(frozen=True)
@@ -138,46 +130,27 @@ class Settings:
 
 def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
     """Every (seed, mode) run on one set of long-lived actors, reset before each run to the
-    same initial weights and an empty prior; {mode: [curve per seed]}."""
-    from cluster.placement import plan
-    from cluster.runtime import connect, reset_roles, start_roles
-    from cluster.trainer import Trainer
-    from tasks import make_task_from_config
-
-    import ray
-
-    shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
-    p = plan(shape)
-    started = connect(shape, p)
-    roles = start_roles(shape, p, shape.model_path())
-    task = make_task_from_config(shape.task)
-    init_dir = str(run_dir / "init")
-    roles.learner.save_checkpoint(init_dir, {"step": 0})
+    same initial weights and an empty prior (``bench.harness``); {mode: [curve per seed]}."""
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
-    try:
-        for seed in range(st.seeds):
-            k = seed % len(st.modes)
-            # Every run of a seed starts from the same weights and evaluates with the same
-            # seed and prompts: the first measures the starting accuracy, the others reuse it.
-            initial = None
-            for mode in st.modes[k:] + st.modes[:k]:  # round-robin: load drift spreads out
-                cfg = run_config(base, mode, seed, run_dir)
-                reset_roles(cfg, roles, init_dir)
-                log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
-                trainer = Trainer.start(cfg, roles, task, initial_eval=initial)
-                trainer.run()
-                initial = trainer.initial_eval
-                curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric,
-                                      (cfg.task.reward_low, cfg.task.reward_high)),
-                         "mode": mode, "seed": seed}
-                runs[mode].append(curve)
-                a, b = curve["points"][0], curve["points"][-1]
-                log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
-                    f"{b['train_s']:.0f} s, {b['rollouts']} rollouts, {curve['steps']} steps")
-    finally:
-        roles.shutdown()
-        if started:
-            ray.shutdown()
+    # Every run of a seed starts from the same weights and evaluates with the same seed and
+    # prompts: the seed's first run measures the starting accuracy, the others reuse it.
+    initial: dict[int, dict] = {}
+    shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
+    with shared_roles(shape, run_dir) as shared:
+        for seed, mode in round_robin(st.modes, st.seeds):  # load drift spreads out
+            cfg = run_config(base, mode, seed, run_dir)
+            shared.reset(cfg)
+            log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
+            trainer = shared.trainer(cfg, initial_eval=initial.get(seed))
+            trainer.run()
+            initial[seed] = trainer.initial_eval
+            curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric,
+                                  (cfg.task.reward_low, cfg.task.reward_high)),
+                     "mode": mode, "seed": seed}
+            runs[mode].append(curve)
+            a, b = curve["points"][0], curve["points"][-1]
+            log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
+                f"{b['train_s']:.0f} s, {b['rollouts']} rollouts, {curve['steps']} steps")
     return runs
 
 
@@ -188,9 +161,7 @@ def log(msg: str) -> None:
 def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -> dict:
     """One invocation's results: its config, every run's curve, the mean curves, the summary
     (with ``controlled``: this start's pinned comparison)."""
-    out = {"command": "python -m bench.learning " + " ".join(argv),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    out = {**stamp("bench.learning", argv),
            "config": {"file": "v05.yaml", "run": base_cfg.model_dump(mode="json")["run"],
                       "budget_train_s": st.budget_s, "seeds": st.seeds, "evals": st.evals,
                       "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
@@ -240,8 +211,7 @@ def main(argv=None) -> int:
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
     out = merge(report(st, base_cfg, runs, argv, time.time() - t0), Path(args.out))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     plots(out, Path(args.out).with_suffix(""))
     print(json.dumps(out["summary"]["controlled"], indent=1))
     return 0

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
 from bench.throughput.measure import cpu_limit, spread, steady_state
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -55,24 +54,17 @@ def parse_args(argv):
 
 
 def mode_config(base: dict, name: str, run_dir: Path, group: int | None = None):
-    from cluster.config import build_config
-
     spec = MODES[name]
-    data = json.loads(json.dumps(base))
-    data["mode"] = spec["mode"]
-    data["algo"] = {**data.get("algo", {}), **spec["algo"]}
-    if group is not None:
-        data["algo"].update(k_init=group, k_max=group)
-    data["run"] = {**data.get("run", {}), "name": name, "output_dir": str(run_dir)}
-    return build_config(data)
+    algo = {**spec["algo"], **({} if group is None else {"k_init": group, "k_max": group})}
+    return config_for(base, name, run_dir, mode=spec["mode"], algo=algo)
 
 
-def run_mode(cfg, roles, task, mem, warmup: int) -> dict:
+def run_mode(cfg, shared, mem, warmup: int) -> dict:
     from cluster.run_files import read_metrics
-    from cluster.trainer import Trainer
 
+    task = shared.task
     mem.reset()
-    summary = Trainer.start(cfg, roles, task).run()
+    summary = shared.trainer(cfg).run()
     rows = read_metrics(cfg.run_dir)
     prompts = [json.loads(x) for x in (cfg.run_dir / "prompts.jsonl").read_text().splitlines()]
     w = [r for r in rows if r["step"] > warmup]
@@ -187,48 +179,24 @@ def ratios(summary: dict) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    from actors.rayproc import prefer_loopback
-
-    prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
-    import ray
-
+def run_modes(base: dict, modes: list[str], steps: int, repeats: int, batch: int,
+              warmup: int) -> tuple[dict, int | None]:
+    """Every mode ``repeats`` times, interleaved, on one set of long-lived actors reset
+    before each run (``bench.harness``): (the probe and the runs, the equal-MSE group)."""
     from bench.throughput.calibration import sim_check
     from bench.throughput.memory import MemorySampler
-    from bench.throughput.plots import plots
-    from cluster.config import load_config
-    from cluster.placement import plan
-    from cluster.runtime import connect, reset_roles, start_roles
-    from tasks import make_task_from_config
 
-    steps = args.steps or (8 if args.quick else 20)
-    repeats = args.repeats or (1 if args.quick else 3)
-    modes = [m for m in args.modes.split(",") if m]
-    base_cfg = load_config(Path(__file__).resolve().parents[2] / "v05.yaml", [
-        f"run.max_steps={steps}", f"rollout.batch_prompts={args.batch}", "run.eval_every=0",
-        "cluster.address=local", "run.progress=false", *args.overrides])
-    warmup = base_cfg.rollout.max_staleness + 2
-    base = base_cfg.model_dump(mode="json")
     run_dir = Path(tempfile.mkdtemp(prefix="v05-throughput-"))
-    shape = mode_config(base, "async_v05", run_dir)
-    model_path = shape.model_path()
-    p = plan(shape)
-    started = connect(shape, p)
-    roles = start_roles(shape, p, model_path)
-    print(f"actors up in {roles.startup['total_s']:.0f}s", file=sys.stderr, flush=True)
-    task = make_task_from_config(shape.task)
-    init_dir = str(run_dir / "init")
-    roles.learner.save_checkpoint(init_dir, {"step": 0})
-    mem = MemorySampler()
     runs: dict[str, list] = {m: [] for m in modes}
-    out = {"steps": steps, "warmup_steps": warmup, "startup": roles.startup}
-    try:
-        out["probe"] = measure_probe(roles, task)
-        group = None
-        for rep in range(repeats):
-            order = modes[rep % len(modes):] + modes[:rep % len(modes)]  # spread load drift
-            for name in order:
+    group = None
+    with shared_roles(mode_config(base, "async_v05", run_dir), run_dir) as shared:
+        startup = shared.roles.startup
+        print(f"actors up in {startup['total_s']:.0f}s", file=sys.stderr, flush=True)
+        out = {"steps": steps, "warmup_steps": warmup, "startup": startup}
+        mem = MemorySampler()
+        try:
+            out["probe"] = measure_probe(shared.roles, shared.task)
+            for rep, name in round_robin(modes, repeats):  # spread load drift
                 if name == "async_grpo_equal_mse" and group is None:
                     if not runs.get("async_v05") or not runs.get("sync_grpo16"):
                         continue  # G comes from the simulator calibrated on those two
@@ -236,34 +204,50 @@ def main(argv=None) -> int:
                     out["ratios"] = {}
                     group = sim_check(out)["equal_mse_group"]
                 cfg = mode_config(base, name, run_dir, group if name.endswith("equal_mse") else None)
-                reset_roles(cfg, roles, init_dir)
-                print(f"== {name} (repeat {rep + 1}/{repeats}): {steps} steps x {args.batch} "
+                shared.reset(cfg)
+                print(f"== {name} (repeat {rep + 1}/{repeats}): {steps} steps x {batch} "
                       "prompts", file=sys.stderr, flush=True)
-                r = run_mode(cfg, roles, task, mem, warmup)
+                r = run_mode(cfg, shared, mem, warmup)
                 runs[name].append(r)
                 ss = r["steady_state"]
                 print(f"   {ss['prompts_per_s']:.2f} prompts/s, {ss['trained_tokens_per_s']:.0f} "
                       f"trained tokens/s, slots {ss['generator_slot_occupancy']:.0%}, "
                       f"k {ss['k_mean']:.1f}", file=sys.stderr, flush=True)
-    finally:
-        mem.stop()
-        roles.shutdown()
-        if started:
-            ray.shutdown()
+        finally:
+            mem.stop()
     out["runs"] = {k: v for k, v in runs.items() if v}
+    return out, group
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    from actors.rayproc import prefer_loopback
+
+    prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
+    from bench.throughput.calibration import sim_check
+    from bench.throughput.plots import plots
+    from cluster.config import load_config
+
+    steps = args.steps or (8 if args.quick else 20)
+    repeats = args.repeats or (1 if args.quick else 3)
+    base_cfg = load_config(Path(__file__).resolve().parents[2] / "v05.yaml", [
+        f"run.max_steps={steps}", f"rollout.batch_prompts={args.batch}", "run.eval_every=0",
+        "cluster.address=local", "run.progress=false", *args.overrides])
+    warmup = base_cfg.rollout.max_staleness + 2
+    modes = [m for m in args.modes.split(",") if m]
+    out, group = run_modes(base_cfg.model_dump(mode="json"), modes, steps, repeats, args.batch,
+                           warmup)
     out["summary"] = summarise(out["runs"], out["probe"])
     out["ratios"] = ratios(out["summary"])
     out["equal_mse_group"] = group
-    out.update({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "command": "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv),
-                "machine": {"platform": platform.platform(), "cpus": __import__("os").cpu_count()},
+    out.update({**stamp("bench.throughput", argv),
                 "budget": f"{steps} learner steps x {args.batch} prompts per run, {repeats} "
                           f"repeats per mode; rates over steps {warmup + 1}..{steps} "
                           "(evaluations excluded)",
                 "quick": args.quick})
     out["simulator"] = sim_check(out)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     plots(out, Path(args.out).with_suffix(""))
     print(json.dumps(out["ratios"], indent=1))
     return 0

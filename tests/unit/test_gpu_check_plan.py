@@ -99,3 +99,38 @@ def test_the_device_check_notes_a_ray_or_vllm_import(monkeypatch):
     assert noting_imports(dict, [("x", 1)]) == {"x": 1, "loaded_not_needed": []}
     monkeypatch.setitem(sys.modules, "vllm", ModuleType("vllm"))
     assert noting_imports(dict)["loaded_not_needed"] == ["vllm"]
+
+
+def test_the_qwen3_shapes_are_the_released_ones(qwen):
+    from bench.gpu_learner import SHAPES
+
+    released = {"qwen3-4b": (2560, 9728, 36, 32), "qwen3-1.7b": (2048, 6144, 28, 16),
+                "qwen3-0.6b": (1024, 3072, 28, 16)}
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    for name, dims in released.items():
+        s = SHAPES[name]
+        assert tuple(s[k] for k in keys) == dims, name
+        assert (s["num_key_value_heads"], s["head_dim"], s["vocab_size"],
+                s["tie_word_embeddings"]) == (8, 128, 151936, True), name
+    assert 4.0e9 < qwen[1] < 4.1e9  # Qwen3-4B: 4.02B parameters
+
+
+def test_timed_steps_times_every_step_and_fails_on_a_skip():
+    """``timed_steps`` (bench.gpu_learner's measurement and bench.gpu_check's learner check):
+    every step timed, the last step's metrics returned, a skipped step fails."""
+    from bench.gpu_learner import timed_steps
+
+    class Worker:
+        def __init__(self, skip_at=None):
+            self.calls, self.skip_at = 0, skip_at
+
+        def train_step(self, samples):
+            self.calls += 1
+            return {"skipped": self.calls == self.skip_at, "call": self.calls, "n": len(samples)}
+
+    w = Worker()
+    times, last = timed_steps(w, [1, 2], 3)
+    assert len(times) == 3 and all(t >= 0 for t in times)
+    assert last == {"skipped": False, "call": 3, "n": 2} and w.calls == 3
+    with pytest.raises(AssertionError):
+        timed_steps(Worker(skip_at=2), [1], 3)

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,22 @@ def test_embedding_cache_is_a_bounded_lru_that_encodes_each_miss_once():
     assert calls[-1] == ["bb"] and (cache.hits, cache.misses) == (3, 4)
     with pytest.raises(ValueError, match="cache_size"):
         EmbeddingCache(encode, 0)
+
+
+def test_embedding_cache_times_its_encodes_only():
+    def slow(texts):
+        time.sleep(0.05)
+        return np.ones((len(texts), 2))
+    cache = EmbeddingCache(slow)
+    assert cache.stats() == {"cache_entries": 0, "cache_hits": 0, "cache_misses": 0,
+                             "encode_s": 0.0}
+    cache.get(["a", "b"])
+    spent = cache.encode_s
+    assert spent >= 0.05
+    cache.get(["a", "b"])                                    # all hits: nothing encoded
+    assert cache.encode_s == spent
+    assert cache.stats() == {"cache_entries": 2, "cache_hits": 2, "cache_misses": 2,
+                             "encode_s": round(spent, 4)}
 
 
 def test_registry_names_and_errors():
@@ -301,6 +318,9 @@ def test_embedded_ranks_a_separable_context_and_caches(encoder):
     assert all(0.01 <= x <= 0.99 for x in p)
     misses = s.stats()["cache_misses"]
     assert s.predict(queries) == p and s.stats()["cache_misses"] == misses
+    st = s.backend.stats()                                   # the backend's own counters
+    assert st["cache_misses"] == misses and st["encode_s"] > 0 and st["n_fits"] == 1
+    assert st["cache_entries"] == len(s.backend.cache) == misses
 
 
 def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):

@@ -120,3 +120,35 @@ def test_score_and_length_stats():
     assert scored.se == pytest.approx(0.4787 / 2, abs=1e-3)
     s = length_stats(list(range(1, 101)))
     assert s["median"] == 50.5 and s["p95"] == 95 and s["max"] == 100 and s["mean"] == 50.5
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+def imported_modules(path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_policy_and_policy_eval_import_one_way_and_both_commands_run():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import tasks.policy
+    import tasks.policy_eval
+
+    assert "tasks.policy" in imported_modules(Path(tasks.policy_eval.__file__))
+    assert not {m for m in imported_modules(Path(tasks.policy.__file__))
+                if m.startswith("tasks.policy_eval")}
+    helps = [subprocess.run([sys.executable, "-m", mod, "--help"], capture_output=True,
+                            text=True, check=True).stdout
+             for mod in ("tasks.policy", "tasks.policy_eval")]
+    assert helps[0] == helps[1] and "--task" in helps[0] and "--backend" in helps[0]

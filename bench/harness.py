@@ -1,0 +1,112 @@
+"""The harness that ``bench.learning``, ``bench.throughput`` and ``bench.chaos`` share.
+
+Engine start dominates on a CPU, so a bench starts the roles once (``shared_roles``) and runs
+every mode on them, each from the same state (``Shared.reset``: the learner's initial
+weights, served by every generator, and an empty prior; ``cluster.runtime.reset_roles``).
+``round_robin`` interleaves the modes so that drift in the machine's load spreads over them;
+``stamp`` and ``write_json`` write the results with the command that made them and its date.
+
+Nothing heavy is imported here at import time: Ray, vLLM and torch come with the roles.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def config_for(base: dict, name: str, run_dir: str | Path, **sections):
+    """One run's ``Config``: ``base`` (a resolved config as data, not changed) with each of
+    ``sections`` merged into base's section of that name (a dict) or replacing it (any other
+    value), the run named ``name`` and written under ``run_dir``."""
+    from cluster.config import build_config
+
+    data = json.loads(json.dumps(base))
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    data["run"] = {**data["run"], "name": name, "output_dir": str(run_dir)}
+    return build_config(data)
+
+
+@dataclass
+class Shared:
+    """The long-lived roles of one bench invocation and the state every run starts from."""
+
+    roles: object     # cluster.runtime.Roles
+    task: object      # the task of the config the roles were started with
+    init_dir: str     # the learner's initial state (``reset`` loads it)
+    setup_s: float    # from the placement to the initial state saved
+
+    def reset(self, cfg) -> None:
+        """Back to the initial weights (learner and every generator) and an empty prior."""
+        from cluster.runtime import reset_roles
+
+        reset_roles(cfg, self.roles, self.init_dir)
+
+    def trainer(self, cfg, **kw):
+        """A ``Trainer`` of ``cfg`` on the shared roles (``kw``: ``after_step``,
+        ``initial_eval``)."""
+        from cluster.trainer import Trainer
+
+        return Trainer.start(cfg, self.roles, self.task, **kw)
+
+
+@contextmanager
+def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
+    """Start ``cfg``'s roles once (joining a cluster, else starting a local one) and save the
+    learner's initial state under ``workdir/init``; on the way out shut the roles down, and
+    the cluster if this started it, whatever happened inside."""
+    import ray
+
+    from cluster.placement import plan
+    from cluster.runtime import connect, start_roles
+    from tasks import make_task_from_config
+
+    t0 = time.time()
+    p = plan(cfg)
+    started = connect(cfg, p)
+    try:
+        roles = start_roles(cfg, p, cfg.model_path())
+        try:
+            init_dir = str(Path(workdir) / "init")
+            roles.learner.save_checkpoint(init_dir, {"step": 0})
+            task = make_task_from_config(cfg.task)
+            yield Shared(roles=roles, task=task, init_dir=init_dir, setup_s=time.time() - t0)
+        finally:
+            roles.shutdown()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def round_robin(modes: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """``(round, mode)`` for every mode in each of ``rounds`` rounds; round r starts at mode
+    ``r mod len(modes)``, so that each mode takes each place in the order in turn and drift
+    in the machine's load spreads over the modes."""
+    modes = list(modes)
+    for r in range(rounds if modes else 0):
+        k = r % len(modes)
+        for mode in modes[k:] + modes[:k]:
+            yield r, mode
+
+
+def stamp(prog: str, argv: Sequence[str]) -> dict:
+    """What a result file says of where it came from: the command (``python -m prog
+    argv...``), the date (UTC, to the second) and the machine."""
+    return {"command": f"python -m {prog} " + " ".join(argv),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
+
+
+def write_json(path: str | Path, out: dict, indent: int = 1, **dumps) -> Path:
+    """``out`` as JSON (and a newline) at ``path``, its folder made first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=indent, **dumps) + "\n")
+    return path

@@ -1,0 +1,164 @@
+"""bench.harness, the part bench.learning, bench.throughput and bench.chaos share: the
+round-robin order, a run's config from the bench's base, the result stamp, and the shared
+roles' start-once / shut-down-always contract (on stand-ins: no Ray cluster here)."""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from bench import harness
+from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
+
+
+def test_round_robin_rotates_the_start_so_each_mode_takes_each_place():
+    got = list(round_robin(["a", "b", "c"], 4))
+    assert got == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"),
+                   (2, "c"), (2, "a"), (2, "b"), (3, "a"), (3, "b"), (3, "c")]
+    places = Counter((i % 3, m) for i, (_, m) in enumerate(got[:9]))
+    assert set(places.values()) == {1} and len(places) == 9  # 3 rounds: every place once
+    assert list(round_robin([], 3)) == [] and list(round_robin(["a"], 0)) == []
+
+
+def test_the_benches_keep_their_order():
+    """bench.learning rotates per seed and bench.throughput per repeat, as before the
+    harness: round r starts at mode r mod n."""
+    for r in range(5):
+        modes = ["m0", "m1", "m2"]
+        k = r % len(modes)
+        assert [m for rr, m in round_robin(modes, r + 1) if rr == r] == modes[k:] + modes[:k]
+
+
+def base_config() -> dict:
+    from cluster.config import load_config
+
+    from bench.learning.__main__ import REPO
+
+    return load_config(REPO / "v05.yaml", ["run.progress=false"]).model_dump(mode="json")
+
+
+def test_config_for_merges_sections_names_the_run_and_leaves_the_base_alone(tmp_path):
+    base = base_config()
+    before = json.dumps(base, sort_keys=True)
+    cfg = config_for(base, "x-seed3", tmp_path, mode="sync",
+                     algo={"name": "grpo", "k_init": 16, "k_max": 16}, run={"seed": 3})
+    assert json.dumps(base, sort_keys=True) == before
+    assert cfg.mode == "sync" and (cfg.algo.name, cfg.algo.k_init, cfg.algo.k_max) == ("grpo", 16, 16)
+    assert cfg.run.name == "x-seed3" and cfg.run.seed == 3 and cfg.run.output_dir == str(tmp_path)
+    # What a section does not name stays the base's.
+    assert cfg.algo.cost == base["algo"]["cost"] and cfg.run.max_steps == base["run"]["max_steps"]
+
+
+def test_each_bench_builds_its_mode_as_before(tmp_path):
+    from bench.learning.__main__ import MODES as LEARNING
+    from bench.learning.__main__ import run_config
+    from bench.throughput.__main__ import mode_config
+
+    base = base_config()
+    c = run_config(base, "async_v05_kmax8", 2, tmp_path)
+    assert (c.mode, c.algo.k_init, c.algo.k_max) == ("async", 4, 8) == (
+        LEARNING["async_v05_kmax8"]["mode"], 4, LEARNING["async_v05_kmax8"]["algo"]["k_max"])
+    assert (c.run.name, c.run.seed) == ("async_v05_kmax8-seed2", 2)
+    t = mode_config(base, "async_grpo_equal_mse", tmp_path, group=6)
+    assert (t.mode, t.algo.name, t.algo.k_init, t.algo.k_max) == ("async", "grpo", 6, 6)
+    assert t.run.name == "async_grpo_equal_mse" and t.run.seed == base["run"]["seed"]
+    assert mode_config(base, "sync_v05", tmp_path).algo.k_max == 16
+
+
+def test_stamp_and_write_json(tmp_path):
+    s = stamp("bench.chaos", ["--quick", "a=1"])
+    assert s["command"] == "python -m bench.chaos --quick a=1"
+    assert s["date"].endswith("+00:00") and s["machine"]["cpus"] >= 1
+    path = write_json(tmp_path / "deep" / "out.json", {**s, "x": 1})
+    assert path.read_text().endswith("}\n") and json.loads(path.read_text())["x"] == 1
+    write_json(path, {"p": tmp_path}, indent=2, default=str)
+    assert json.loads(path.read_text()) == {"p": str(tmp_path)}
+
+
+class FakeRoles:
+    def __init__(self, calls):
+        self.calls = calls
+        self.learner = SimpleNamespace(
+            save_checkpoint=lambda d, meta: calls.append(("save", d, meta)))
+        self.startup = {"total_s": 1.0}
+
+    def shutdown(self):
+        self.calls.append("roles.shutdown")
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch):
+    """cluster.runtime's start with stand-ins that record what the harness called."""
+    import cluster.placement
+    import cluster.runtime
+    import tasks
+
+    calls = []
+    ray = SimpleNamespace(shutdown=lambda: calls.append("ray.shutdown"))
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(cluster.placement, "plan", lambda cfg: "plan")
+    monkeypatch.setattr(cluster.runtime, "connect", lambda cfg, p: calls.append("connect") or True)
+    monkeypatch.setattr(cluster.runtime, "start_roles",
+                        lambda cfg, p, path: calls.append(("start", p, path)) or FakeRoles(calls))
+    monkeypatch.setattr(cluster.runtime, "reset_roles",
+                        lambda cfg, roles, init: calls.append(("reset", cfg, init)))
+    monkeypatch.setattr(tasks, "make_task_from_config", lambda t: ("task", t))
+    cfg = SimpleNamespace(task="T", model_path=lambda: "/model")
+    return calls, cfg
+
+
+def test_shared_roles_start_once_reset_each_run_and_shut_down(fake_cluster, tmp_path):
+    calls, cfg = fake_cluster
+    with shared_roles(cfg, tmp_path) as shared:
+        assert shared.task == ("task", "T") and shared.init_dir == str(tmp_path / "init")
+        assert shared.setup_s >= 0
+        for run in ("r1", "r2"):
+            shared.reset(run)
+    assert calls == ["connect", ("start", "plan", "/model"),
+                     ("save", str(tmp_path / "init"), {"step": 0}),
+                     ("reset", "r1", str(tmp_path / "init")),
+                     ("reset", "r2", str(tmp_path / "init")),
+                     "roles.shutdown", "ray.shutdown"]
+
+
+def test_shared_roles_shut_down_when_a_run_raises_and_keep_a_joined_cluster(
+        fake_cluster, tmp_path, monkeypatch):
+    calls, cfg = fake_cluster
+    with pytest.raises(RuntimeError, match="boom"), shared_roles(cfg, tmp_path):
+        raise RuntimeError("boom")
+    assert calls[-2:] == ["roles.shutdown", "ray.shutdown"]
+    import cluster.runtime
+
+    calls.clear()
+    monkeypatch.setattr(cluster.runtime, "connect", lambda cfg, p: False)  # joined, not started
+    with shared_roles(cfg, tmp_path):
+        pass
+    assert calls[-1] == "roles.shutdown" and "ray.shutdown" not in calls
+
+
+def test_shared_roles_stop_the_cluster_they_started_when_the_roles_fail(fake_cluster, tmp_path,
+                                                                        monkeypatch):
+    calls, cfg = fake_cluster
+    import cluster.runtime
+
+    def fail(*a):
+        raise RuntimeError("no engine")
+
+    monkeypatch.setattr(cluster.runtime, "start_roles", fail)
+    with pytest.raises(RuntimeError, match="no engine"), shared_roles(cfg, tmp_path):
+        pass
+    assert calls == ["connect", "ray.shutdown"]
+
+
+def test_the_harness_and_the_benches_import_nothing_heavy():
+    import subprocess
+
+    mods = ("bench.harness", "bench.learning.__main__", "bench.throughput.__main__",
+            "bench.chaos.__main__", "bench.chaos.inproc")
+    heavy = ("ray", "vllm", "torch", "deepspeed")
+    probe = f"import sys, {', '.join(mods)}; print(*[m for m in {heavy!r} if m in sys.modules])"
+    assert subprocess.check_output([sys.executable, "-c", probe], text=True).strip() == ""
+    assert harness.__doc__ and "round_robin" in harness.__doc__
