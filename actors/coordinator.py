@@ -34,7 +34,7 @@ from actors.coordinator_checkpoint import CoordinatorCheckpoint
 from actors.prompts import PromptSampler, checked_priors, make_record, success_rate, train_samples
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from actors.scoring import Overlong, Scorer
-from actors.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
+from common.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
 from common.records import Accounting
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
@@ -62,7 +62,7 @@ class CoordinatorConfig:
 
 class Coordinator(CoordinatorCheckpoint):
     def __init__(self, generators: list, prior, estimator, cfg: CoordinatorConfig):
-        from actors.logs import to_file
+        from common.logs import to_file
         from tasks import make_task_from_config
 
         to_file(cfg.log_path)

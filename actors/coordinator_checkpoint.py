@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from actors.atomic import write_atomic
-from actors.types import Rollout
+from common.atomic import write_atomic
+from common.types import Rollout
 
 
 class CoordinatorCheckpoint:

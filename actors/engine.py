@@ -17,7 +17,7 @@ def prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
     importable from them (Ray workers may not have the repo on their path)."""
     from vllm.platforms import current_platform
 
-    from actors.threads import cpu_engine_env
+    from common.threads import cpu_engine_env
 
     env: dict[str, str] = {}
     if current_platform.is_cpu():
@@ -35,7 +35,7 @@ def build_engine(model_path: str, cfg: GeneratorConfig):
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from actors.weight_sync import WORKER_EXTENSION
+    from common.weight_sync import WORKER_EXTENSION
 
     on_cpu = current_platform.is_cpu()
     args = AsyncEngineArgs(

@@ -39,7 +39,7 @@ from typing import Any
 
 from actors.engine import build_engine, prepare_env
 from actors.engine_config import GeneratorConfig
-from actors.types import Rollout, RolloutRequest
+from common.types import Rollout, RolloutRequest
 
 
 def render_prompt(tokenizer, prompt: str, fmt: str = "auto",
@@ -108,7 +108,7 @@ class Generator:
 
     def __init__(self, model_path: str, index: int, cfg: GeneratorConfig,
                  cpu_threads: int = 1, cpu_bind: str | None = None, log_path: str | None = None):
-        from actors.logs import to_file
+        from common.logs import to_file
 
         to_file(log_path)  # before vLLM starts: its engine process inherits the redirect
         if not Path(model_path).is_dir():
@@ -198,7 +198,7 @@ class Generator:
 
     async def update_weights(self, payload: Any, version: int) -> float:
         """Load new weights in place (see the module docstring); returns seconds taken.
-        ``payload``: what the learner's weight sender published (``actors/weight_sync``)."""
+        ``payload``: what the learner's weight sender published (``common/weight_sync``)."""
         receiver = self._weight_receiver(getattr(payload, "transport", type(payload).__name__))
         eng = self._engine
         pausable = hasattr(eng, "pause_generation")  # vLLM >= 0.11; else no freeze
@@ -243,7 +243,7 @@ class Generator:
     def _weight_receiver(self, transport: str):
         """One receiver per transport for this actor's life (it remembers the group epoch
         this engine joined)."""
-        from actors.weight_sync import make_receiver
+        from common.weight_sync import make_receiver
 
         if transport not in self._receivers:
             self._receivers[transport] = make_receiver(transport)

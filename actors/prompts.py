@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from actors.scheduler import PromptInFlight
-from actors.types import PromptRecord, Rollout, TrainSample
+from common.types import PromptRecord, Rollout, TrainSample
 from estimator.core import reward_to_prob
 
 

@@ -247,7 +247,7 @@ def _join(cfg) -> bool:
 def check(cfg, p: Plan, out=None) -> int:
     """Place ``p`` with probes and print the report; 0 when every role landed as it must.
     Raises PlacementError (the launcher exits 2 with its message) when the plan cannot fit."""
-    from actors.rayproc import prefer_loopback
+    from common.rayproc import prefer_loopback
 
     prefer_loopback(cfg.cluster.address)  # a simulated cluster listens on 127.0.0.1 only
     import ray

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from actors.atomic import write_atomic
+from common.atomic import write_atomic
 
 RUN_STATE = "run_state.msgpack"
 

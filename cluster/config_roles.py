@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from actors.engine_config import GeneratorConfig
-from actors.weight_sync.base import TRANSPORT_NAMES, WeightSyncConfig, check_transport
+from common.weight_sync.base import TRANSPORT_NAMES, WeightSyncConfig, check_transport
 
 
 class ConfigError(ValueError):
@@ -143,7 +143,7 @@ class ClusterConfig(Section):
         "object_store", description=(
             "Weight-sync transport (docs/weight_sync.md): object_store (CPU default), nccl "
             "(GPU broadcast from learner rank 0), gloo (the same broadcast protocol on CPUs); "
-            "or a mapping of actors.weight_sync.WeightSyncConfig's settings, e.g. {type: nccl, "
+            "or a mapping of common.weight_sync.WeightSyncConfig's settings, e.g. {type: nccl, "
             "restart_fallback: true, timeout_s: 300, probe_timeout_s: 10, max_attempts: 3, "
             "master_port: 0}."))
     nodes: int | None = Field(None, ge=1, description=(

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as err:  # Config/Placement/Preflight errors, files
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from actors.rayproc import prefer_loopback
+    from common.rayproc import prefer_loopback
     from cluster.watchdog import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
@@ -140,6 +140,6 @@ def accuracy_lines(summary: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    from actors.rayproc import run_main
+    from common.rayproc import run_main
 
     run_main(main)  # exits without C++ static destructors: see exit_process

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.types import PromptRecord, TrainBatch
+from common.types import PromptRecord, TrainBatch
 from cluster.evaluation import eval_summary
 from common.records import Accounting, StepResult
 from estimator.core import reward_to_prob

@@ -62,7 +62,7 @@ def coordinator_config(cfg, task, state: RunState):
     from actors.coordinator import CoordinatorConfig
     from actors.scheduler import SchedulerConfig
     from actors.scoring import Overlong, shaped_range
-    from actors.types import SamplingConfig
+    from common.types import SamplingConfig
     from estimator.registry import ESTIMATORS
 
     r = cfg.rollout

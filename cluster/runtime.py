@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
-from actors.threads import threads_for
+from common.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
+from common.threads import threads_for
 from cluster.placement import Plan, reserve
 
 

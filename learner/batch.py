@@ -22,7 +22,7 @@ import heapq
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from actors.types import TrainSample
+from common.types import TrainSample
 
 
 def _check(s: TrainSample, i: int) -> None:

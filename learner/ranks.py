@@ -5,8 +5,8 @@ import socket
 from dataclasses import dataclass
 from typing import Sequence
 
-from actors.threads import threads_for
-from actors.types import TrainSample
+from common.threads import threads_for
+from common.types import TrainSample
 from common.records import StepResult
 from learner.bundles import fill_bundles
 from learner.batch import shard_samples
@@ -125,7 +125,7 @@ class Learner:
                                  for w, shard in zip(self.workers, shards)])[0]
 
     def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
-        """Rank 0 becomes the weight sender to ``generators`` (see ``actors/weight_sync``)."""
+        """Rank 0 becomes the weight sender to ``generators`` (see ``common/weight_sync``)."""
         self._every_rank([self.workers[0].connect_weight_sync.remote(transport, list(generators))])
 
     def publish_weights(self, generators: list, version: int) -> tuple:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from actors.types import TrainSample
+from common.types import TrainSample
 
 _KEYS = ("prompt_id", "prompt", "rewards", "baseline", "policy_version", "samples")
 
@@ -135,7 +135,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace, out=None) -> dict:
     """Train from the file; prints per-step JSON lines and returns the summary dict."""
     out = out or sys.stdout  # looked up per call: a default bound at import goes stale
-    from actors.rayproc import prefer_loopback
+    from common.rayproc import prefer_loopback
 
     prefer_loopback()  # before ray is imported, for the local cluster started below
     import ray
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from actors.rayproc import run_main
+    from common.rayproc import run_main
 
     def _cli() -> int:
         main()  # prints its own report

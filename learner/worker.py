@@ -24,7 +24,7 @@ import shutil
 import time
 from pathlib import Path
 
-from actors.types import TrainSample
+from common.types import TrainSample
 from common.records import PER_TOKEN, StepResult
 from learner.config import LearnerConfig
 
@@ -41,7 +41,7 @@ class LearnerWorker:
     def __init__(self, model_path: str, cfg: LearnerConfig | dict, rank: int, world_size: int,
                  master_port: int, num_threads: int = 1, master_addr: str = "127.0.0.1",
                  log_path: str | None = None):
-        from actors.logs import to_file
+        from common.logs import to_file
 
         to_file(log_path)  # DeepSpeed's and torch's chatter: the rank's log file
         import torch
@@ -312,7 +312,7 @@ class LearnerWorker:
         mapping. Other ranks do nothing."""
         if self.rank != 0:
             return
-        from actors.weight_sync import make_sender
+        from common.weight_sync import make_sender
 
         if self.sender is not None:
             self.sender.close()

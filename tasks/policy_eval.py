@@ -108,11 +108,11 @@ class VllmSampler:
                  ) -> tuple[list[list[str]], list[list[int]]]:
         """``n`` completions of each prompt, one engine request each: completion i of prompt j
         is sampled with ``seeds[j][i]``, by default the evaluation's per-prompt seeds
-        (``cluster.evaluation.eval_seeds`` of the run ``seed`` and the problem ``ids``, the
+        (``common.seeds.eval_seeds`` of the run ``seed`` and the problem ``ids``, the
         prompt texts when no ids are given), as the generators sample held-out answers."""
         from vllm import SamplingParams
 
-        from cluster.evaluation import eval_seeds
+        from common.seeds import eval_seeds
 
         prompts = list(prompts)
         if seeds is None:

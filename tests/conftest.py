@@ -2,7 +2,7 @@
 driver.
 
 The pytest process is a Ray driver (integration tests start and stop local clusters in it),
-so it ends the way our Ray entry points do, through ``actors.rayproc.exit_process``: pytest
+so it ends the way our Ray entry points do, through ``common.rayproc.exit_process``: pytest
 finishes its report, Python's cleanup runs, and the process exits with pytest's status
 without running C++ static destructors, where Ray 2.60's metrics exporter can crash
 (SIGSEGV, exit 139, after every test passed; see ``exit_process``).
@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-from actors.rayproc import prefer_loopback
+from common.rayproc import prefer_loopback
 
 # Every test cluster (and `ray start` in test_job_submit) listens on 127.0.0.1 only; set
 # before any test imports ray (see prefer_loopback).
@@ -70,6 +70,6 @@ def pytest_unconfigure(config):
     # Only a whole run of this process, and only once Ray was imported: a pytest embedded in
     # another program (or a run without Ray) ends normally.
     if _status and "ray" in sys.modules and not hasattr(config, "workerinput"):
-        from actors.rayproc import exit_process
+        from common.rayproc import exit_process
 
         exit_process(_status[-1])

@@ -105,7 +105,7 @@ class PriorServer:
                  window: int = 256, cpu_threads: int = 1, fallback: str | None = "auto",
                  fallback_options: dict | None = None, budget_s: float | None = DEFAULT_BUDGET_S,
                  log_path: str | None = None):
-        from actors.logs import to_file
+        from common.logs import to_file
 
         to_file(log_path)
         if int(window) < 1:

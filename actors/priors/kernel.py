@@ -183,39 +183,22 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
     n, wsum = len(y), float(w.sum())
-    # Exact LOO of the constant model (the weighted mean without point i).
-    loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
-    const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
-    slope, y_raw = 0.0, y
-    mean_raw = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
-    if drift and n >= 8:
-        _, b, trend_mse = trend_on_age(y, ages, w)
-        if trend_mse < const_mse:  # the trend predicts held-out scores better than a mean
-            slope, const_mse = b, trend_mse
-            y = y - b * ages       # every score moved to age 0
-    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
-    shift = -slope * float(lead)
-    best = Fitted(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse,
-                  drift=slope, lead_shift=shift)
+    best, y, y_raw, mean, mean_raw, slope = _constant_model(y, ages, w, halflife, prior_mean,
+                                                            prior_strength, drift, lead)
     if n < 4:
         return best
     wn = w / wsum
     center = wn @ X                                            # (d,)
     sw = np.sqrt(w)
     yt = sw * (y - mean)
-    if loglen is not None:
-        loglen = np.asarray(loglen, dtype=np.float64)
-        len_mu = float(wn @ loglen)
-        len_sd = float(np.sqrt(wn @ (loglen - len_mu) ** 2)) or 1.0
-        len_feat = (loglen - len_mu) / len_sd
-        length_weights = LENGTH_WEIGHTS
-    else:
-        len_mu, len_sd, len_feat, length_weights = 0.0, 1.0, np.zeros(n), (0.0,)
-    age_mu = float(wn @ ages)
-    age_sd = float(np.sqrt(wn @ (ages - age_mu) ** 2))
+    len_feat, len_mu, len_sd = _standardised(loglen, wn) if loglen is not None else \
+        (np.zeros(n), 0.0, 1.0)
+    len_sd = len_sd or 1.0
+    length_weights = LENGTH_WEIGHTS if loglen is not None else (0.0,)
+    age_feat, age_mu, age_sd = _standardised(ages, wn)
     age_weights = AGE_WEIGHTS if drift and age_sd > 0 else (0.0,)
-    age_feat = (ages - age_mu) / (age_sd or 1.0)
     age_query = (-float(lead) - age_mu) / (age_sd or 1.0)
+    const_mse = best.const_loo_mse
     for kind in kernels:
         scale = kernel_scale(kind, X, center)
         B = base_kernel(kind, X, X, center, scale)
@@ -233,6 +216,37 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
                                   len_sd=len_sd, age_weight=ga, age_feat=age_feat,
                                   age_query=age_query)
     return best
+
+
+def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(x - its weighted mean) / its weighted sd (1 when it is 0), the mean and that sd."""
+    x = np.asarray(x, dtype=np.float64)
+    mu = float(wn @ x)
+    sd = float(np.sqrt(wn @ (x - mu) ** 2))
+    return (x - mu) / (sd or 1.0), mu, sd
+
+
+def _constant_model(y, ages, w, halflife, prior_mean: float, prior_strength: float,
+                    drift: bool, lead: float):
+    """The kernels' baseline: the weighted mean (shrunk by ``prior_strength``
+    pseudo-observations of ``prior_mean``), or with ``drift`` the scores' trend on age when it
+    predicts held-out scores better than the mean. Returns (its ``Fitted``, the scores moved to
+    age 0 by the trend, the raw scores, their mean, the raw mean, the trend's slope)."""
+    n, wsum = len(y), float(w.sum())
+    # Exact LOO of the constant model (the weighted mean without point i).
+    loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
+    const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
+    slope, y_raw = 0.0, y
+    mean_raw = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
+    if drift and n >= 8:
+        _, b, trend_mse = trend_on_age(y, ages, w)
+        if trend_mse < const_mse:  # the trend predicts held-out scores better than a mean
+            slope, const_mse = b, trend_mse
+            y = y - b * ages       # every score moved to age 0
+    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
+    best = Fitted(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse,
+                  drift=slope, lead_shift=-slope * float(lead))
+    return best, y, y_raw, mean, mean_raw, slope
 
 
 def predict_fitted(fit: Fitted, Q: np.ndarray, loglen: np.ndarray | None = None) -> np.ndarray:

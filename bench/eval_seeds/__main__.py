@@ -31,7 +31,7 @@ SCHEMES = ("per_prompt", "shared")
 def scheme_seeds(scheme: str, run_seed: int, ids: list[str], n: int) -> list[list[int]]:
     """Each prompt's n sampling seeds under ``scheme``: "per_prompt" (the evaluation's,
     ``eval_seeds``) or "shared" (the old one: ``run_seed + i`` for sample i of every prompt)."""
-    from cluster.evaluation import eval_seeds
+    from common.seeds import eval_seeds
 
     if scheme == "per_prompt":
         return eval_seeds(run_seed, ids, n)

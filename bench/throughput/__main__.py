@@ -120,7 +120,7 @@ def probe_decode(generators, prompt: str, sizes=(1, 8, 32), max_tokens: int = 16
     divided by the longest completion (the number of decode steps the batch took)."""
     import ray
 
-    from actors.types import RolloutRequest, SamplingConfig
+    from common.types import RolloutRequest, SamplingConfig
 
     out = []
     g = generators[0]
@@ -222,7 +222,7 @@ def run_modes(base: dict, modes: list[str], steps: int, repeats: int, batch: int
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    from actors.rayproc import prefer_loopback
+    from common.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     from bench.throughput.calibration import sim_check
@@ -254,6 +254,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from actors.rayproc import run_main
+    from common.rayproc import run_main
 
     run_main(main)  # exits without C++ static destructors: see exit_process

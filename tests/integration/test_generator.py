@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from actors.types import RolloutRequest, SamplingConfig
+from common.types import RolloutRequest, SamplingConfig
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def _load(gen, model) -> int:
     """Load ``model``'s weights into the engine as the next version; returns that version."""
     import ray
 
-    from actors.weight_sync import make_sender
+    from common.weight_sync import make_sender
 
     version = ray.get(gen.version.remote()) + 1
     ray.get(make_sender("object_store").send([gen], model.state_dict(), version)[1])
@@ -172,7 +172,7 @@ def test_weight_update_matches_transformers(gen):
     """THE proof that update_weights replaces the weights the engine samples from."""
     import ray
 
-    from actors.weight_sync import make_sender
+    from common.weight_sync import make_sender
 
     old, new = _hf_model(0), _hf_model(1)
     v = _load(gen, old)
@@ -210,7 +210,7 @@ def test_update_during_generation_keeps_behaviour_logprobs(gen):
     the new policy's (old before one switch point, new after), and the versions say so."""
     import ray
 
-    from actors.weight_sync import make_sender
+    from common.weight_sync import make_sender
 
     old, new = _hf_model(1), _hf_model(2)
     version = _load(gen, old)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.types import RolloutRequest, SamplingConfig
+from common.types import RolloutRequest, SamplingConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 

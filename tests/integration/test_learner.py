@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 
-from actors.types import TrainSample
+from common.types import TrainSample
 
 pytestmark = pytest.mark.integration
 

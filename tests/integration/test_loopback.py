@@ -1,4 +1,4 @@
-"""A Ray cluster our entry points start listens on 127.0.0.1 only (actors.rayproc.prefer_loopback).
+"""A Ray cluster our entry points start listens on 127.0.0.1 only (common.rayproc.prefer_loopback).
 
 Ray on Linux turns a requested 127.0.0.1 into the machine's primary address; each case runs
 in a fresh interpreter because the switch only works before ray is imported.
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent("""
     import json, sys
-    from actors.rayproc import prefer_loopback
+    from common.rayproc import prefer_loopback
     on = prefer_loopback(sys.argv[1] if len(sys.argv) > 1 else None)
     if not on:
         print(json.dumps({"on": on})); raise SystemExit

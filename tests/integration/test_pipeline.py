@@ -123,7 +123,7 @@ def test_generators_serve_exactly_the_learner_weights(fresh, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actors.types import RolloutRequest, SamplingConfig
+    from common.types import RolloutRequest, SamplingConfig
 
     run(fresh, make_cfg(fresh["tmp"], "weights", mode="sync", run={"eval_every": 0,
                                                                     "max_steps": 2}))

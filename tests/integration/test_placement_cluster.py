@@ -137,7 +137,7 @@ def test_learner_group_spanning_two_nodes_trains(cluster, tmp_path):
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
-    from actors.types import TrainSample
+    from common.types import TrainSample
     from learner.config import LearnerConfig
     from learner.ranks import Learner
     from tasks.policy_model import save_random_policy

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from actors.generator import Generator
-from actors.weight_sync.worker_ext import WeightSyncWorkerExtension
+from common.weight_sync.worker_ext import WeightSyncWorkerExtension
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +147,7 @@ def _assert_has(gen, weights: dict, object_store: bool = False) -> None:
     the object store bf16 arrives widened to fp32."""
     import ray
 
-    from actors.weight_sync import broadcast_plan
+    from common.weight_sync import broadcast_plan
 
     meta, order = broadcast_plan(weights)
     got = ray.get(gen.loaded.remote())
@@ -187,7 +187,7 @@ def _wait_restart(gen, before: str) -> None:
 def test_group_rebuilds_around_restarted_dead_and_hung_generators(gens):
     import ray
 
-    from actors.weight_sync import make_sender
+    from common.weight_sync import make_sender
 
     sender = make_sender(CFG)
     sender.connect(gens)
@@ -263,7 +263,7 @@ def test_group_rebuilds_around_restarted_dead_and_hung_generators(gens):
 def test_restart_fallback_loads_a_restarted_generator_at_once(gens):
     import ray
 
-    from actors.weight_sync import make_sender
+    from common.weight_sync import make_sender
 
     sender = make_sender({**CFG, "restart_fallback": True})
     sender.connect(gens)

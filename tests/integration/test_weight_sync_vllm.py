@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from actors.types import RolloutRequest, SamplingConfig
+from common.types import RolloutRequest, SamplingConfig
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ def gen(tmp_path_factory):
 def test_gloo_broadcast_into_vllm_and_reconnect_after_restart(gen):
     import ray
 
-    from actors.weight_sync import make_sender
+    from common.weight_sync import make_sender
     from cluster.runtime import wait_ready
 
     sender = make_sender(CFG)

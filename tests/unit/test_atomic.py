@@ -1,9 +1,9 @@
-"""actors.atomic.write_atomic: the new content whole, or the old one when the write fails."""
+"""common.atomic.write_atomic: the new content whole, or the old one when the write fails."""
 import os
 
 import pytest
 
-from actors.atomic import write_atomic
+from common.atomic import write_atomic
 
 
 def test_writes_whole_files_and_leaves_no_temporary(tmp_path):

@@ -35,12 +35,12 @@ def launcher(monkeypatch, capsys):
     """``launcher(*overrides)`` -> (exit status, stderr) of ``python -m cluster.launch
     v05.yaml *overrides``, in-process; raises ActorWouldStart where a real launch would go
     on to start the cluster and the actors."""
-    import actors.rayproc
+    import common.rayproc
 
     def tripwire(*a, **k):
         raise ActorWouldStart
     monkeypatch.setattr(launch, "run", tripwire)
-    monkeypatch.setattr(actors.rayproc, "prefer_loopback", lambda *a: None)
+    monkeypatch.setattr(common.rayproc, "prefer_loopback", lambda *a: None)
     monkeypatch.chdir(ROOT)
 
     def go(*overrides, config="v05.yaml"):
@@ -163,7 +163,7 @@ def test_garbage_output_gets_the_low_reward_and_is_counted(task_name):
     from actors.prompts import make_record
     from actors.scheduler import PromptInFlight
     from actors.scoring import Scorer
-    from actors.types import Rollout
+    from common.types import Rollout
     from cluster.metrics import batch_metrics
     from estimator import make_estimator
     from estimator.state import PromptState

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.types import TrainSample
+from common.types import TrainSample
 from learner.batch import (collate, filler_sample, n_tokens, pack, plan_micro_batches,
                            shard_samples)
 

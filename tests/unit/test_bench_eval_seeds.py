@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.eval_seeds.__main__ import outcomes, scheme_seeds
-from cluster.evaluation import eval_seeds
+from common.seeds import eval_seeds
 from tasks import ArithmeticTask
 from tasks.base import Problem
 

@@ -104,7 +104,7 @@ def test_nccl_needs_gpus():
 def test_weight_sync_settings_from_yaml(tmp_path):
     """The settings docs/weight_sync.md recommends: a mapping validated as
     WeightSyncConfig; a bare name still means that transport's defaults."""
-    from actors.weight_sync import WeightSyncConfig
+    from common.weight_sync import WeightSyncConfig
 
     path = tmp_path / "gpu.yaml"
     path.write_text("cluster:\n  weight_sync: {type: nccl, restart_fallback: true, "

@@ -10,7 +10,7 @@ import asyncio
 
 from actors.coordinator import Coordinator, CoordinatorConfig
 from actors.scheduler import SchedulerConfig
-from actors.types import Rollout
+from common.types import Rollout
 from estimator import make_estimator
 from tasks import TaskConfig
 

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from actors.types import Rollout
+from common.types import Rollout
 from cluster.evaluation import AnswerScorer, eval_requests, score_answers, spread
 from tasks import ArithmeticTask
 from tasks.base import Problem
@@ -121,7 +121,7 @@ def test_requests_per_problem(samples):
 # -- sampling seeds: one per prompt and sample ------------------------------------------------
 
 def test_seeds_are_distinct_across_prompts_and_samples_repeatable_and_move_with_the_run_seed():
-    from cluster.evaluation import eval_seeds
+    from common.seeds import eval_seeds
 
     ids = [f"stepwise/{i}" for i in range(500)]
     seeds = eval_seeds(0, ids, 4)
@@ -140,7 +140,7 @@ def test_seeds_are_distinct_across_prompts_and_samples_repeatable_and_move_with_
 
 
 def test_sampled_requests_carry_their_problems_seed():
-    from cluster.evaluation import eval_seed_base
+    from common.seeds import eval_seed_base
 
     requests = eval_requests([P1, P2], max_tokens=4, samples=3, temperature=1.0, seed=7)
     sampled = {p.id: r.sampling.seed for p, kind, r in requests if kind == "sampled"}

@@ -1,4 +1,4 @@
-"""actors.rayproc.run_main / exit_process: the exit path of our Ray entry points.
+"""common.rayproc.run_main / exit_process: the exit path of our Ray entry points.
 
 They end with os._exit (see exit_process for the Ray crash this avoids), so what Python
 would have done at exit must still happen: the status, a traceback for an exception,
@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import atexit, sys
-    from actors.rayproc import run_main
+    from common.rayproc import run_main
     atexit.register(lambda: print("atexit ran"))
     def main():
         sys.stdout.write("buffered, no newline")  # lost without a flush before os._exit

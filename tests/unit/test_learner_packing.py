@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from actors.types import TrainSample
+from common.types import TrainSample
 from learner.batch import collate, pack, plan_micro_batches, shard_samples
 from learner.config import LearnerConfig
 from learner.logprobs import LogprobModel, token_logprobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.types import TrainSample
+from common.types import TrainSample
 from learner.config import LearnerConfig
 from learner.ranks import Learner
 

@@ -1,10 +1,10 @@
-"""actors.logs.to_file: output to the role's log file, warnings still on the console."""
+"""common.logs.to_file: output to the role's log file, warnings still on the console."""
 import subprocess
 import sys
 
 CHILD = r"""
 import logging, os, subprocess, sys
-from actors.logs import to_file
+from common.logs import to_file
 to_file(sys.argv[1])
 print("chatty info")
 logging.getLogger("vllm").propagate = False

@@ -9,7 +9,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from actors.types import PromptRecord
+from common.types import PromptRecord
 from cluster.metrics import (batch_metrics, pool_prior_error, prior_error_terms,
                              rolling_prior_error, run_prior_error)
 

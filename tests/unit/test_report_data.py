@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.types import PromptRecord
+from common.types import PromptRecord
 from cluster.metrics import batch_metrics, pool_prior_error
 from cluster.run_files import RunFiles, prompt_fates
 

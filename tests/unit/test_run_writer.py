@@ -35,7 +35,7 @@ def test_resume_drops_lines_written_after_the_checkpoint(tmp_path):
 
 
 def test_resume_drops_rollouts_recorded_after_the_checkpoint(tmp_path):
-    from actors.types import TrainSample
+    from common.types import TrainSample
     from learner.replay import RolloutRecorder, keep_records, read_records
 
     path = tmp_path / "run" / "rollouts.msgpack"

@@ -14,7 +14,7 @@ import pytest
 
 import cluster.trainer as trainer_mod
 import cluster.watchdog as watchdog_mod
-from actors.types import TrainBatch
+from common.types import TrainBatch
 from cluster.config import build_config
 from cluster.metrics import Tally
 from cluster.run_files import RunFiles

@@ -129,7 +129,7 @@ def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():
 
 
 def _with_prior(prior_p: float, rewards: list[float]):
-    from actors.types import PromptRecord
+    from common.types import PromptRecord
 
     k = len(rewards)
     return PromptRecord(

@@ -14,14 +14,14 @@ import torch
 
 from actors.engine_config import GeneratorConfig, resolve_dtype
 from actors.generator import validate_request
-from actors.threads import cpu_engine_env, omp_binding, parse_cpu_list
-from actors.types import RolloutRequest, SamplingConfig
-from actors.weight_sync import (CollectivePayload, CollectiveReceiver, CollectiveSender,
+from common.threads import cpu_engine_env, omp_binding, parse_cpu_list
+from common.types import RolloutRequest, SamplingConfig
+from common.weight_sync import (CollectivePayload, CollectiveReceiver, CollectiveSender,
                                 GroupSpec, NotInGroupError, ObjectStorePayload,
                                 ObjectStoreReceiver, ObjectStoreSender, WeightSyncConfig,
                                 broadcast_plan, iter_safetensors, make_receiver, make_sender,
                                 normalise_name, to_numpy_state_dict, write_safetensors)
-from actors.weight_sync.worker_ext import WeightSyncWorkerExtension
+from common.weight_sync.worker_ext import WeightSyncWorkerExtension
 
 # ---------------------------------------------------------------- names and state dicts
 
@@ -89,8 +89,8 @@ def test_iter_safetensors_empty_dir(tmp_path):
 
 
 def test_package_import_is_light():
-    """``import actors.weight_sync`` (config parsing, the launcher) loads no ML stack."""
-    code = ("import sys, actors.weight_sync; "
+    """``import common.weight_sync`` (config parsing, the launcher) loads no ML stack."""
+    code = ("import sys, common.weight_sync; "
             "print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[2])

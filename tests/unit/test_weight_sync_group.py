@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.weight_sync import BroadcastError, GroupSpec, NotInGroupError, broadcast_plan
-from actors.weight_sync.group import BroadcastGroup, GlooCommunicator, GroupMember, Listener
+from common.weight_sync import BroadcastError, GroupSpec, NotInGroupError, broadcast_plan
+from common.weight_sync.group import BroadcastGroup, GlooCommunicator, GroupMember, Listener
 
 TIMEOUT_S = 3.0    # the group's step timeout
 REPLY_S = 60.0     # how long the test waits for a receiver's reply (spawn + import torch)
@@ -85,7 +85,7 @@ class Receiver:
 def ctx():
     """Receivers fork from a server that imported torch once (a spawn would pay it each)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "numpy", "pytest", "actors.weight_sync.group"])
+    ctx.set_forkserver_preload(["torch", "numpy", "pytest", "common.weight_sync.group"])
     return ctx
 
 

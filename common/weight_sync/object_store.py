@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from actors.weight_sync.base import (ObjectStorePayload, WeightReceiver, WeightSender,
+from common.weight_sync.base import (ObjectStorePayload, WeightReceiver, WeightSender,
                                      WeightSyncConfig, check_payload, shm_tempdir,
                                      to_numpy_state_dict, write_safetensors)
 

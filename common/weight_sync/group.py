@@ -16,7 +16,7 @@ Every step (join, each tensor, the acknowledgement) is bounded by ``GroupSpec.ti
 a failure raises ``BroadcastError`` naming the epoch, the rank and the step, and closes this
 rank's side (a failed epoch is never reused).
 
-Heavy imports are local: importing ``actors.weight_sync`` stays free of torch.
+Heavy imports are local: importing ``common.weight_sync`` stays free of torch.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from actors.weight_sync.base import (BroadcastError, GroupSpec, NotInGroupError,
+from common.weight_sync.base import (BroadcastError, GroupSpec, NotInGroupError,
                                      WeightSyncError)
 
 Meta = Iterable[tuple[str, str, Iterable[int]]]

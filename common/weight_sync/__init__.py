@@ -18,16 +18,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from actors.weight_sync.base import (TRANSPORT_NAMES, BroadcastError, CollectivePayload,
+from common.weight_sync.base import (TRANSPORT_NAMES, BroadcastError, CollectivePayload,
                                      GroupSpec, NotInGroupError, ObjectStorePayload,
                                      WeightReceiver, WeightSender, WeightSyncConfig,
                                      WeightSyncError, broadcast_plan, check_transport,
                                      iter_safetensors, normalise_name, shm_tempdir,
                                      to_numpy_state_dict, write_safetensors)
-from actors.weight_sync.collective import CollectiveReceiver, CollectiveSender, SendReport
-from actors.weight_sync.object_store import ObjectStoreReceiver, ObjectStoreSender
+from common.weight_sync.collective import CollectiveReceiver, CollectiveSender, SendReport
+from common.weight_sync.object_store import ObjectStoreReceiver, ObjectStoreSender
 
-WORKER_EXTENSION = "actors.weight_sync.worker_ext.WeightSyncWorkerExtension"
+WORKER_EXTENSION = "common.weight_sync.worker_ext.WeightSyncWorkerExtension"
 
 TRANSPORTS: dict[str, tuple[type[WeightSender], type[WeightReceiver]]] = {
     "object_store": (ObjectStoreSender, ObjectStoreReceiver),

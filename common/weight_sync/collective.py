@@ -28,12 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.weight_sync.base import (BroadcastError, CollectivePayload, GroupSpec,
+from common.weight_sync.base import (BroadcastError, CollectivePayload, GroupSpec,
                                      NotInGroupError, WeightReceiver, WeightSender,
                                      WeightSyncConfig, WeightSyncError, broadcast_plan,
                                      check_payload)
-from actors.weight_sync.group import BroadcastGroup, Listener
-from actors.weight_sync.object_store import ObjectStoreReceiver, put_state_dict
+from common.weight_sync.group import BroadcastGroup, Listener
+from common.weight_sync.object_store import ObjectStoreReceiver, put_state_dict
 
 
 @dataclass

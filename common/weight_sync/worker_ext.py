@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from actors.weight_sync.base import GroupSpec, iter_safetensors
-from actors.weight_sync.group import GroupMember
+from common.weight_sync.base import GroupSpec, iter_safetensors
+from common.weight_sync.group import GroupMember
 
 
 class WeightSyncWorkerExtension:
