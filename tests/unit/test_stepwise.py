@@ -109,20 +109,6 @@ def test_same_seed_same_problems_other_seed_different():
     assert a.train() != c.train() and a.heldout() != c.heldout()
 
 
-def test_splits_disjoint_and_distinct(task):
-    train, held = task.train(), task.heldout()
-    assert len({p.prompt for p in train}) == 800 and len({p.id for p in train}) == 800
-    assert len({p.prompt for p in held}) == 400
-    assert not {p.prompt for p in train} & {p.prompt for p in held}
-
-
-def test_split_is_a_function_of_the_prompt_not_the_seed():
-    held = {p.prompt for s in range(3) for p in StepwiseTask(seed=s, n_heldout=300).heldout()}
-    for s in range(3):
-        assert not held & {p.prompt for p in StepwiseTask(seed=s, n_train=2000).train()}
-    assert all(is_heldout(p) for p in held)
-
-
 def test_enough_heldout_problems_and_a_clear_error_beyond():
     held = StepwiseTask(n_heldout=3000).heldout()
     assert len({p.prompt for p in held}) == 3000

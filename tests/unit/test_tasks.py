@@ -55,22 +55,6 @@ def test_same_seed_same_problems_other_seed_different():
     assert a.train() != c.train()
 
 
-def test_splits_disjoint_and_distinct(task):
-    train, held = task.train(), task.heldout()
-    assert len(train) == 400 and len(held) == 120
-    assert len({p.prompt for p in train}) == 400 and len({p.id for p in train}) == 400
-    assert len({p.prompt for p in held}) == 120
-    assert not {p.prompt for p in train} & {p.prompt for p in held}
-
-
-def test_split_is_a_function_of_the_prompt_not_the_seed():
-    # A prompt held out under one seed never appears in any seed's train split.
-    held = {p.prompt for s in range(3) for p in ArithmeticTask(seed=s, n_heldout=200).heldout()}
-    for s in range(3):
-        assert not held & {p.prompt for p in ArithmeticTask(seed=s, n_train=800).train()}
-    assert all(is_heldout(p) for p in held)
-
-
 def test_train_stream_never_yields_heldout_and_is_deterministic():
     s1, s2 = train_stream(5), train_stream(5)
     drawn = [next(s1) for _ in range(500)]
