@@ -101,7 +101,7 @@ def learner_memory(shape: str, tmp: str, prompt_len: int, resp_lens: list[int],
                            step_s=[round(x, 3) for x in times],
                            trained_tokens_per_step=tokens,
                            tokens_per_s=tokens / (sum(times) / len(times)),
-                           micro_batches=m["micro_batches"])
+                           micro_batches=m.micro_batches)
                 if torch.cuda.is_available():
                     run["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
             except torch.cuda.OutOfMemoryError as err:
@@ -172,11 +172,11 @@ def decoupled_steps(tmp: str, steps: int = 4) -> dict:
         history = [w.train_step(samples) for _ in range(steps)]
     finally:
         w.close()
-    losses = [m["loss"] for m in history]
+    losses = [m.loss for m in history]
     res = {"device": str(_device()), "dtype": w.dtype_name, "losses": losses,
-           "is_weight": [m["is_weight"] for m in history],
-           "truncated_fraction": [m["truncated_fraction"] for m in history],
-           "applied": sum(not m["skipped"] for m in history)}
+           "is_weight": [m.is_weight for m in history],
+           "truncated_fraction": [m.truncated_fraction for m in history],
+           "applied": sum(not m.skipped for m in history)}
     assert res["applied"] == steps and all(math.isfinite(x) for x in losses), res
     # pi_prox is the current policy, so the loss is -mean(w A) at the current weights: it
     # falls as probability moves toward positive advantages.

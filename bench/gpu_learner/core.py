@@ -107,13 +107,13 @@ def check(tmp: Path) -> dict:
     res.update(first_step={k: first[k] for k in ("loss", "approx_kl", "clip_fraction",
                                                    "grad_norm", "entropy")},
                steps_applied=w.step)
-    assert all(not s["skipped"] and np.isfinite(s["loss"]) for s in steps), steps
+    assert all(not s.skipped and np.isfinite(s.loss) for s in steps), steps
     # bf16 vs fp32 log-probs of the same weights: a wrong dtype/device path shows up here.
     assert first["approx_kl"] < 5e-3 and first["clip_fraction"] < 0.05, first
     # Direction: each step is taken on the same batch, so the surrogate loss measured at the
     # start of the next step must be lower (probability moved toward positive advantages).
-    res["losses"] = [s["loss"] for s in steps]
-    assert steps[2]["loss"] < steps[1]["loss"] < steps[0]["loss"], res["losses"]
+    res["losses"] = [s.loss for s in steps]
+    assert steps[2].loss < steps[1].loss < steps[0].loss, res["losses"]
     after = w.get_weights()
     assert set(after) == set(before)
     moved = max(float(np.abs(after[k] - before[k]).max()) for k in after)
@@ -178,7 +178,7 @@ def timed_steps(worker, samples, steps: int) -> tuple[list[float], dict]:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        assert not m["skipped"], m
+        assert not m.skipped, m
     return times, m
 
 
