@@ -134,7 +134,7 @@ def test_two_ranks_equal_one_rank(learners, cfg):
     assert m2[-1].step == 2
     assert [m.lr for m in m2] == [m.lr for m in m1] == [lr_at(cfg, 0), lr_at(cfg, 1)]
     # The policy starts AT the reference, then moves away from it.
-    assert m2[0]["kl"] == pytest.approx(0.0, abs=1e-6) and m2[1]["kl"] > 1e-6
+    assert m2[0].kl == pytest.approx(0.0, abs=1e-6) and m2[1].kl > 1e-6
 
 
 @pytest.mark.parametrize("poison", ["nan_logprob", "huge_advantage"])
