@@ -104,12 +104,12 @@ def check(tmp: Path) -> dict:
     before = w.get_weights()
     steps = [w.train_step(samples) for _ in range(3)]
     first = steps[0]
-    res.update(first_step={k: first[k] for k in ("loss", "approx_kl", "clip_fraction",
+    res.update(first_step={k: getattr(first, k) for k in ("loss", "approx_kl", "clip_fraction",
                                                    "grad_norm", "entropy")},
                steps_applied=w.step)
     assert all(not s.skipped and np.isfinite(s.loss) for s in steps), steps
     # bf16 vs fp32 log-probs of the same weights: a wrong dtype/device path shows up here.
-    assert first["approx_kl"] < 5e-3 and first["clip_fraction"] < 0.05, first
+    assert first.approx_kl < 5e-3 and first.clip_fraction < 0.05, first
     # Direction: each step is taken on the same batch, so the surrogate loss measured at the
     # start of the next step must be lower (probability moved toward positive advantages).
     res["losses"] = [s.loss for s in steps]
