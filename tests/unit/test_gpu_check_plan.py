@@ -119,6 +119,7 @@ def test_timed_steps_times_every_step_and_fails_on_a_skip():
     """``timed_steps`` (bench.gpu_learner's measurement and bench.gpu_check's learner check):
     every step timed, the last step's metrics returned, a skipped step fails."""
     from bench.gpu_learner import timed_steps
+    from common.records import StepResult
 
     class Worker:
         def __init__(self, skip_at=None):
@@ -126,11 +127,12 @@ def test_timed_steps_times_every_step_and_fails_on_a_skip():
 
         def train_step(self, samples):
             self.calls += 1
-            return {"skipped": self.calls == self.skip_at, "call": self.calls, "n": len(samples)}
+            return StepResult(skipped=self.calls == self.skip_at, step=self.calls,
+                              n_samples=len(samples))
 
     w = Worker()
     times, last = timed_steps(w, [1, 2], 3)
     assert len(times) == 3 and all(t >= 0 for t in times)
-    assert last == {"skipped": False, "call": 3, "n": 2} and w.calls == 3
+    assert (last.skipped, last.step, last.n_samples) == (False, 3, 2) and w.calls == 3
     with pytest.raises(AssertionError):
         timed_steps(Worker(skip_at=2), [1], 3)
