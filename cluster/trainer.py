@@ -71,7 +71,7 @@ class Trainer:
         initial = self.initial_evaluation()  # before the clock starts
         peaks = measure_peaks(self.r) if cfg.generators.measure_peak else None
         gen0, self.t_start = generator_stats(self.roles.generators), self.dog.progress(self.step)
-        self.clock = TrainClock(self.totals, self.t_start)
+        self.clock.skip(self.t_start)  # training time counts from here too
         try:
             self.dog.get("coordinator", self.coord.start.remote())
             last = self.step >= cfg.run.max_steps
