@@ -106,6 +106,10 @@ class AlgoConfig(Section):
         "the rest of the plan at once); None: no cap."))
     noise: Literal["bound", "bernoulli"] = Field(_EST.noise, description="Noise model of the fusion.")
     scale_by_std: bool | None = Field(None, description="Divide advantages by the group std (None: the algo's own convention).")
+    zero_uniform: bool = Field(_EST.zero_uniform, description=(
+        "Zero advantage for a group whose rewards are all equal (GRPO's mean does it by "
+        "construction; v05's prior-shrunk baseline otherwise pushes down every sample of an "
+        "all-fail group). docs/estimator.md, 'Uniform groups'."))
 
     @model_validator(mode="after")
     def _valid_for_the_estimator(self) -> "AlgoConfig":
@@ -123,7 +127,7 @@ class AlgoConfig(Section):
         return EstimatorConfig(k_init=self.k_init, k_max=self.k_max, cost=self.cost,
                                lookahead=self.lookahead, noise=self.noise, rewards=rewards,
                                scale_by_std=self.scale_by_std, plan=self.plan,
-                               max_rounds=self.max_rounds)
+                               max_rounds=self.max_rounds, zero_uniform=self.zero_uniform)
 
 
 class RolloutConfig(Section):

@@ -20,6 +20,7 @@ from estimator.core import (DEFAULT_COST, DEFAULT_K_MAX, DEFAULT_REWARDS, LOOKAH
                             noise_sigma2, should_continue)
 
 PLANS = ("sequential", "batched")
+UNIFORM_TOL = 1e-12  # a group whose rewards' std is at most this is "all equal"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,11 @@ class EstimatorConfig:
     """Most generation rounds per prompt (the initial k_init dispatch is round 1); the last
     allowed request asks for the whole remaining budget (estimator/state.py). None: no cap.
     ``plan="sequential", max_rounds=None`` is the paper's one-at-a-time OSLA."""
+    zero_uniform: bool = False
+    """Give every response of a group whose observed rewards are all equal a zero advantage
+    (the baseline itself is unchanged). GRPO's group mean does this by construction; V0.5's
+    prior-shrunk baseline does not: a group that fails every rollout gets a negative advantage
+    on every sample, with nothing positive beside it (docs/estimator.md, "Uniform groups")."""
 
     def __post_init__(self):
         check_rewards(self.rewards)
@@ -149,6 +155,8 @@ class Estimator:
         adv = rewards - (base if base.ndim == 2 else base[:, None])
         if self.scale:
             adv = adv / (std[:, None] + self.cfg.std_eps)
+        if self.cfg.zero_uniform:  # (N, K): no contrast within the group, no gradient
+            adv = np.where((std <= UNIFORM_TOL)[:, None], 0.0, adv)
         adv = np.where(mask, adv, 0.0)
         keep = self.keep(rewards, mask, std)
         return GroupResult(base if base.ndim == 1 else mean, adv, keep)

@@ -56,6 +56,9 @@ MODES = {
     "async_v05_kmax8": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 8}},
     "async_v05_plugin": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
                                                    "lookahead": "plugin"}},
+    # Uniform groups at zero advantage (the weak start's diagnosis: docs/benchmarks.md).
+    "async_v05_zu": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
+                                               "zero_uniform": True}},
 }
 # The controlled study's modes: V0.5 against async GRPO at every G (the best is the baseline
 # to beat) and the colocated synchronous GRPO-16, every update on the same S samples.

@@ -7,7 +7,8 @@ from pathlib import Path
 COLORS = {"async_v05": "tab:red", "sync_grpo16": "tab:blue", "async_grpo16": "tab:cyan",
           "async_grpo4": "tab:green", "sync_dapo16": "tab:purple", "async_grpo2": "tab:olive",
           "async_grpo8": "tab:brown", "async_v05_cost2x": "salmon", "async_v05_cost4x": "pink",
-          "async_v05_kmax8": "darkred", "async_v05_plugin": "orange"}
+          "async_v05_kmax8": "darkred", "async_v05_plugin": "orange",
+          "async_v05_zu": "magenta"}
 AXES = (("train_s", "training wall-clock (s, evaluations excluded)"),
         ("rollouts", "rollouts trained on"), ("trained_tokens", "tokens trained on"))
 

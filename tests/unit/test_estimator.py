@@ -183,6 +183,24 @@ def test_v05_all_equal_group_still_carries_signal_grpo_does_not():
     assert np.allclose(grpo.advantages, 0.0)
 
 
+@pytest.mark.parametrize("rewards_range", [(-1.0, 1.0), (0.0, 1.0)])
+def test_zero_uniform_zeroes_only_all_equal_groups(rewards_range):
+    lo, hi = rewards_range
+    rewards = np.array([[lo, lo, lo, lo], [hi, hi, hi, hi], [lo, hi, lo, lo]])
+    prior = np.full(3, lo + 0.3 * (hi - lo))
+    plain = make_estimator("v05", rewards=rewards_range).group(rewards, prior=prior)
+    zu = make_estimator("v05", rewards=rewards_range, zero_uniform=True).group(rewards, prior=prior)
+    assert (plain.advantages[0] < 0).all() and (plain.advantages[1] > 0).all()
+    assert np.array_equal(zu.advantages[:2], np.zeros((2, 4)))
+    assert np.allclose(zu.advantages[2], plain.advantages[2])  # a mixed group is untouched
+    assert np.allclose(zu.baseline, plain.baseline)            # the baseline is reported as is
+    # through the per-prompt state, with a padded mask (k = 3 of 4 observed)
+    mask = np.array([[True, True, True, False]])
+    out = make_estimator("v05", rewards=rewards_range, zero_uniform=True).group(
+        rewards[:1], mask, prior[:1])
+    assert np.array_equal(out.advantages, np.zeros((1, 4)))
+
+
 def test_fallback_without_prior_uses_empirical_mean_at_k_init():
     s = PromptState(make_estimator("v05"), prior_p=None)
     assert s.fallback and s.to_request() == 4
