@@ -44,7 +44,8 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
     prompts = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
     return {"points": points,
             "grad_norms": [r["grad_norm"] for r in rows if r.get("grad_norm") is not None],
-            "zero_advantage_share": zero_advantage_share(prompts),
+            "zero_advantage_share": zero_advantage_share(prompts,
+                                                         zero_uniform=_zero_uniform(run_dir)),
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
             "prior": prior_quality(prompts, rewards=rewards),
@@ -52,12 +53,24 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
             "initial_eval_reused": bool(summary.get("eval_initial_reused"))}
 
 
-def zero_advantage_share(prompts: list[dict], tol: float = 1e-9) -> float | None:
+def _zero_uniform(run_dir: Path) -> bool:
+    """The run's ``algo.zero_uniform`` (its config.yaml; False where absent)."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return bool(((cfg or {}).get("algo") or {}).get("zero_uniform", False))
+
+
+def zero_advantage_share(prompts: list[dict], tol: float = 1e-9,
+                         zero_uniform: bool = False) -> float | None:
     """Share of trained prompts whose every advantage is 0 (each reward equals the baseline):
-    GRPO's all-equal groups; V0.5's only when the prior agrees with them exactly."""
+    GRPO's all-equal groups; V0.5's only when the prior agrees with them exactly, or, with
+    ``zero_uniform`` (``algo.zero_uniform``), every all-equal group."""
     if not prompts:
         return None
     return float(np.mean([all(abs(r - p["baseline"]) <= tol for r in p["rewards"])
+                          or (zero_uniform and max(p["rewards"]) - min(p["rewards"]) <= tol)
                           for p in prompts]))
 
 

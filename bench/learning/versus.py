@@ -7,7 +7,8 @@ baselines: the variant stands in for ``async_v05`` in the study's pinned compari
 (``analysis.controlled``: the best async GRPO-G at equal rollouts and at equal training time,
 paired by seed; GRPO-16's final accuracy). Pairing by seed is sound when both files ran the
 same start, budget, evaluation prompts and seeds (checked): a seed's runs share their starting
-weights and evaluation seed. ``--write`` stores the result in NEW.json under ``versus``.
+weights and evaluation seed. ``--write`` stores the result in NEW.json under ``versus`` and redraws NEW's plots with the
+study's modes beside the variant (NEW.png, NEW_stats.png).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench.learning.analysis import controlled, paired_difference
+from bench.learning.analysis import (AXES, controlled, mean_curve, paired_difference,
+                                    summarise)
 
 SAME = ("budget_train_s", "seeds", "evals", "eval_prompts", "batch_samples", "start", "task")
 
@@ -45,6 +47,13 @@ def versus(new: dict, mode: str, old: dict) -> dict:
     return out
 
 
+def side_by_side(new: dict, mode: str, old: dict) -> dict:
+    """A bench.learning result holding the study's runs and the variant's, for ``plots``."""
+    runs = {**old["runs"], mode: new["runs"][mode]}
+    return {"config": new["config"], "runs": runs, "summary": summarise(runs),
+            "curves": {m: {axis: mean_curve(r, axis) for axis in AXES} for m, r in runs.items()}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.learning.versus", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,8 +70,12 @@ def main(argv=None) -> int:
                                                                     else argv)
     print(json.dumps(out, indent=1))
     if args.write:
+        from bench.learning.plots import plots
+
         new_data["versus"] = out
         Path(args.new).write_text(json.dumps(new_data, indent=1) + "\n")
+        plots(side_by_side(study(Path(args.new), args.start), args.mode,
+                           study(Path(args.against), args.start)), Path(args.new).with_suffix(""))
     return 0
 
 

@@ -80,6 +80,7 @@ def test_zero_advantage_share():
                {"rewards": [1, 1, 1, 1], "baseline": 0.6},     # the prior disagrees: signal
                {"rewards": [1, -1, 1, 1], "baseline": 0.5}]
     assert zero_advantage_share(prompts) == pytest.approx(1 / 3)
+    assert zero_advantage_share(prompts, zero_uniform=True) == pytest.approx(2 / 3)
     assert zero_advantage_share([]) is None
 
 
@@ -188,7 +189,7 @@ def test_versus_puts_a_variant_in_v05s_place_and_refuses_unlike_studies(tmp_path
     from bench.learning.versus import main, versus
 
     cfg = {"budget_train_s": 360, "seeds": 2, "evals": 2, "eval_prompts": 200,
-           "batch_samples": 64, "start": "weak", "task": "stepwise"}
+           "batch_samples": 64, "start": "weak", "task": "stepwise", "eval_metric": "sampled"}
     old = {"config": cfg, "runs": {
         "async_v05": seeded([[0.2, 0.2, 0.2], [0.2, 0.25, 0.2]]),
         "async_grpo4": seeded([[0.2, 0.25, 0.3], [0.2, 0.2, 0.3]])}}
@@ -207,3 +208,4 @@ def test_versus_puts_a_variant_in_v05s_place_and_refuses_unlike_studies(tmp_path
                  str(tmp_path / "old.json"), "--write"]) == 0
     written = json.loads((tmp_path / "new.json").read_text())["versus"]
     assert written["v05_minus_best_grpo_at_equal_rollouts"]["mean"] == pytest.approx(0.075)
+    assert (tmp_path / "new.png").stat().st_size > 0 and (tmp_path / "new_stats.png").is_file()
