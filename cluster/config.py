@@ -178,6 +178,13 @@ class LoggingConfig(Section):
     """What the run shows and writes besides its outputs."""
 
     tensorboard: bool = Field(False, description="Also write TensorBoard scalars to <run>/tb/.")
+    wandb: bool = Field(False, description=(
+        "Also log to Weights & Biases: the config, every metrics.jsonl number at its step, the "
+        "summary, report.html. Offline under <run>/wandb/ (then `wandb sync`) when no "
+        "WANDB_API_KEY or `wandb login` is set up (cluster/wandb_log.py)."))
+    wandb_project: str = Field("v05rl", description="W&B project.")
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); None: yours.")
+    wandb_name: str | None = Field(None, description="W&B run name; None: run.name.")
     verbose: bool = Field(False, description=(
         "Every role's output on the console; by default it goes to <run>/logs/<role>.log and "
         "the console shows one progress line per step, warnings and errors (with the role)."))

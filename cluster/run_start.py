@@ -16,6 +16,7 @@ from cluster.metrics import Tally
 from cluster.paths import RunDirError, Start, fresh_run_dir, plan_start
 from cluster.run_files import RunFiles
 from cluster.runtime import log_path, pg_strategy
+from cluster.wandb_log import WandbLog
 from cluster.waits import failed_updates, gather_stats
 from cluster.watchdog import Watchdog, coordinator_blame
 
@@ -135,7 +136,8 @@ def start_run(cfg, roles, task) -> Run:
     coord, telemetry = start_run_roles(cfg, roles, task, state)
     files = RunFiles(cfg.run_dir, dump_config(cfg), state.step if state.resumed else None,
                      tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress,
-                     record_rollouts=cfg.run.record_rollouts)
+                     record_rollouts=cfg.run.record_rollouts,
+                     wandb=WandbLog.open(cfg, state.resumed) if cfg.logging.wandb else None)
     run = Run(cfg, roles, task, state, coord, telemetry,
               Watchdog(cfg.run.stall_timeout_s, coordinator_blame(coord)), files,
               Tally(state.totals), Checkpoints(cfg.run_dir / "checkpoints",
