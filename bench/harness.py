@@ -24,13 +24,17 @@ from pathlib import Path
 def config_for(base: dict, name: str, run_dir: str | Path, **sections):
     """One run's ``Config``: ``base`` (a resolved config as data, not changed) with each of
     ``sections`` merged into base's section of that name (a dict) or replacing it (any other
-    value), the run named ``name`` and written under ``run_dir``."""
+    value), the run named ``name`` and written under ``run_dir``. A bench's run is a
+    measurement made from the start: it replaces what an earlier run of that name left there
+    (``run.overwrite=true``; a bench runs a mode's name once per round), unless it asks for
+    ``run.resume=true``."""
     from cluster.config import build_config
 
     data = json.loads(json.dumps(base))
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-    data["run"] = {**data["run"], "name": name, "output_dir": str(run_dir)}
+    data["run"] = {**data["run"], "name": name, "output_dir": str(run_dir),
+                   "overwrite": data["run"].get("resume") is not True}
     return build_config(data)
 
 

@@ -72,8 +72,15 @@ class RunConfig(Section):
         "Also save the policy in Hugging Face format every N steps to <run dir>/snapshots/"
         "step<N> (all kept; 0: never): weights to evaluate or to measure the prior against "
         "later (bench.prior_truth)."))
-    resume: bool = Field(False, description=(
-        "Continue from the run folder's newest whole checkpoint, with its prompts in flight."))
+    resume: Literal["auto", True, False] = Field("auto", description=(
+        "Continue from the run folder's newest whole checkpoint, with its prompts in flight. "
+        "auto: when it has one (a rerun of the command, a requeued job), else start fresh in "
+        "an empty folder and refuse (exit 2) where a previous run left results; true: "
+        "continue, an error without a checkpoint; false: start fresh, refusing where a "
+        "previous run left results (cluster.paths.plan_start)."))
+    overwrite: bool = Field(False, description=(
+        "Delete what a previous run left in the run folder (checkpoints, final/, metrics, "
+        "...) and start fresh: the only setting that deletes a run."))
     record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
     progress: bool = Field(True, description="Print a progress line per step.")
 
@@ -175,6 +182,13 @@ class LoggingConfig(Section):
     """What the run shows and writes besides its outputs."""
 
     tensorboard: bool = Field(False, description="Also write TensorBoard scalars to <run>/tb/.")
+    wandb: bool = Field(False, description=(
+        "Also log to Weights & Biases: the config, every metrics.jsonl number at its step, the "
+        "summary, report.html. Offline under <run>/wandb/ (then `wandb sync`) when no "
+        "WANDB_API_KEY or `wandb login` is set up (cluster/wandb_log.py)."))
+    wandb_project: str = Field("v05rl", description="W&B project.")
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); None: yours.")
+    wandb_name: str | None = Field(None, description="W&B run name; None: run.name.")
     verbose: bool = Field(False, description=(
         "Every role's output on the console; by default it goes to <run>/logs/<role>.log and "
         "the console shows one progress line per step, warnings and errors (with the role)."))

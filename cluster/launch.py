@@ -4,10 +4,13 @@ Starts a local Ray cluster on 127.0.0.1 when none is running, joins the running 
 (so ``ray job submit -- python -m cluster.launch v05.yaml`` works against ``ray start --head``).
 The config is parsed and checked (keys, model path, dataset file, placement) before any actor
 starts (the model loads, the tokenizer encodes the prompts). Outputs go to the absolute run
-directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end;
-a fresh run (``run.resume=false``) first removes a previous run's outputs and logs there.
-Exit status: 0 done, 2 a bad request (config, model, data, placement), 3 the watchdog stopped
-a stalled run, 1 anything else.
+directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end.
+A launch never deletes a previous run unless asked (``run.overwrite=true``): where the
+directory holds one it continues from its newest whole checkpoint (``run.resume=auto``, the
+default), says so and exits 0 when that checkpoint is at ``run.max_steps`` already, or
+refuses (exit 2) when there is no whole checkpoint (``cluster.paths.plan_start``).
+Exit status: 0 done (or nothing to do), 2 a bad request (config, model, data, placement, a
+previous run in the way), 3 the watchdog stopped a stalled run, 1 anything else.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import sys
 import time
 
 from cluster.config import dump_config, load_config
-from cluster.paths import REPLACED, fresh_run_dir
+from cluster.paths import fresh_run_dir, plan_start
 from cluster.placement import plan
 from cluster.preflight import check_model, check_prompts
 
@@ -38,18 +41,17 @@ def parse_args(argv):
 
 def preflight(cfg):
     """What can be checked before an actor starts: placement (GPUs, the prior the algorithm
-    needs), the task and its data, and with ``run.resume`` that there is a checkpoint to resume.
-    The model and tokenizer checks are ``cluster.preflight``'s."""
+    needs), the task and its data, and how the run starts in its directory (``plan_start``:
+    a checkpoint to resume, or a previous run in the way). The model and tokenizer checks are
+    ``cluster.preflight``'s. Returns (placement, task, start)."""
     from tasks import make_task_from_config
 
     p = plan(cfg)
     task = make_task_from_config(cfg.task)
     task.train(), task.heldout()  # splits are built on first use: their errors are said now
-    if cfg.run.resume:  # nothing to resume is said now, not once the actors are up
-        from cluster.checkpoints import resumable
-
-        resumable(cfg.run_dir, cfg.run.keep_checkpoints)
-    return p, task
+    # nothing to resume, or a run in the way, is said now, not once the actors are up
+    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
+    return p, task, start
 
 
 def run(cfg, checked=None) -> dict:
@@ -59,9 +61,11 @@ def run(cfg, checked=None) -> dict:
     from cluster.runtime import connect, start_roles
     from cluster.trainer import Trainer
 
-    p, task, model_path = checked or (*preflight(cfg), cfg.model_path())
-    if not cfg.run.resume and fresh_run_dir(cfg.run_dir):  # before the roles open logs/
-        print(REPLACED, file=sys.stderr, flush=True)
+    p, task, start, model_path = checked or (*preflight(cfg), cfg.model_path())
+    if start.action in ("fresh", "overwrite"):  # before the roles open logs/
+        fresh_run_dir(cfg.run_dir)
+    if start.action == "overwrite":  # the trainer then finds it empty; it says a resume
+        print(start.line(), file=sys.stderr, flush=True)
     started = connect(cfg, p)
     roles = None
     try:
@@ -88,10 +92,13 @@ def main(argv=None) -> int:
             from cluster.check_placement import check
 
             return check(cfg, plan(cfg))
-        p, task = preflight(cfg)
+        p, task, start = preflight(cfg)
         if args.dry_run:
             print(dump_config(cfg))
             print(f"# placement: {p.describe()} = {p.total_gpus:g} GPU, {p.total_cpus:g} CPU")
+            return 0
+        if start.action == "done":
+            print(start.line(), file=sys.stderr)
             return 0
         model_path = cfg.model_path()
         check_model(model_path)
@@ -105,7 +112,7 @@ def main(argv=None) -> int:
     prefer_loopback(cfg.cluster.address)  # before ray is imported
     print(f"run directory: {cfg.run_dir}", flush=True)
     try:
-        summary = run(cfg, (p, task, model_path))
+        summary = run(cfg, (p, task, start, model_path))
     except Stalled as stall:
         print(f"error: {stall}; see {cfg.run_dir / 'summary.json'} (stall_report)",
               file=sys.stderr, flush=True)

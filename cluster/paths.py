@@ -10,7 +10,10 @@ starts and when it ends, so ``ray job logs`` shows it.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from cluster.checkpoints import Checkpoints, resumable
 
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for a job's driver
 JOB_DEFAULT_ROOT = Path("~/v05rl-runs")
@@ -37,18 +40,89 @@ def output_root(output_dir: str, cwd: Path | None = None) -> Path:
 # apart: the roles write it, and they may outlive one run (benchmarks run many on one set).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "prompts.jsonl", "dropped.jsonl",
                "rollouts.msgpack", "inflight_at_end.json", "summary.json", "report.html",
-               "checkpoints", "final", "snapshots", "tb")
+               "checkpoints", "final", "snapshots", "tb", "wandb")
 LOGS = "logs"
-REPLACED = ("run directory had a previous run's outputs: replaced (use run.resume=true to "
-            "continue it)")
+# A previous run's results: what only ``run.overwrite=true`` deletes (a config is rewritten by
+# every launch, it is not a result).
+RESULTS = tuple(n for n in RUN_OUTPUTS if n != "config.yaml")
+AGAIN = "run.overwrite=true deletes it and starts over; or choose another run.name"
+
+
+class RunDirError(ValueError):
+    """A launch that would lose a previous run's results (exit 2, before any actor)."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a run starts in its directory (``plan_start``): ``action`` is "fresh" (nothing of
+    a previous run there), "overwrite" (``found`` deleted first), "resume" (from checkpoint
+    ``tag``) or "done" (``tag`` is at ``run.max_steps`` already: nothing to train)."""
+
+    action: str
+    run_dir: Path
+    found: tuple[str, ...] = ()
+    tag: str | None = None
+
+    @property
+    def step(self) -> int:
+        return int(self.tag[4:]) if self.tag else 0
+
+    def line(self) -> str:
+        """The one line the launcher prints about it ('' for a fresh start)."""
+        return {
+            "fresh": "",
+            "overwrite": f"run.overwrite=true: deleted the previous run in {self.run_dir} "
+                         f"({', '.join(self.found)})",
+            "resume": f"resuming {self.run_dir} from its checkpoint {self.tag} (step "
+                      f"{self.step}); run.overwrite=true would delete it and start over",
+            "done": f"{self.run_dir} holds a finished run (checkpoint {self.tag}, at "
+                    f"run.max_steps or past it): nothing to train; run.max_steps above "
+                    f"{self.step} continues it, {AGAIN}",
+        }[self.action]
+
+
+def previous_results(run_dir: Path) -> tuple[str, ...]:
+    """The ``RESULTS`` a previous run left in ``run_dir``."""
+    return tuple(n for n in RESULTS if (Path(run_dir) / n).exists())
+
+
+def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = False,
+               max_steps: int | None = None) -> Start:
+    """How a launch into ``run_dir`` starts; decided from the directory alone, before any
+    actor starts. Only ``overwrite`` deletes. ``resume``: "auto" continues the newest whole
+    checkpoint when there is one (a rerun of the command, a requeued job), starts fresh in an
+    empty directory and refuses (``RunDirError``) where a previous run left results but no
+    whole checkpoint; True continues or fails (``cluster.checkpoints.resumable``'s
+    FileNotFoundError); False starts fresh and refuses where a previous run left results.
+    A checkpoint at ``max_steps`` or later is "done"."""
+    run_dir = Path(run_dir)
+    found = previous_results(run_dir)
+    if overwrite:
+        if resume is True:
+            raise RunDirError("run.resume=true and run.overwrite=true contradict each other: "
+                              "continue the run or delete it, not both")
+        return Start("overwrite" if found else "fresh", run_dir, found)
+    tags = resumable(run_dir).tags() if resume is True else Checkpoints(run_dir / "checkpoints").tags()
+    if tags and resume is not False:
+        done = max_steps is not None and int(tags[0][4:]) >= max_steps
+        return Start("done" if done else "resume", run_dir, found, tags[0])
+    if not found:
+        return Start("fresh", run_dir)
+    what = ", ".join(found) + (f", checkpoint {tags[0]}" if tags else "")
+    if resume is False:
+        raise RunDirError(f"run.resume=false but {run_dir} holds a previous run ({what}): "
+                          f"run.resume=true continues it, {AGAIN}")
+    raise RunDirError(f"{run_dir} holds a previous run's results ({what}) but no whole "
+                      f"checkpoint to continue (run.resume=true needs one): {AGAIN}")
 
 
 def fresh_run_dir(run_dir: Path, logs: bool = True) -> list[str]:
     """Remove what a previous run wrote into ``run_dir`` (``RUN_OUTPUTS``, their temporary
-    files, and ``logs/`` when ``logs``), so that a fresh run (``run.resume=false``) starts
-    from an empty directory: none of its outputs, checkpoints or logs mixes with an older
-    run's. Anything else in the directory is left alone. Called before this run writes
-    anything: by the launcher before the roles start (they open ``logs/``), and by the
+    files, and ``logs/`` when ``logs``), so that a fresh run starts from an empty directory:
+    none of its outputs, checkpoints or logs mixes with an older run's. Anything else in the
+    directory is left alone. Called only where ``plan_start`` said "fresh" (nothing but logs
+    and temporary files to remove) or "overwrite" (``run.overwrite=true``), before this run
+    writes anything: by the launcher before the roles start (they open ``logs/``), and by the
     trainer, without ``logs``, for roles that outlive a run. Returns the names removed."""
     import shutil
 

@@ -1,7 +1,7 @@
 """The one owner of a run's files (docs/pipeline.md, "Run outputs"): ``config.yaml``,
 ``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``, ``inflight_at_end.json``,
 ``summary.json``, ``report.html``, ``rollouts.msgpack`` (``run.record_rollouts``), TensorBoard's
-``tb/``, and the progress lines on stderr;
+``tb/``, W&B's ``wandb/`` (through ``cluster.wandb_log``), and the progress lines on stderr;
 with ``prompt_fates``, the accounting check that reads them back (every admitted prompt
 trained, dropped or in flight at the end, exactly once).
 """
@@ -31,10 +31,13 @@ def _clean(v):
 
 class RunFiles:
     def __init__(self, run_dir: Path, config_yaml: str, resume_step: int | None = None,
-                 tensorboard: bool = False, progress: bool = True, record_rollouts: bool = False):
+                 tensorboard: bool = False, progress: bool = True, record_rollouts: bool = False,
+                 wandb=None):
         """``resume_step``: continuing from the checkpoint of that step: lines of later steps
         (written after it by a run that then crashed) are dropped, so that every step and every
-        prompt appears once. None: a fresh run, earlier outputs are replaced."""
+        prompt appears once. None: a fresh run, earlier outputs are replaced. ``wandb``: a
+        started ``cluster.wandb_log.WandbLog`` that gets every step's metrics, and the summary
+        and report at the end (``report``)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.yaml").write_text(config_yaml)
@@ -50,7 +53,7 @@ class RunFiles:
         self.t0 = time.time()
         self._prompts = None  # prompts.jsonl, opened at the first trained prompt
         self._recorder = self._rollouts(resume_step, record_rollouts)
-        self._tb = None
+        self._tb, self._wandb, self._summary = None, wandb, None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -73,6 +76,8 @@ class RunFiles:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, m["step"])
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(m)
         if self.progress:
             print(progress_line(m, time.time() - self.t0), file=sys.stderr, flush=True)
 
@@ -116,16 +121,20 @@ class RunFiles:
             json.dumps({"step": step, "uids": list(acct.inflight_uids)}) + "\n")
 
     def summary(self, s: dict) -> None:
-        (self.dir / "summary.json").write_text(json.dumps(_clean(s), indent=2) + "\n")
+        self._summary = _clean(s)
+        (self.dir / "summary.json").write_text(json.dumps(self._summary, indent=2) + "\n")
 
     def report(self) -> None:
-        """report.html from the run's files; a failed report never fails the run."""
+        """report.html from the run's files, the run's last; a failed report never fails the
+        run. Then the W&B run ends with the summary, summary.json and report.html."""
         from cluster.report import write_report  # lazy: matplotlib costs ~1 s of import
 
         try:
             self.note(f"report: {write_report(self.dir)}")
         except Exception as err:  # noqa: BLE001 - the run's outputs are already written
             self.note(f"report: not written ({type(err).__name__}: {err})")
+        if self._wandb is not None:
+            self._wandb.finish(self._summary, [self.dir / "summary.json", self.dir / "report.html"])
 
     def close(self) -> None:
         if self._prompts is not None:

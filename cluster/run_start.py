@@ -13,9 +13,10 @@ from cluster.checkpoints import Checkpoints
 from cluster.config import dump_config
 from cluster.evaluation import Evaluator
 from cluster.metrics import Tally
-from cluster.paths import REPLACED, fresh_run_dir
+from cluster.paths import RunDirError, Start, fresh_run_dir, plan_start
 from cluster.run_files import RunFiles
 from cluster.runtime import log_path, pg_strategy
+from cluster.wandb_log import WandbLog
 from cluster.waits import failed_updates, gather_stats
 from cluster.watchdog import Watchdog, coordinator_blame
 
@@ -38,7 +39,7 @@ class RunState:
         return self.resumed_from is not None
 
 
-def resume_state(cfg, roles) -> RunState:
+def resume_state(cfg, roles, start: Start) -> RunState:
     """Fresh: versions continue from what the generators serve (actors may outlive a run).
     Resume: the learner loads the newest whole checkpoint (older ones if it is corrupt), and
     the run continues its counters and its admitted prompts."""
@@ -47,7 +48,7 @@ def resume_state(cfg, roles) -> RunState:
     from cluster.checkpoints import resumable
 
     served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
-    if not cfg.run.resume:
+    if start.action != "resume":
         return RunState(version=served)
     ckpts = resumable(cfg.run_dir, cfg.run.keep_checkpoints)
     tag, st, run_state, skipped = ckpts.load(roles.learner)
@@ -119,16 +120,24 @@ class Run:
 
 
 def start_run(cfg, roles, task) -> Run:
-    """Everything a run needs before its first step, on roles already up."""
+    """Everything a run needs before its first step, on roles already up. A previous run in
+    its directory is continued, refused (``RunDirError``), or deleted with
+    ``run.overwrite=true`` only (``plan_start``)."""
+    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
+    if start.action == "done":
+        raise RunDirError(start.line())
     # A fresh run: nothing of an older run's in its directory (the launcher has cleared
     # logs/ before the roles started; roles that outlive a run keep writing theirs).
-    if not cfg.run.resume and fresh_run_dir(cfg.run_dir, logs=False) and cfg.run.progress:
-        print(REPLACED, file=sys.stderr, flush=True)
-    state = resume_state(cfg, roles)
+    if start.action in ("fresh", "overwrite"):
+        fresh_run_dir(cfg.run_dir, logs=False)
+    if start.line():
+        print(start.line(), file=sys.stderr, flush=True)
+    state = resume_state(cfg, roles, start)
     coord, telemetry = start_run_roles(cfg, roles, task, state)
     files = RunFiles(cfg.run_dir, dump_config(cfg), state.step if state.resumed else None,
                      tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress,
-                     record_rollouts=cfg.run.record_rollouts)
+                     record_rollouts=cfg.run.record_rollouts,
+                     wandb=WandbLog.open(cfg, state.resumed) if cfg.logging.wandb else None)
     run = Run(cfg, roles, task, state, coord, telemetry,
               Watchdog(cfg.run.stall_timeout_s, coordinator_blame(coord)), files,
               Tally(state.totals), Checkpoints(cfg.run_dir / "checkpoints",

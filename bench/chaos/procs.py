@@ -173,8 +173,10 @@ class ProcBench:
 
 
 def _args(pb: ProcBench, name: str, *extra: str) -> list[str]:
+    """A scenario's launch; its first replaces an earlier one of that name in the workdir."""
+    again = [] if "run.resume=true" in extra else ["run.overwrite=true"]
     return [*pb.overrides, f"run.name={name}", f"run.output_dir={pb.workdir}",
-            f"run.max_steps={pb.steps}", "run.checkpoint_every=2", *extra]
+            f"run.max_steps={pb.steps}", "run.checkpoint_every=2", *again, *extra]
 
 
 def _kill_step(pb: ProcBench) -> int:

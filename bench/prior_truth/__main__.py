@@ -59,7 +59,7 @@ def make_run(task: str, out_dir: Path, steps: int) -> Path:
     cmd = [sys.executable, "-m", "cluster.launch", str(REPO / "v05.yaml"), *TASK_OVERRIDES[task],
            f"run.name={name}", f"run.output_dir={out_dir}", f"run.max_steps={steps}",
            f"run.snapshot_every={steps // 2}", "run.eval_every=0", "run.save_final=false",
-           "cluster.address=local"]
+           "run.overwrite=true", "cluster.address=local"]
     log("default run: " + " ".join(cmd[2:]))
     run_log = out_dir / f"{name}.log"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -202,3 +202,35 @@ def test_a_resume_with_nothing_to_resume_is_named_before_any_actor(launcher, mod
     rc, err = launcher(*math_task(tmp_path / "ok.jsonl", model_dir), "run.resume=true",
                        f"run.output_dir={tmp_path / 'runs'}", "run.name=gone")
     assert rc == 2 and "run.resume=true but the run directory does not exist" in err, err
+
+
+def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher, model_dir,
+                                                                         tmp_path):
+    """The same command twice: a finished run (checkpoint at run.max_steps) is left alone
+    (exit 0, nothing to do); results without a whole checkpoint, or run.resume=false, are
+    refused (exit 2, one line naming both ways out) before any actor; a run with a whole
+    checkpoint before run.max_steps goes on to the actors (it resumes)."""
+    from cluster.checkpoints import RUN_STATE
+
+    (tmp_path / "ok.jsonl").write_text(lines(6))
+    args = [*math_task(tmp_path / "ok.jsonl", model_dir), f"run.output_dir={tmp_path / 'runs'}",
+            "run.name=twice", "run.max_steps=4"]
+    run = tmp_path / "runs" / "twice"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "model.safetensors").write_bytes(b"trained")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    for extra in ([], ["run.resume=false"]):
+        rc, err = launcher(*args, *extra)
+        (line,) = err.strip().splitlines()
+        assert rc == 2 and line.startswith("error: ") and str(run) in line, err
+        assert "run.resume=true" in line and "run.overwrite=true" in line, line
+    (run / "checkpoints" / "step4").mkdir(parents=True)
+    (run / "checkpoints" / "step4" / RUN_STATE).write_bytes(b"\x80")
+    rc, err = launcher(*args)
+    assert rc == 0 and "holds a finished run (checkpoint step4" in err, err
+    with pytest.raises(ActorWouldStart):  # a longer run of the same name continues it
+        launcher(*args, "run.max_steps=6")
+    assert (run / "final" / "model.safetensors").read_bytes() == b"trained"
+    assert (run / "checkpoints" / "step4" / RUN_STATE).is_file()
+    rc, err = launcher(*args, "run.resume=true", "run.overwrite=true")
+    assert rc == 2 and "contradict" in err, err
