@@ -7,7 +7,11 @@ starts (the model loads, the tokenizer encodes the prompts). Outputs go to the a
 directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end;
 a fresh run (``run.resume=false``) first removes a previous run's outputs and logs there.
 Exit status: 0 done, 2 a bad request (config, model, data, placement), 3 the watchdog stopped
-a stalled run, 1 anything else.
+a stalled run, 4 preempted, resumable (SIGTERM or SIGINT: a whole checkpoint of the last step
+with its prompts in flight was written; continue with ``run.resume=true``), 5 a checkpoint
+could not be written (disk full, unwritable; the previous checkpoint is whole: free space, then
+``run.resume=true``), 143 or 130 a second signal or the end of ``run.preempt_grace_s`` before
+the preemption checkpoint was whole (the last whole checkpoint is kept), 1 anything else.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ def run(cfg, checked=None) -> dict:
     """Run one training job to the end; returns the summary."""
     import ray
 
+    from cluster.preempt import Preemption
     from cluster.runtime import connect, start_roles
     from cluster.trainer import Trainer
 
@@ -63,6 +68,8 @@ def run(cfg, checked=None) -> dict:
     if not cfg.run.resume and fresh_run_dir(cfg.run_dir):  # before the roles open logs/
         print(REPLACED, file=sys.stderr, flush=True)
     started = connect(cfg, p)
+    stop = Preemption(cfg.run.preempt_grace_s)
+    stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
     roles = None
     try:
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
@@ -78,6 +85,7 @@ def run(cfg, checked=None) -> dict:
             roles.shutdown()
         if started:
             ray.shutdown()
+        stop.uninstall()
 
 
 def main(argv=None) -> int:
@@ -100,6 +108,8 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from common.rayproc import prefer_loopback
+    from cluster.checkpoints import CHECKPOINT_FAILED, CheckpointWriteError
+    from cluster.preempt import PREEMPTED, Preempted
     from cluster.watchdog import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
@@ -110,6 +120,12 @@ def main(argv=None) -> int:
         print(f"error: {stall}; see {cfg.run_dir / 'summary.json'} (stall_report)",
               file=sys.stderr, flush=True)
         return 3
+    except Preempted:  # its line is said; the checkpoint is whole
+        print(f"run directory: {cfg.run_dir}", flush=True)
+        return PREEMPTED
+    except CheckpointWriteError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return CHECKPOINT_FAILED
     print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s "
           f"({summary['train_wall_time_s']:.0f}s training, {summary['eval_time_s']:.0f}s "
           f"evaluating); {summary['prompts_trained']} prompts trained")

@@ -57,6 +57,9 @@ class Dog(Watchdog):
     def get(self, role, ref):  # the fake roles answer at once: the answer is the "ref"
         return self.call(role, lambda r: r, ref)
 
+    def ready(self, role, ref, halt, poll_s=0.2):  # answered at once
+        return True
+
 
 def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, list, list]:
     """A ``Run`` of fake roles; (run, call log, steps checkpointed, watchdog time left at
