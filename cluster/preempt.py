@@ -20,6 +20,7 @@ Pure standard library: the Ray calls are lazy.
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -92,10 +93,11 @@ class Preemption:
         self.requested.set()
         self.say(f"preempting: {name} received; checkpointing within run.preempt_grace_s="
                  f"{self.grace_s:g}s, then stopping (a second signal exits at once)")
-        self._timer = threading.Timer(self.grace_s, self.exit_now,
-                                      (f"the grace period ({self.grace_s:g} s) ended",))
-        self._timer.daemon = True
-        self._timer.start()
+        if math.isfinite(self.grace_s):
+            self._timer = threading.Timer(self.grace_s, self.exit_now,
+                                          (f"the grace period ({self.grace_s:g} s) ended",))
+            self._timer.daemon = True
+            self._timer.start()
 
     def exit_now(self, why: str) -> None:
         """End the process at once: ``PREEMPTED`` if the preemption checkpoint is whole, else
