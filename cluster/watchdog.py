@@ -68,7 +68,11 @@ class Watchdog:
                     return True
             return bool(ray.wait([ref], timeout=0)[0])
 
-        return self.call(role, poll)
+        done = self.call(role, poll)
+        if not done and not halt.is_set():  # the deadline passed inside the poll
+            raise Stalled(*self.blame(role, round(time.time() - self.last_progress, 1),
+                                      self.step))
+        return done
 
     def close(self) -> None:
         self._calls.shutdown(wait=False, cancel_futures=True)

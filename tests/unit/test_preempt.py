@@ -119,3 +119,34 @@ def test_a_wait_for_a_batch_asked_to_stop_first_asks_the_coordinator_for_nothing
     with pytest.raises(Interrupted):
         wait_batch(object(), coord, 4, p)
     assert coord.next_batch.calls == 0
+
+
+class Ref:
+    """Stands in for an object ref: ``ray.wait`` is replaced below."""
+
+
+def test_a_batch_wait_past_the_watchdog_deadline_is_a_stall_not_a_preemption(monkeypatch):
+    import ray
+
+    from cluster.watchdog import Stalled, Watchdog
+
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([], refs))  # never ready
+    dog = Watchdog(0.3, lambda role, waited, step: (role, {"waited": waited}))
+    halt = threading.Event()
+    with pytest.raises(Stalled) as stall:
+        dog.ready("coordinator", Ref(), halt, poll_s=0.05)
+    assert stall.value.role == "coordinator" and not halt.is_set()
+    dog.close()
+
+
+def test_a_batch_wait_halted_by_the_flag_returns_not_ready(monkeypatch):
+    import ray
+
+    from cluster.watchdog import Watchdog
+
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([], refs))
+    dog = Watchdog(60.0, lambda role, waited, step: (role, {}))
+    halt = threading.Event()
+    threading.Timer(0.2, halt.set).start()
+    assert dog.ready("coordinator", Ref(), halt, poll_s=0.05) is False
+    dog.close()
