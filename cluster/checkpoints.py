@@ -118,6 +118,7 @@ class Checkpoints:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root, self.keep = Path(root), keep
+        self.saved_step: int | None = None  # the step this process last saved whole
 
     def tags(self) -> list[str]:
         """Whole checkpoints, newest first (the ``.staging`` of an interrupted save is not)."""
@@ -145,7 +146,9 @@ class Checkpoints:
             at[:] = "run_state", tag_dir / RUN_STATE
             fault_hook(*at, step)
             write_run_state(str(tag_dir / RUN_STATE))
-            return self.commit(tag_dir, step, at)
+            final = self.commit(tag_dir, step, at)
+            self.saved_step = step
+            return final
         except Exception as err:  # noqa: BLE001 - a write fault: said, and nothing left of it
             if is_actor_death(err):
                 raise

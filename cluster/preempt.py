@@ -159,16 +159,15 @@ def stop_run(trainer, stop: Preemption) -> Preempted:
     prompt), summary.json saying ``preempted``; returns the ``Preempted`` to raise."""
     t0 = time.time()
     trainer.dog.get("coordinator", trainer.coord.pause.remote())
-    if trainer.r.ckpts.latest() != f"step{trainer.step}":  # else: saved at this step already
+    if getattr(trainer.r.ckpts, "saved_step", None) != trainer.step:  # else: just saved
         trainer.save()
     save_s = time.time() - t0
     done = stop.saved(trainer.step, save_s)
     stop.say(done.line)
-    r = trainer.r
-    r.files.summary({"status": "preempted", "signal": signal.Signals(stop.signum).name
-                     if stop.signum else None, "steps": trainer.step,
-                     "policy_version": trainer.version, "checkpoint": f"step{trainer.step}",
-                     "checkpoint_s": round(save_s, 2),
-                     "signal_to_checkpoint_s": stop.t_signal and round(time.time() - stop.t_signal, 2),
-                     **trainer.totals})
+    since = round(time.time() - stop.t_signal, 2) if stop.t_signal else None
+    trainer.r.files.summary({
+        "status": "preempted", "signal": signal.Signals(stop.signum).name if stop.signum
+        else None, "steps": trainer.step, "policy_version": trainer.version,
+        "checkpoint": f"step{trainer.step}", "checkpoint_s": round(save_s, 2),
+        "signal_to_checkpoint_s": since, **trainer.totals})
     return done

@@ -76,6 +76,7 @@ def test_a_write_fault_at_any_stage_leaves_the_previous_checkpoint_whole(tmp_pat
     assert digest(ck.root / "step2") == before
     assert not (ck.root / ".staging").exists() and not (ck.root / "step4").exists()
     assert resumable(tmp_path).tags() == ["step2"]
+    assert ck.saved_step == 2  # a preemption at step 4 must write its own checkpoint
     monkeypatch.setattr(ckmod, "fault_hook", lambda *a: None)  # space freed: the next one saves
     save(ck, 6)
     assert ck.latest() == "step6" and ck.tags() == ["step6", "step2"]

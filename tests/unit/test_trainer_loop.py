@@ -76,14 +76,14 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
     def save(step, learner, coord, state):
         clock.advance(SAVE_S)
         saves.append(step)
+        run.ckpts.saved_step = step
 
     run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}),
               SimpleNamespace(rewards=(-1.0, 1.0)), RunState(version=0, step=step),
               FakeCoordinator(log, lambda: left.append(dog.time_left())),
               SimpleNamespace(report=_Remote(lambda *a: None)), dog,
               RunFiles(cfg.run_dir, "", progress=False), Tally(totals),
-              SimpleNamespace(save=save, latest=lambda: f"step{saves[-1]}" if saves else None),
-              Evaluating(evaluate))
+              SimpleNamespace(save=save), Evaluating(evaluate))
     return run, log, saves, left
 
 
