@@ -7,15 +7,18 @@ flight is trained (or dropped with a reason) after it. Short traces keep it to m
 
 The checkpoint's write time and the time from the signal to the exit are printed, not
 asserted (timing is bench.chaos's: ``sigterm_then_resume``); exit 4 itself says the
-checkpoint was whole within ``run.preempt_grace_s`` (past it the driver exits 143).
+checkpoint was whole within ``run.preempt_grace_s`` (past it the driver exits 143). The same
+under ``ray job stop`` against a ``ray start --head`` cluster.
 """
 import json
 import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
+from test_job_submit import head  # noqa: F401 - a `ray start --head` cluster of the test's own
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +28,7 @@ SHORT = ["rollout.batch_prompts=4", "run.eval_every=0", "cluster.address=local",
          "generators.measure_peak=false", "run.save_final=false", "run.stall_timeout_s=600",
          "task.difficulties=[1]", "task.n_train=2000", "task.n_heldout=100"]
 STEPS, SIGNAL_AFTER, GRACE_S = 5, 2, 120
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _steps_done(run_dir) -> int:
@@ -89,3 +93,45 @@ def test_sigterm_checkpoints_the_prompts_in_flight_and_the_resume_loses_nothing(
         {r["uid"] for r in read_lines(run_dir / "dropped.jsonl") if r["step"] > step} | \
         set(json.loads((run_dir / "inflight_at_end.json").read_text())["uids"])
     assert held <= after  # every prompt the checkpoint held: trained, dropped or still going
+
+
+@pytest.fixture
+def stop_wait(monkeypatch):
+    """``ray job stop``'s SIGKILL comes RAY_JOB_STOP_WAIT_TIME_S after its SIGTERM (3 s by
+    default, read by the job supervisor on the head node): set before the head starts."""
+    monkeypatch.setenv("RAY_JOB_STOP_WAIT_TIME_S", "90")
+
+
+def test_ray_job_stop_preempts_a_job_with_a_whole_checkpoint(stop_wait, head, tmp_path):
+    """``ray job stop`` on a running ``ray job submit -- python -m cluster.launch`` job: the
+    driver gets SIGTERM, checkpoints its last step and exits as preempted, within the
+    supervisor's wait (else Ray's SIGKILL would leave no such line)."""
+    import subprocess
+    import sys
+
+    from cluster.checkpoints import Checkpoints
+
+    url, env, _ = head
+    run_dir = tmp_path / "pre"
+    cmd = ["ray", "job", "submit", "--address", url, "--no-wait", "--submission-id", "pre",
+           "--working-dir", str(REPO), "--", sys.executable, "-m", "cluster.launch",
+           "v05.yaml", "run.max_steps=50", "run.name=pre", f"run.output_dir={tmp_path}",
+           "run.eval_every=0", "run.checkpoint_every=0", "run.save_final=false",
+           "generators.count=1", "rollout.batch_prompts=2", "algo.k_init=2", "algo.k_max=2",
+           "generators.measure_peak=false", f"run.preempt_grace_s={GRACE_S // 2}"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    deadline = time.time() + 900
+    while _steps_done(run_dir) < SIGNAL_AFTER and time.time() < deadline:
+        time.sleep(1)
+    assert _steps_done(run_dir) >= SIGNAL_AFTER
+    stopped = subprocess.run(["ray", "job", "stop", "--address", url, "pre"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    logs = subprocess.run(["ray", "job", "logs", "--address", url, "pre"], env=env,
+                          capture_output=True, text=True, timeout=120).stdout
+    said = re.search(r"^preempted: checkpoint step (\d+) written in ([\d.]+) s", logs, re.M)
+    assert said, (stopped.stdout + stopped.stderr + logs)[-3000:]
+    assert "preempting: SIGTERM received" in logs
+    step = int(said.group(1))
+    assert Checkpoints(run_dir / "checkpoints").latest() == f"step{step}"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
