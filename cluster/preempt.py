@@ -58,6 +58,7 @@ class Preemption:
         self.signum: int | None = None
         self.t_signal: float | None = None
         self.saved_step: int | None = None   # set once the preemption checkpoint is whole
+        self.cancelled_wait: bool | None = None  # a batch wait cancelled (True: nothing came)
         self._old: dict = {}
         self._timer: threading.Timer | None = None
 
@@ -149,9 +150,12 @@ def wait_batch(dog, coord, n: int, stop: Preemption):
 
     ray.cancel(ref)
     try:
-        return dog.get("coordinator", ref)  # handed over before the cancel reached it
+        batch = dog.get("coordinator", ref)  # handed over before the cancel reached it
     except ray.exceptions.TaskCancelledError:
+        stop.cancelled_wait = True
         raise Interrupted() from None
+    stop.cancelled_wait = False
+    return batch
 
 
 def stop_run(trainer, stop: Preemption) -> Preempted:
@@ -169,5 +173,6 @@ def stop_run(trainer, stop: Preemption) -> Preempted:
         "status": "preempted", "signal": signal.Signals(stop.signum).name if stop.signum
         else None, "steps": trainer.step, "policy_version": trainer.version,
         "checkpoint": f"step{trainer.step}", "checkpoint_s": round(save_s, 2),
-        "signal_to_checkpoint_s": since, **trainer.totals})
+        "signal_to_checkpoint_s": since, "batch_wait_cancelled": stop.cancelled_wait,
+        **trainer.totals})
     return done

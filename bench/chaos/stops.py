@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.chaos.outcome import Outcome, read_jsonl
+from bench.chaos.outcome import Outcome, read_jsonl, summary_of
 from bench.chaos.procs import ProcBench, _args, _resume, error_line, latest_step, launch
 
 GRACE_S = 60.0  # run.preempt_grace_s of the preempted run
@@ -65,6 +65,7 @@ def sigterm_then_resume(pb: ProcBench, seed: int = 0) -> Outcome:
             "checkpoint_write_s": m and float(m.group(2)),
             "signal_to_exit_s": round(t_exit - t_sig, 2), "grace_s": GRACE_S,
             "latest_at_exit": latest_step(run_dir), "left_behind_after_20s": left,
+            "batch_wait_cancelled": (summary_of(run_dir) or {}).get("batch_wait_cancelled"),
             "hung": rc is None}
     clean_stop = rc == 4 and m is not None and info["latest_at_exit"] == int(m.group(1))
     what = (f"SIGTERM {delay}s after step {at}: the driver "

@@ -37,7 +37,12 @@ def _steps_done(run_dir) -> int:
     return max((r["step"] for r in read_lines(run_dir / "metrics.jsonl")), default=0)
 
 
-def test_sigterm_checkpoints_the_prompts_in_flight_and_the_resume_loses_nothing(tmp_path):
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_sigterm_checkpoints_the_prompts_in_flight_and_the_resume_loses_nothing(tmp_path, mode):
+    """async: the signal lands mid-step (a batch is ready at once), the step finishes first.
+    sync: the next batch is generated after the publish, so a signal right after a step lands
+    in the driver's wait for it: that wait is cancelled (the cancelled ``next_batch`` hands
+    nothing over) and the checkpoint holds that batch's prompts in flight."""
     import msgpack
 
     from bench.chaos.procs import launch
@@ -45,8 +50,10 @@ def test_sigterm_checkpoints_the_prompts_in_flight_and_the_resume_loses_nothing(
     from cluster.run_files import prompt_fates, read_lines
 
     run_dir = tmp_path / "pre"
-    args = [*SHORT, f"run.output_dir={tmp_path}", "run.name=pre", f"run.max_steps={STEPS}",
-            "run.checkpoint_every=0", f"run.preempt_grace_s={GRACE_S}"]
+    args = [*SHORT, f"mode={mode}", f"run.output_dir={tmp_path}", "run.name=pre",
+            f"run.max_steps={STEPS}", "run.checkpoint_every=0", f"run.preempt_grace_s={GRACE_S}"]
+    if mode == "sync":  # a batch that takes seconds to generate: the signal lands in its wait
+        args += ["algo.k_init=8", "algo.k_max=8", "rollout.batch_prompts=8"]
     first = launch(args, tmp_path / "first.log")
     try:
         assert first.wait_until(lambda: _steps_done(run_dir) >= SIGNAL_AFTER, 900), \
@@ -64,18 +71,21 @@ def test_sigterm_checkpoints_the_prompts_in_flight_and_the_resume_loses_nothing(
                      r"run.resume=true$", log, re.M)
     assert said, log[-3000:]
     step = int(said.group(1))
-    print(f"preempted at step {step}: checkpoint written in {said.group(2)} s, "
-          f"{to_exit_s:.1f} s from SIGTERM to exit")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"{mode}: preempted at step {step}: checkpoint written in {said.group(2)} s, "
+          f"{to_exit_s:.1f} s from SIGTERM to exit; batch wait cancelled: "
+          f"{summary['batch_wait_cancelled']}")
+    if mode == "sync":
+        assert summary["batch_wait_cancelled"] is True
     assert step >= SIGNAL_AFTER and step == _steps_done(run_dir)
     ck = Checkpoints(run_dir / "checkpoints")
     assert ck.latest() == f"step{step}" and ck.tags() == [f"step{step}"]
     assert not (ck.root / ".staging").exists()
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "preempted" and summary["steps"] == step
     snap = msgpack.unpackb((ck.root / f"step{step}" / RUN_STATE).read_bytes(), raw=False,
                            strict_map_key=False)
     held = {p["uid"] for p in snap["scheduler"]["inflight"]}
-    assert held, "an asynchronous run has prompts in flight between steps"
+    assert held, "prompts in flight between steps (async), or the next batch's (sync)"
 
     second = launch([*args, "run.resume=true"], tmp_path / "resume.log")
     try:
