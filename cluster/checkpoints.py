@@ -7,6 +7,12 @@ It is written under ``.staging/`` and renamed into place only when every part is
 ``latest`` (the tag of the newest whole checkpoint) is replaced atomically last. A crash at
 any point leaves the previous checkpoint as ``latest``. On resume a checkpoint that fails to
 load (truncated, corrupt) is skipped for the previous one, and counted.
+
+A save that fails (a full disk, an unwritable directory, an I/O error: ENOSPC, EACCES, EIO,
+or torch's "file write failed") removes what it wrote and raises ``CheckpointWriteError``
+naming the checkpoint, the stage, the path, the error and the free space; ``latest`` and the
+previous checkpoint are untouched, so the run stops (the launcher's exit status 5) resumable
+from it. ``fault_hook`` is where tests inject such a fault at each stage.
 """
 from __future__ import annotations
 
@@ -19,8 +25,56 @@ from common.atomic import write_atomic
 RUN_STATE = "run_state.msgpack"
 
 
+CHECKPOINT_FAILED = 5  # the launcher's exit status when a checkpoint could not be written
+STAGES = ("learner", "run_state", "rename", "latest")  # a save's steps, in order
+FAULT_ENV = "V05_CHECKPOINT_FAULT"  # "<stage>@<step>[:errno name]": a fault injected there
+
+
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint was not written; nothing of it is left and ``latest`` still names the
+    previous whole checkpoint (if any)."""
+
+
+def fault_hook(stage: str, path: Path, step: int) -> None:
+    """Called before each stage of a save (``STAGES``) with the path that stage writes. Does
+    nothing unless ``$V05_CHECKPOINT_FAULT`` names this stage and step (then it raises the
+    OSError a full disk would: ENOSPC, or the errno named after a colon); tests replace it."""
+    spec = os.environ.get(FAULT_ENV, "")
+    where, _, name = spec.partition(":")
+    if spec and where == f"{stage}@{step}":
+        import errno
+
+        code = getattr(errno, name or "ENOSPC")
+        raise OSError(code, os.strerror(code) + f" (injected: {FAULT_ENV}={spec})", str(path))
+
+
+def is_actor_death(err: BaseException) -> bool:
+    """A role died during the save (Ray's ``RayActorError`` family): not a write fault, the
+    run's own failure handling applies."""
+    return any(c.__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError")
+               for c in type(err).__mro__)
+
+
+def describe_error(err: BaseException) -> str:
+    """``Type: first line of the message`` of what went wrong (a Ray task error: its cause)."""
+    cause = getattr(err, "cause", None) or err
+    text = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
+    return f"{type(cause).__name__}: {text[:300]}"
+
+
+def free_space(path: Path) -> str:
+    """'<n> MB free on <path>' for the nearest existing folder of ``path``."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return f"{shutil.disk_usage(p).free / 2**20:.1f} MB free on {p}"
+    except OSError as err:
+        return f"free space of {p} unknown ({err.strerror})"
 
 
 def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
@@ -38,6 +92,17 @@ def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
     return ckpts
 
 
+def run_state_writer(coordinator):
+    """``write_run_state`` for ``Checkpoints.save``: the coordinator actor writes its prompts
+    (``snapshot_to``) to the path."""
+    def write(path: str) -> int:
+        import ray
+
+        return ray.get(coordinator.snapshot_to.remote(path))
+
+    return write
+
+
 def stale_tags(tags: list[str], saved: int, keep: int) -> list[str]:
     """The checkpoints to remove once ``step<saved>`` is written: those of later steps (left
     by a run that was resumed from an older checkpoint: not this run's past, and a resume
@@ -53,6 +118,7 @@ class Checkpoints:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root, self.keep = Path(root), keep
+        self.saved_step: int | None = None  # the step this process last saved whole
 
     def tags(self) -> list[str]:
         """Whole checkpoints, newest first (the ``.staging`` of an interrupted save is not)."""
@@ -67,28 +133,59 @@ class Checkpoints:
         f = self.root / "latest"
         return f.read_text().strip() if f.is_file() else None
 
-    def save(self, step: int, learner, coordinator, client_state: dict) -> Path:
-        """Learner shards, then the coordinator's prompts, then the rename, then ``latest``."""
-        import ray
+    def save(self, step: int, learner, write_run_state, client_state: dict) -> Path:
+        """Learner shards, then the coordinator's prompts (``write_run_state(path)``), then the
+        rename, then ``latest``; ``CheckpointWriteError`` when a stage fails to write."""
+        staging, at = self.root / ".staging", ["learner", self.root / ".staging"]
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            fault_hook("learner", staging, step)
+            learner.save_checkpoint(str(staging), client_state)  # -> staging/step<N>/ (all ranks)
+            (tag_dir,) = [p for p in staging.iterdir() if p.is_dir()]
+            at[:] = "run_state", tag_dir / RUN_STATE
+            fault_hook(*at, step)
+            write_run_state(str(tag_dir / RUN_STATE))
+            final = self.commit(tag_dir, step, at)
+            self.saved_step = step
+            return final
+        except Exception as err:  # noqa: BLE001 - a write fault: said, and nothing left of it
+            if is_actor_death(err):
+                raise
+            raise self.failed(step, at, err) from err
 
-        staging = self.root / ".staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        learner.save_checkpoint(str(staging), client_state)  # -> staging/step<N>/ (all ranks)
-        (tag_dir,) = [p for p in staging.iterdir() if p.is_dir()]
-        ray.get(coordinator.snapshot_to.remote(str(tag_dir / RUN_STATE)))
-        return self.commit(tag_dir, step)
-
-    def commit(self, tag_dir: Path, step: int) -> Path:
-        """A checkpoint written whole under ``.staging/`` goes into place as ``step<N>``,
-        ``latest`` names it, and older ones are pruned (``stale_tags``)."""
+    def failed(self, step: int, at: list, err: BaseException) -> CheckpointWriteError:
+        """Remove what the failed save of ``step`` wrote; the error that says so."""
+        shutil.rmtree(self.root / ".staging", ignore_errors=True)
         final = self.root / f"step{step}"
+        if at[0] in ("rename", "latest") and self.latest() != final.name:
+            shutil.rmtree(final, ignore_errors=True)  # renamed, but never named by ``latest``
+        prev = self.latest()
+        return CheckpointWriteError(
+            f"checkpoint step{step} not written ({at[0]} stage, {at[1]}): "
+            f"{describe_error(err)}; {free_space(self.root)}; "
+            + (f"the previous checkpoint {prev} is whole and stays latest: free space, then "
+               "run.resume=true" if prev else "no earlier checkpoint to resume from"))
+
+    def commit(self, tag_dir: Path, step: int, at: list | None = None) -> Path:
+        """A checkpoint written whole under ``.staging/`` goes into place as ``step<N>``,
+        ``latest`` names it, and older ones are pruned (``stale_tags``). ``at``: the stage
+        reached, kept up to date for ``failed``."""
+        at = at if at is not None else [None, None]
+        final = self.root / f"step{step}"
+        at[:] = "rename", final
+        fault_hook(*at, step)
         shutil.rmtree(final, ignore_errors=True)  # a re-save of this step after a resume
         os.replace(tag_dir, final)
+        at[:] = "latest", self.root / "latest"
+        fault_hook(*at, step)
         write_atomic(self.root / "latest", final.name)
-        shutil.rmtree(self.root / ".staging", ignore_errors=True)
-        for old in stale_tags(self.tags(), step, self.keep):
-            shutil.rmtree(self.root / old, ignore_errors=True)
+        try:  # committed: what follows only tidies up
+            shutil.rmtree(self.root / ".staging", ignore_errors=True)
+            for old in stale_tags(self.tags(), step, self.keep):
+                shutil.rmtree(self.root / old, ignore_errors=True)
+        except OSError:
+            pass
         return final
 
     def load(self, learner) -> tuple[str, dict, Path, list[str]]:

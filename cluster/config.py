@@ -64,6 +64,14 @@ class RunConfig(Section):
     call_timeout_s: float = Field(600.0, gt=0, description=(
         "Longest wait for one remote call on the critical path (a generation request, a "
         "weight update) before its actor is taken for lost."))
+    preempt_grace_s: float = Field(25.0, gt=0, description=(
+        "After SIGTERM or SIGINT (preemption: SLURM, Kubernetes, spot instances, ray job "
+        "stop), the run stops admitting, checkpoints its state with every prompt in flight "
+        "and exits 4 (preempted, resumable with run.resume=true); if that takes longer than "
+        "this many seconds, or a second signal comes, it exits at once, the last whole "
+        "checkpoint kept (cluster/preempt.py). Keep it below the scheduler's grace period "
+        "(30 s by default in Kubernetes and SLURM; RAY_JOB_STOP_WAIT_TIME_S, 3 s unless set "
+        "where the head node starts, for ray job stop)."))
     checkpoint_every: int = Field(0, ge=0, description=(
         "Checkpoint every N steps (0: only at the end): learner state and every admitted, "
         "untrained prompt, written atomically (cluster/checkpoints.py)."))

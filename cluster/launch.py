@@ -10,7 +10,12 @@ directory holds one it continues from its newest whole checkpoint (``run.resume=
 default), says so and exits 0 when that checkpoint is at ``run.max_steps`` already, or
 refuses (exit 2) when there is no whole checkpoint (``cluster.paths.plan_start``).
 Exit status: 0 done (or nothing to do), 2 a bad request (config, model, data, placement, a
-previous run in the way), 3 the watchdog stopped a stalled run, 1 anything else.
+previous run in the way), 3 the watchdog stopped a stalled run, 4 preempted, resumable
+(SIGTERM or SIGINT: a whole checkpoint of the last step with its prompts in flight was written;
+the same command, or ``run.resume=true``, continues it), 5 a checkpoint could not be written
+(disk full, unwritable; the previous checkpoint is whole: free space, then relaunch), 143 or
+130 a second signal or the end of ``run.preempt_grace_s`` before the preemption checkpoint was
+whole (the last whole checkpoint is kept), 1 anything else.
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ def run(cfg, checked=None) -> dict:
     """Run one training job to the end; returns the summary."""
     import ray
 
+    from cluster.preempt import Preemption
     from cluster.runtime import connect, start_roles
     from cluster.trainer import Trainer
 
@@ -67,6 +73,8 @@ def run(cfg, checked=None) -> dict:
     if start.action == "overwrite":  # the trainer then finds it empty; it says a resume
         print(start.line(), file=sys.stderr, flush=True)
     started = connect(cfg, p)
+    stop = Preemption(cfg.run.preempt_grace_s)
+    stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
     roles = None
     try:
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
@@ -82,6 +90,7 @@ def run(cfg, checked=None) -> dict:
             roles.shutdown()
         if started:
             ray.shutdown()
+        stop.uninstall()
 
 
 def main(argv=None) -> int:
@@ -107,6 +116,8 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from common.rayproc import prefer_loopback
+    from cluster.checkpoints import CHECKPOINT_FAILED, CheckpointWriteError
+    from cluster.preempt import PREEMPTED, Preempted
     from cluster.watchdog import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
@@ -117,6 +128,12 @@ def main(argv=None) -> int:
         print(f"error: {stall}; see {cfg.run_dir / 'summary.json'} (stall_report)",
               file=sys.stderr, flush=True)
         return 3
+    except Preempted:  # its line is said; the checkpoint is whole
+        print(f"run directory: {cfg.run_dir}", flush=True)
+        return PREEMPTED
+    except CheckpointWriteError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return CHECKPOINT_FAILED
     print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s "
           f"({summary['train_wall_time_s']:.0f}s training, {summary['eval_time_s']:.0f}s "
           f"evaluating); {summary['prompts_trained']} prompts trained")

@@ -4,6 +4,11 @@
 ``tb/``, W&B's ``wandb/`` (through ``cluster.wandb_log``), and the progress lines on stderr;
 with ``prompt_fates``, the accounting check that reads them back (every admitted prompt
 trained, dropped or in flight at the end, exactly once).
+
+A write that fails (a full disk, an unwritable directory, an I/O error) never stops the run:
+its one-line warning names the path and the error, a line cut short is cut off again (every
+line of a .jsonl file parses), and ``summary.json`` counts the failures
+(``run_file_failures``). ``fault`` is where tests inject one.
 """
 from __future__ import annotations
 
@@ -13,9 +18,16 @@ import sys
 import time
 from pathlib import Path
 
+from common.atomic import write_atomic
+
 # Every line of dropped.jsonl: {"uid", "reason", "step"}; a NaN-skipped step's prompts are
 # dropped with this reason (the summary counts them among ``prompts_dropped``).
 NAN_SKIP = "learner_nan_skip"
+
+
+def fault(path: Path) -> None:
+    """Called before every write of a run file with its path; tests replace it to raise the
+    OSError a full disk would."""
 
 
 def _clean(v):
@@ -51,7 +63,7 @@ class RunFiles:
                 keep_steps(path, resume_step)
         self.progress = progress
         self.t0 = time.time()
-        self._prompts = None  # prompts.jsonl, opened at the first trained prompt
+        self.write_failures = 0
         self._recorder = self._rollouts(resume_step, record_rollouts)
         self._tb, self._wandb, self._summary = None, wandb, None
         if tensorboard:
@@ -69,13 +81,15 @@ class RunFiles:
 
     def step(self, m: dict) -> None:
         """metrics.jsonl's line for a step, TensorBoard's scalars, the progress line."""
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_clean(m)) + "\n")
+        self.append(self.metrics_path, [_clean(m)])
         if self._tb is not None:
-            for k, v in m.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, m["step"])
-            self._tb.flush()
+            try:
+                for k, v in m.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        self._tb.add_scalar(k, v, m["step"])
+                self._tb.flush()
+            except OSError as err:
+                self.failed(self.dir / "tb", err)
         if self._wandb is not None:
             self._wandb.log(m)
         if self.progress:
@@ -99,30 +113,65 @@ class RunFiles:
         if skipped:
             self.dropped([(r.uid, NAN_SKIP) for r in batch.records], step)
             return
-        if self._prompts is None:
-            self._prompts = self.prompts_path.open("a")
-        for r in batch.records:
-            self._prompts.write(json.dumps({**r.to_dict(), "step": step,
-                                            "t_trained": t_trained}) + "\n")
-        self._prompts.flush()
+        self.append(self.prompts_path, [{**r.to_dict(), "step": step, "t_trained": t_trained}
+                                        for r in batch.records])
 
     def dropped(self, drops, step: int) -> None:
         """dropped.jsonl: one line per (uid, reason)."""
-        with self.dropped_path.open("a") as f:
-            for uid, why in drops:
-                f.write(json.dumps({"uid": uid, "reason": why, "step": step}) + "\n")
+        self.append(self.dropped_path, [{"uid": uid, "reason": why, "step": step}
+                                        for uid, why in drops])
+
+    def append(self, path: Path, rows: list[dict]) -> bool:
+        """JSON lines appended whole or not at all (a failed write is cut off again, warned
+        about and counted); whether they were written."""
+        if not rows:
+            return True
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        try:
+            with path.open("a") as f:
+                start = f.tell()
+                try:
+                    fault(path)
+                    f.write(text)
+                    f.flush()
+                except OSError:
+                    f.truncate(start)  # what reached the file of these lines: needs no space
+                    raise
+        except OSError as err:
+            self.failed(path, err)
+            return False
+        return True
+
+    def write(self, path: Path, text: str) -> bool:
+        """A whole file, atomically (``common.atomic``); a failure is warned about and
+        counted, the previous file kept."""
+        try:
+            fault(path)
+            write_atomic(path, text)
+        except OSError as err:
+            self.failed(path, err)
+            return False
+        return True
+
+    def failed(self, path: Path, err: OSError) -> None:
+        """One line on stderr (always: a full disk is never silent), and the count."""
+        self.write_failures += 1
+        print(f"warning: could not write {path}: {type(err).__name__}: {err.strerror or err} "
+              f"(run file write failure {self.write_failures}; training goes on)",
+              file=sys.stderr, flush=True)
 
     def end(self, acct, step: int) -> None:
         """After the coordinator stopped: the drops after the last hand-over to dropped.jsonl,
         the uids still in flight to inflight_at_end.json (with prompts.jsonl: every admitted
         prompt's fate, by uid)."""
         self.dropped(acct.dropped_since_last_batch, step)
-        (self.dir / "inflight_at_end.json").write_text(
-            json.dumps({"step": step, "uids": list(acct.inflight_uids)}) + "\n")
+        self.write(self.dir / "inflight_at_end.json",
+                   json.dumps({"step": step, "uids": list(acct.inflight_uids)}) + "\n")
 
     def summary(self, s: dict) -> None:
-        self._summary = _clean(s)
-        (self.dir / "summary.json").write_text(json.dumps(self._summary, indent=2) + "\n")
+        """summary.json, with ``run_file_failures``: the writes of run files that failed."""
+        self._summary = _clean({**s, "run_file_failures": self.write_failures})
+        self.write(self.dir / "summary.json", json.dumps(self._summary, indent=2) + "\n")
 
     def report(self) -> None:
         """report.html from the run's files, the run's last; a failed report never fails the
@@ -137,8 +186,6 @@ class RunFiles:
             self._wandb.finish(self._summary, [self.dir / "summary.json", self.dir / "report.html"])
 
     def close(self) -> None:
-        if self._prompts is not None:
-            self._prompts.close()
         if self._recorder is not None:
             self._recorder.close()
         if self._tb is not None:
@@ -160,17 +207,27 @@ def keep_steps(path: Path, max_step: int) -> int:
     if not path.exists():
         return 0
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= max_step]
+    kept = [ln for ln in lines if (_parse(ln) or {"step": math.inf}).get("step", 0) <= max_step]
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(ln + "\n" for ln in kept))
     tmp.replace(path)
     return len(lines) - len(kept)
 
 
+def _parse(line: str) -> dict | None:
+    """A JSON line, or None for one cut short (a crash mid-write)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
 def read_lines(path: Path) -> list[dict]:
+    """The lines of a .jsonl file that parse (a line cut short by a crash is not one)."""
     path = Path(path)
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+    rows = [_parse(x) for x in path.read_text().splitlines() if x.strip()] \
         if path.exists() else []
+    return [r for r in rows if r is not None]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

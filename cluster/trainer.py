@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 
+from cluster.checkpoints import CheckpointWriteError, run_state_writer
 from cluster.metrics import StepTimes, TrainClock, generator_delta, run_summary, step_metrics
+from cluster.preempt import Interrupted, installed, stop_run, wait_batch
 from cluster.run_start import (Run, generator_stats, measure_peaks, publish, run_extras,
                                start_run)
 from cluster.watchdog import Stalled
@@ -58,15 +60,15 @@ class Trainer:
         self.after_step = after_step or (lambda step, metrics: None)
         self.initial_eval = initial_eval
         self.reused, self.final = initial_eval is not None, {}
-        self.clock = TrainClock(self.totals, time.time())
+        self.clock, self.stop = TrainClock(self.totals, time.time()), installed()
 
     @classmethod
     def start(cls, cfg, roles, task, after_step=None, initial_eval: dict | None = None):
         return cls(start_run(cfg, roles, task), after_step, initial_eval)
 
     def run(self) -> dict:
-        """Every step, then the coordinator's accounting, the last checkpoint, the trained
-        policy (``run.save_final``) and summary.json; ``Stalled`` past the watchdog."""
+        """Every step, then the coordinator's accounting, the last checkpoint, the trained policy
+        (``run.save_final``), summary.json; ``Stalled``, or ``Preempted`` (cluster.preempt)."""
         cfg, files = self.cfg, self.r.files
         initial = self.initial_evaluation()  # before the clock starts
         peaks = measure_peaks(self.r) if cfg.generators.measure_peak else None
@@ -82,11 +84,14 @@ class Trainer:
             self.save()
             if cfg.run.save_final:  # the trained policy, loadable by transformers and vLLM
                 self.export(cfg.run_dir / "final")
+        except Interrupted:  # a signal (cluster/preempt.py): checkpoint, then stop
+            self.step -= 1  # the step whose batch never came
+            raise stop_run(self, self.stop) from None
         except Stalled as stall:
-            files.summary({"status": "stalled", "stalled_on": stall.role, "stall_report":
-                           stall.report, "steps": self.step, "policy_version": self.version,
-                           **self.totals})
-            files.report()
+            stopped(self, "stalled", stalled_on=stall.role, stall_report=stall.report)
+            raise
+        except CheckpointWriteError as err:  # the previous checkpoint is whole: resumable
+            stopped(self, "checkpoint_failed", error=str(err))
             raise
         finally:
             self.close()
@@ -102,7 +107,7 @@ class Trainer:
         """One learner step; True when it was the last."""
         self.step += 1
         get, t0, g0 = self.dog.get, time.time(), generator_stats(self.roles.generators)
-        batch, t1 = timed(get, "coordinator", self.coord.next_batch.remote(self.batch_prompts))
+        batch, t1 = timed(wait_batch, self.dog, self.coord, self.batch_prompts, self.stop)
         result, t2 = timed(self.dog.call, "learner (train)", self.learner.train_step, batch.samples)
         last, eval_due = self.due(self.clock.tick(t2))
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
@@ -167,7 +172,7 @@ class Trainer:
         counters, and the coordinator's admitted, untrained prompts."""
         state = {"step": self.step, "policy_version": self.version, "totals": self.totals}
         self.dog.call("learner (checkpoint)", self.r.ckpts.save, self.step, self.learner,
-                      self.coord, state)
+                      run_state_writer(self.coord), state)
         self.dog.progress(self.step)  # as after an evaluation
 
     def snapshot_when_due(self) -> None:
@@ -189,6 +194,15 @@ class Trainer:
         self.r.files.close()
         self.dog.close()
         self.r.evaluator.close()
+
+
+def stopped(trainer, status: str, **why) -> None:
+    """summary.json and report.html of a run that stopped before its end (``status``:
+    stalled, checkpoint_failed), with why and its counters."""
+    files = trainer.r.files
+    files.summary({"status": status, **why, "steps": trainer.step,
+                   "policy_version": trainer.version, **trainer.totals})
+    files.report()
 
 
 def timed(fn, *args):

@@ -57,6 +57,23 @@ class Watchdog:
 
         return self.call(role, ray.get, ref)
 
+    def ready(self, role: str, ref, halt, poll_s: float = 0.2) -> bool:
+        """Wait within the deadline until ``ref`` is ready (True) or the event ``halt`` is
+        set first (False: the caller gives the call up); past the deadline, ``Stalled``."""
+        import ray
+
+        def poll() -> bool:
+            while not halt.is_set() and self.time_left() > 0:
+                if ray.wait([ref], timeout=poll_s)[0]:
+                    return True
+            return bool(ray.wait([ref], timeout=0)[0])
+
+        done = self.call(role, poll)
+        if not done and not halt.is_set():  # the deadline passed inside the poll
+            raise Stalled(*self.blame(role, round(time.time() - self.last_progress, 1),
+                                      self.step))
+        return done
+
     def close(self) -> None:
         self._calls.shutdown(wait=False, cancel_futures=True)
 

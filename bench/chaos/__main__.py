@@ -19,11 +19,17 @@ injects, one scenario at a time:
  7 reward_hangs                           reward.inject_fault=hang, one worker, short deadline
  8 nan_loss                               NaN advantages for one step's batch
  9 corrupt_checkpoint                     the newest checkpoint truncated, then resume
+10 sigterm_then_resume                    SIGTERM to the driver at a random step (no periodic
+                                          checkpoint): it checkpoints within
+                                          run.preempt_grace_s and exits 4; then run.resume=true
+11 disk_full_at_checkpoint                the run directory's tmpfs fills up during the step-4
+                                          checkpoint: exit 5 with step2 whole; space freed,
+                                          then run.resume=true
 
 In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
-``bench.harness`` starts them once and gives each scenario the same starting state); 4 and 5
-run the launcher in subprocesses, each with its own local Ray cluster, and stop only what
-those started.
+``bench.harness`` starts them once and gives each scenario the same starting state); 4, 5, 10
+and 11 run the launcher in subprocesses, each with its own local Ray cluster, and stop only
+what those started.
 
 Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
 prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.metrics.prompt_fates``), hung
@@ -47,7 +53,8 @@ from bench.harness import shared_roles, stamp, write_json
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 
-# name -> (where it runs, the function's name in bench.chaos.inproc or bench.chaos.procs)
+# name -> where it runs: the function of that name in bench.chaos.inproc (one shared cluster),
+# bench.chaos.procs or bench.chaos.stops (subprocesses)
 SCENARIOS = {
     "baseline": "inproc",
     "generator_killed_mid_generation": "inproc",
@@ -59,6 +66,8 @@ SCENARIOS = {
     "reward_hangs": "inproc",
     "nan_loss": "inproc",
     "corrupt_checkpoint": "inproc",
+    "sigterm_then_resume": "stops",
+    "disk_full_at_checkpoint": "stops",
 }
 QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_loss",
          "driver_sigkill"]
@@ -96,13 +105,15 @@ def run_inproc(names, base_cfg, workdir: Path, steps: int, budget_s: float, hold
 
 
 def run_procs(names, overrides, workdir: Path, steps: int, budget_s: float):
+    import importlib
+
     from bench.chaos import procs
 
     pb = procs.ProcBench(overrides=overrides, workdir=workdir, steps=steps, budget_s=budget_s)
     out = []
     for name in names:
         print(f"== {name} (subprocesses)", file=sys.stderr, flush=True)
-        o = getattr(procs, name)(pb)
+        o = getattr(importlib.import_module(f"bench.chaos.{SCENARIOS[name]}"), name)(pb)
         print(f"   {_line(o)}", file=sys.stderr, flush=True)
         out.append(o)
     return out
@@ -163,7 +174,7 @@ def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path)
                                                    "run.progress=false"])
         done, setup_s = run_inproc(local, base_cfg, workdir, st.steps, st.budget_s, st.hold_s)
         results.update((o.name, o) for o in done)
-    remote = [n for n in names if SCENARIOS[n] == "procs"]
+    remote = [n for n in names if SCENARIOS[n] in ("procs", "stops")]
     if remote:
         results.update((o.name, o) for o in run_procs(remote, overrides, workdir, st.steps,
                                                       st.budget_s))

@@ -14,7 +14,8 @@ def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
                      "step_time_s": 1.0, "eval_accuracy": 0.5, "loss": None}]
     err = capsys.readouterr().err
     assert "step    1" in err and "acc 0.500" in err and "k  4.5" in err and "busy  90%" in err
-    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"steps": 1}
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {
+        "steps": 1, "run_file_failures": 0}
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 

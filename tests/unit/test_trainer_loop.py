@@ -57,6 +57,9 @@ class Dog(Watchdog):
     def get(self, role, ref):  # the fake roles answer at once: the answer is the "ref"
         return self.call(role, lambda r: r, ref)
 
+    def ready(self, role, ref, halt, poll_s=0.2):  # answered at once
+        return True
+
 
 def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, list, list]:
     """A ``Run`` of fake roles; (run, call log, steps checkpointed, watchdog time left at
@@ -73,6 +76,7 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
     def save(step, learner, coord, state):
         clock.advance(SAVE_S)
         saves.append(step)
+        run.ckpts.saved_step = step
 
     run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}),
               SimpleNamespace(rewards=(-1.0, 1.0)), RunState(version=0, step=step),
@@ -154,3 +158,49 @@ def test_one_step_calls_the_roles_in_the_order_of_the_pseudocode(loop):
     assert t.log == ["next_batch", "pause", "set_version", "evaluate", "resume",
                      "next_batch", "pause", "set_version", "evaluate"]
     assert t.version == 2 and t.totals["eval_time_s"] == 2 * EVAL_S
+
+
+def test_a_signal_checkpoints_the_last_step_whole_then_stops_the_run(loop, monkeypatch):
+    """SIGTERM during step 3 (cluster/preempt.py): step 3 finishes and is recorded, the next
+    wait for a batch asks for nothing; admission paused, a checkpoint of step 3 (the periodic
+    one at step 2 is not the newest), summary.json says preempted, Preempted is raised."""
+    import io
+    import json
+    import signal
+
+    from cluster.preempt import Preempted, Preemption
+
+    monkeypatch.setattr(Trainer, "close", lambda self: None)  # fake roles: no ray.kill
+    t = loop(max_steps=10, eval_every=0, checkpoint_every=2)
+    t.r.cfg.generators.measure_peak = False
+    t.stop = Preemption(60.0, hard_exit=lambda code: pytest.fail(f"hard exit {code}"),
+                        out=io.StringIO())
+    t.after_step = lambda step, m: step == 3 and t.stop.handle(signal.SIGTERM)
+    with pytest.raises(Preempted) as done:
+        t.run()
+    t.stop.uninstall()
+    assert done.value.step == 3 and t.step == 3 and t.saves == [2, 3]
+    assert t.log.count("next_batch") == 3 and t.log[-1] == "pause"
+    summary = json.loads((t.cfg.run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["steps"] == 3
+    assert summary["checkpoint"] == "step3" and summary["signal"] == "SIGTERM"
+    assert [json.loads(x)["step"] for x in
+            (t.cfg.run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_signal_right_after_a_periodic_checkpoint_does_not_write_it_twice(loop, monkeypatch):
+    import io
+    import signal
+
+    from cluster.preempt import Preempted, Preemption
+
+    monkeypatch.setattr(Trainer, "close", lambda self: None)
+    t = loop(max_steps=10, eval_every=0, checkpoint_every=2)
+    t.r.cfg.generators.measure_peak = False
+    t.stop = Preemption(60.0, hard_exit=lambda code: pytest.fail(f"hard exit {code}"),
+                        out=io.StringIO())
+    t.after_step = lambda step, m: step == 4 and t.stop.handle(signal.SIGTERM)
+    with pytest.raises(Preempted):
+        t.run()
+    t.stop.uninstall()
+    assert t.saves == [2, 4]
