@@ -180,3 +180,17 @@ def test_importing_tasks_imports_neither_datasets_nor_pyarrow():
             "print(sorted(m for m in ('datasets', 'pyarrow', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_conversation_survives_a_checkpoint(tmp_path):
+    """The coordinator's checkpoint keeps in-flight problems as msgpack of dataclasses.asdict
+    (tuples come back as lists); the problem read back is the same, and hashable."""
+    import dataclasses
+
+    import msgpack
+
+    from tasks.base import Problem
+
+    p = Problem("7", "Be brief.\n\n2+2?", "4", messages=(("system", "Be brief."), ("user", "2+2?")))
+    back = Problem(**msgpack.unpackb(msgpack.packb(dataclasses.asdict(p)), raw=False))
+    assert back == p and hash(back) == hash(p)
