@@ -254,7 +254,8 @@ class Coordinator(CoordinatorCheckpoint):
         if pif is None:
             return
         req = RolloutRequest(d.request_id, pif.problem.id, pif.problem.prompt, len(d.indices),
-                             self.sampling, priority=d.priority)
+                             self.sampling, priority=d.priority,
+                             messages=pif.problem.messages)
         try:
             rollouts = await asyncio.wait_for(self.gens[d.generator].generate.remote(req),
                                               self.request_timeout_s)

@@ -42,19 +42,24 @@ from actors.engine_config import GeneratorConfig
 from common.types import Rollout, RolloutRequest
 
 
-def render_prompt(tokenizer, prompt: str, fmt: str = "auto",
-                  system: str | None = None) -> str | list[int]:
+def render_prompt(tokenizer, prompt: str, fmt: str = "auto", system: str | None = None,
+                  messages: tuple[tuple[str, str], ...] = ()) -> str | list[int]:
     """What the engine gets for a task prompt: the text itself (raw), or the token ids of the
-    chat template applied to a user turn with a generation prompt (ids, so that the engine
-    adds no second BOS to text the template already rendered)."""
+    chat template applied to the prompt's turns with a generation prompt (ids, so that the
+    engine adds no second BOS to text the template already rendered). The turns are
+    ``messages`` (a dataset's conversation) or else one user turn of ``prompt``; ``system``
+    goes first unless the conversation has its own system turn."""
     template = getattr(tokenizer, "chat_template", None)
     if fmt == "raw" or (fmt == "auto" and not template):
         return prompt
     if not template:
         raise ValueError("prompt_format 'chat' but the tokenizer has no chat template; "
                          "use 'raw' for base models")
-    turns = ([{"role": "system", "content": system}] if system else []) + \
+    convo = [{"role": r, "content": c} for r, c in messages] or \
         [{"role": "user", "content": prompt}]
+    own_system = any(m["role"] == "system" for m in convo)
+    turns = ([{"role": "system", "content": system}] if system and not own_system else []) + \
+        convo
     ids = tokenizer.apply_chat_template(turns, tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 returns an encoding
         ids = ids["input_ids"]
@@ -300,7 +305,7 @@ class Generator:
         priority = req.priority if self.cfg.scheduling_policy == "priority" else 0
         last = None  # an aborted request's final output carries no tokens: keep the last one's
         try:
-            async for out in self._engine.generate(self._engine_prompt(req.prompt),
+            async for out in self._engine.generate(self._engine_prompt(req.prompt, req.messages),
                                                    build_sampling_params(req, i),
                                                    request_id=rid, priority=priority):
                 last, final = final, out
@@ -330,15 +335,16 @@ class Generator:
                        t_start=t_start, t_end=time.time(), cancelled=cancelled,
                        incarnation=self._incarnation)
 
-    def _engine_prompt(self, prompt: str):
+    def _engine_prompt(self, prompt: str, messages: tuple = ()):
         """The prompt as the engine takes it (see ``render_prompt``), rendered once per text."""
-        out = self._rendered.get(prompt)
+        key = (prompt, messages)
+        out = self._rendered.get(key)
         if out is None:
             out = render_prompt(self._tokenizer, prompt, self.cfg.prompt_format,
-                                self.cfg.system_prompt)
+                                self.cfg.system_prompt, messages)
             if len(self._rendered) > 65536:
                 self._rendered.clear()
-            self._rendered[prompt] = out
+            self._rendered[key] = out
         return {"prompt_token_ids": out} if isinstance(out, list) else out
 
     def _integrate_seqs(self, now: float) -> None:

@@ -173,7 +173,7 @@ class RewardConfig(Section):
     workers: int | None = Field(None, ge=0, description=(
         "Verifier worker processes (each answer with a deadline, a hung one killed); 0 scores "
         "inline on the coordinator's loop; None: 2 for tasks with a slow verifier "
-        "(math_jsonl's math-verify), else 0."))
+        "(the math task's math-verify), else 0."))
     timeout_s: float = Field(10.0, gt=0, description=(
         "Per-answer deadline in a worker; a timed-out answer gets the low reward, counted."))
     overlong_buffer: int = Field(0, ge=0, description=(

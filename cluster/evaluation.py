@@ -91,13 +91,14 @@ def eval_requests(problems: list, max_tokens: int, samples: int, temperature: fl
         raise ValueError(f"{samples} samples per prompt: at most {SEEDS_PER_PROMPT}")
     ids = itertools.count()
     greedy = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
-    out = [(p, "greedy", RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, 1, greedy))
-           for p in problems]
+    out = [(p, "greedy", RolloutRequest(f"{prefix}-{next(ids)}", p.id, p.prompt, 1, greedy,
+                                        messages=p.messages)) for p in problems]
     if samples:
         out += [(p, "sampled", RolloutRequest(
             f"{prefix}-{next(ids)}", p.id, p.prompt, samples,
             SamplingConfig(temperature=temperature, max_tokens=max_tokens,
-                           seed=eval_seed_base(seed, p.id)))) for p in problems]
+                           seed=eval_seed_base(seed, p.id)), messages=p.messages))
+            for p in problems]
     return out
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
-CHECK = "import numpy, pydantic, ray, torch, transformers, deepspeed, vllm, math_verify, msgpack"
+CHECK = ("import numpy, pydantic, ray, torch, transformers, deepspeed, vllm, math_verify, msgpack, "
+         "datasets")
 
 
 def pip(*args: str) -> None:

@@ -86,7 +86,8 @@ def check_prompts(model_path: str, task, engine, max_tokens: int, sample: int = 
         picked = problems if len(problems) <= sample else rng.sample(problems, sample)
         for p in picked:
             try:
-                out = render_prompt(tok, p.prompt, engine.prompt_format, engine.system_prompt)
+                out = render_prompt(tok, p.prompt, engine.prompt_format, engine.system_prompt,
+                                    p.messages)
                 ids = out if isinstance(out, list) else tok(out, add_special_tokens=True)["input_ids"]
             except Exception as err:  # noqa: BLE001
                 raise PreflightError(f"the tokenizer cannot encode {split} prompt {p.id!r} "

@@ -24,7 +24,9 @@ class SamplingConfig:
 class RolloutRequest:
     """Ask a generator for ``n`` completions of one prompt. ``priority``: lower is scheduled
     first by engines that support priority scheduling (extra rollouts of a prompt in flight
-    go before new prompts)."""
+    go before new prompts). ``messages``: the prompt's chat turns, (role, content) pairs,
+    when it is a conversation other than one user turn (``tasks.base.Problem.messages``);
+    empty: ``prompt`` is the user turn."""
 
     request_id: str
     prompt_id: str
@@ -32,6 +34,7 @@ class RolloutRequest:
     n: int
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     priority: int = 0
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -4,26 +4,31 @@
 this package pulls in neither torch nor math_verify (the math verifier imports lazily).
 
 Tasks: ``stepwise`` (the default: repeated +d/-d written out as a reasoning trace, with an
-embedded policy that RL can improve), ``arithmetic`` (bare answers of 2-5 tokens) and
-``math_jsonl`` (DAPO-Math-17k-shaped files). Embedded policies: ``tasks.policy``.
+embedded policy that RL can improve), ``arithmetic`` (bare answers of 2-5 tokens) and ``math``
+(a dataset file as verl and OpenRLHF users have one: Parquet or JSON lines, verl's column
+layout or any columns named by ``prompt_key``/``answer_key``; ``math_jsonl`` is its earlier
+name). Embedded policies: ``tasks.policy``. Neither ``datasets`` nor pyarrow is imported here:
+the math task reads its file on first use.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks import stepwise
 from tasks.arithmetic import ArithmeticTask, check_difficulties
 from tasks.base import Problem, Task, Verdict, check_rewards
-from tasks.math_jsonl import MathJsonlTask
+from tasks.math_task import MathTask, check_key
 from tasks.stepwise import StepwiseTask
 
 TASKS: dict[str, type[Task]] = {
     StepwiseTask.name: StepwiseTask,
     ArithmeticTask.name: ArithmeticTask,
-    MathJsonlTask.name: MathJsonlTask,
+    MathTask.name: MathTask,
+    "math_jsonl": MathTask,  # the math task's earlier name (JSONL only then): configs keep it
 }
+# The tasks that read a dataset file (task.path).
+DATASET_TASKS = ("math", "math_jsonl")
 # The task of the CPU default run, and of the policy that ``tasks.policy.ensure_default_policy``
 # builds when no task is named.
 DEFAULT_TASK = StepwiseTask.name
@@ -46,11 +51,12 @@ class TaskConfig(BaseModel):
 
     name: str = Field(DEFAULT_TASK, description=(
         "Registered task name: 'stepwise' (reasoning traces, the CPU default), 'arithmetic' "
-        "(bare answers) or 'math_jsonl'."))
+        "(bare answers) or 'math' (a dataset file: Parquet, JSON lines, a save_to_disk "
+        "directory; 'math_jsonl' is its earlier name)."))
     seed: int = Field(0, description="Seed of the problem sampling / held-out selection.")
     n_train: int | None = Field(None, ge=1, description=(
         "Number of train problems; None = the task's default (stepwise: 4000, arithmetic: 800, "
-        "math_jsonl: all)."))
+        "math: all)."))
     n_heldout: int = Field(200, ge=1, description="Number of held-out evaluation problems.")
     reward_low: float = Field(-1.0, description="Reward of a wrong or unparseable answer (r_lo).")
     reward_high: float = Field(1.0, description="Reward of a correct answer (r_hi).")
@@ -58,9 +64,21 @@ class TaskConfig(BaseModel):
         "stepwise and arithmetic: difficulty levels to draw problems from, spread evenly "
         "(1 = easiest). stepwise: the number of steps, 1: 1-2, 2: 3-4, 3: 5-10, 4: 11-20; "
         "arithmetic: operand digits and operators (tasks/arithmetic.py LEVELS)."))
-    path: str | None = Field(None, description="math_jsonl: the JSONL dataset (train split).")
+    path: str | None = Field(None, description=(
+        "math: the dataset (train split): a .parquet, .jsonl or .json file (optionally "
+        ".gz/.bz2/.xz/.zst), or a directory written by datasets' save_to_disk; local, never "
+        "fetched from the hub."))
     heldout_path: str | None = Field(None, description=(
-        "math_jsonl: optional JSONL held-out split; without it n_heldout prompts of `path` are held out."))
+        "math: optional held-out dataset, as `path`; without it n_heldout prompts of `path` "
+        "are held out."))
+    prompt_key: str = Field("prompt", description=(
+        "math: the prompt column (OpenRLHF's --input_key); a dotted path reaches into a nested "
+        "column. Its cells are strings, taken as is, or chat messages [{role, content}, ...] "
+        "(verl's layout), rendered with the model's chat template when it has one."))
+    answer_key: str | None = Field(None, description=(
+        "math: the ground-truth column (OpenRLHF's --label_key), e.g. 'answer' or "
+        "'reward_model.ground_truth'; None: 'reward_model.ground_truth' (verl's layout) when "
+        "the file has it, else 'answer'. Strings or numbers."))
 
     @field_validator("name")
     @classmethod
@@ -74,20 +92,27 @@ class TaskConfig(BaseModel):
         check_rewards(self.reward_low, self.reward_high)
         if self.name in _LEVEL_CHECKS:
             _LEVEL_CHECKS[self.name](self.difficulties)
-        if self.name == "math_jsonl":
-            if self.path is None:
-                raise ValueError("task 'math_jsonl' needs `path` (a JSONL file)")
+        if self.name in DATASET_TASKS and self.path is None:
+            raise ValueError(f"task {self.name!r} needs `path` (a .parquet, .jsonl or .json "
+                             "file, or a save_to_disk directory)")
+        check_key(self.prompt_key, "task.prompt_key")
+        if self.answer_key is not None:
+            check_key(self.answer_key, "task.answer_key")
         return self
 
     def check_files(self) -> None:
-        """The dataset files exist. Checked when the task is built (at launch, before any
-        actor starts), not at parse time, so a config for another machine still parses."""
+        """The datasets exist, in a format the task reads. Checked when the task is built (at
+        launch, before any actor starts), not at parse time, so a config for another machine
+        still parses. Their rows are checked when the task first reads them (preflight)."""
+        from tasks.datafile import check_source
+
         for field in ("path", "heldout_path"):
             p = getattr(self, field)
-            if p is not None and Path(p).is_dir():
-                raise ValueError(f"task.{field}: {p} is a directory, not a dataset file")
-            if p is not None and not Path(p).is_file():
-                raise ValueError(f"task.{field}: dataset file {p} does not exist")
+            if p is not None:
+                try:
+                    check_source(p)
+                except ValueError as err:
+                    raise ValueError(f"task.{field}: {err}") from None
 
 
 def make_task_from_config(cfg: TaskConfig) -> Task:
@@ -97,9 +122,10 @@ def make_task_from_config(cfg: TaskConfig) -> Task:
     if cfg.name in _LEVEL_CHECKS:
         extra = {"n_train": cfg.n_train} if cfg.n_train is not None else {}
         return make_task(cfg.name, difficulties=tuple(cfg.difficulties), **extra, **common)
-    return make_task("math_jsonl", path=cfg.path, heldout_path=cfg.heldout_path,
-                     n_train=cfg.n_train, **common)
+    return make_task(cfg.name, path=cfg.path, heldout_path=cfg.heldout_path,
+                     n_train=cfg.n_train, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+                     **common)
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Problem", "Task", "TaskConfig", "Verdict", "make_task",
-           "make_task_from_config", "ArithmeticTask", "MathJsonlTask", "StepwiseTask"]
+__all__ = ["DATASET_TASKS", "DEFAULT_TASK", "TASKS", "Problem", "Task", "TaskConfig", "Verdict",
+           "make_task", "make_task_from_config", "ArithmeticTask", "MathTask", "StepwiseTask"]

@@ -13,12 +13,22 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt with its reference answer. ``difficulty`` is a task-specific level (0 = unknown)."""
+    """One prompt with its reference answer. ``difficulty`` is a task-specific level (0 = unknown).
+
+    ``messages``: the chat turns, (role, content) pairs, of a dataset prompt that is a
+    conversation other than one user turn (e.g. a system turn first); generators with a chat
+    template render those turns. Empty for a plain prompt: ``prompt`` is then the user turn.
+    With turns, ``prompt`` is their contents joined by a blank line (the prompt's identity in
+    records and splits, and what a model without a chat template reads)."""
 
     id: str
     prompt: str
     answer: str
     difficulty: int = 0
+    messages: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):  # lists after a checkpoint's round trip: tuples, so it hashes
+        object.__setattr__(self, "messages", tuple(tuple(m) for m in self.messages))
 
 
 @dataclass(frozen=True)

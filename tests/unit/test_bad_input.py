@@ -72,7 +72,7 @@ BAD_DATASETS = {  # file name: (its content, what the error must say)
                      r"latin1\.jsonl:3: not UTF-8 text \(byte 0xe9"),
     "nulls.jsonl": (lines(4) + "null\n", r"nulls\.jsonl:5: expected a JSON object, got null"),
     "blank.jsonl": (lines(3) + '{"prompt": [{"role": "user", "content": ""}], "answer": "1"}\n',
-                    r"blank\.jsonl:4: 'prompt' is blank"),
+                    r"blank\.jsonl:4: column 'prompt': blank"),
     "empty.jsonl": ("\n\n", r"empty\.jsonl: no problems in file"),
     "one.jsonl": ('{"prompt": "q", "answer": "1"}\n' * 6,
                   r"task\.n_heldout\) must be in \[1, 1\): .*one\.jsonl holds 1 distinct prompts"),
@@ -93,15 +93,44 @@ def test_a_bad_dataset_is_named_by_file_and_line(launcher, model_dir, tmp_path, 
     assert re.search(message, err), err
 
 
+def verl_parquet(path, n: int, bad_row: int | None = None):
+    """``n`` rows in verl's layout; row ``bad_row`` without a ground truth."""
+    import pandas as pd
+
+    pd.DataFrame([{"data_source": "t", "prompt": [{"role": "user", "content": f"{i} + 1 = ?"}],
+                   "ability": "math", "extra_info": {"index": i},
+                   "reward_model": {"style": "rule",
+                                    "ground_truth": None if i == bad_row else str(i + 1)}}
+                  for i in range(n)]).to_parquet(path)
+    return path
+
+
+def test_a_verl_parquet_gets_past_every_check_and_a_bad_row_or_key_stops_it(launcher, model_dir,
+                                                                             tmp_path):
+    with pytest.raises(ActorWouldStart):
+        launcher(*math_task(verl_parquet(tmp_path / "ok.parquet", 6), model_dir), "task.name=math")
+    bad = verl_parquet(tmp_path / "bad.parquet", 6, bad_row=4)
+    rc, err = launcher(*math_task(bad, model_dir), "task.name=math")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.fullmatch(r"error: .*bad\.parquet: row 4 \(0-based\): column "
+                        r"'reward_model\.ground_truth': missing or null\n", err), err
+    rc, err = launcher(*math_task(tmp_path / "ok.parquet", model_dir), "task.name=math",
+                       "task.prompt_key=question")
+    assert rc == 2 and re.fullmatch(r"error: .*ok\.parquet: task\.prompt_key 'question' is not a "
+                                    r"column; its columns: data_source, prompt, .*\n", err), err
+
+
 DATASET_PATHS = [
     ("missing.jsonl", r"task\.path: dataset file .*missing\.jsonl does not exist"),
-    ("a-folder", r"task\.path: .*a-folder is a directory, not a dataset file"),
+    ("a-folder", r"task\.path: .*a-folder is a directory but not one written by save_to_disk"),
+    ("data.csv", r"task\.path: .*data\.csv: unknown dataset format '\.csv'"),
 ]
 
 
 @pytest.mark.parametrize("where, message", DATASET_PATHS, ids=[c[0] for c in DATASET_PATHS])
 def test_a_dataset_path_that_is_not_a_file(launcher, model_dir, tmp_path, where, message):
     (tmp_path / "a-folder").mkdir()
+    (tmp_path / "data.csv").write_text("prompt,answer\n1+1,2\n")
     rc, err = launcher(*math_task(tmp_path / where, model_dir), "--dry-run")
     assert rc == 2 and re.search(message, err), err
 

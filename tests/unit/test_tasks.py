@@ -153,7 +153,8 @@ def test_reference_answers_score_r_hi(task):
 # ---- registry and config --------------------------------------------------------------------
 
 def test_registry_names():
-    assert set(TASKS) == {"stepwise", "arithmetic", "math_jsonl"}
+    assert set(TASKS) == {"stepwise", "arithmetic", "math", "math_jsonl"}
+    assert TASKS["math_jsonl"] is TASKS["math"]  # the earlier name of the dataset task
     assert isinstance(make_task("arithmetic", n_train=10, n_heldout=10), ArithmeticTask)
     assert isinstance(make_task("stepwise", n_train=10, n_heldout=10), StepwiseTask)
     assert DEFAULT_TASK == "stepwise"
@@ -212,9 +213,40 @@ def test_config_math_jsonl_path_checked_when_the_task_is_built(tmp_path):
                                          heldout_path=str(missing)))
 
 
-def test_config_builds_math_jsonl():
-    t = make_task_from_config(TaskConfig(name="math_jsonl", path=str(FIXTURE), n_heldout=3))
+@pytest.mark.parametrize("name", ["math", "math_jsonl"])
+def test_config_builds_the_math_task(name):
+    t = make_task_from_config(TaskConfig(name=name, path=str(FIXTURE), n_heldout=3))
     assert len(t.heldout()) == 3 and len(t.train()) == 8
+
+
+def test_config_passes_the_dataset_keys(tmp_path):
+    f = tmp_path / "openrlhf.jsonl"
+    f.write_text("".join(json.dumps({"input": {"text": f"{i}+1?"}, "label": i + 1}) + "\n"
+                         for i in range(4)))
+    t = make_task_from_config(TaskConfig(name="math", path=str(f), n_heldout=1,
+                                         prompt_key="input.text", answer_key="label"))
+    assert sorted(p.answer for p in t.train() + t.heldout()) == ["1", "2", "3", "4"]
+    with pytest.raises(ValueError, match=r"openrlhf\.jsonl: task\.answer_key 'answer' is not a "
+                                         r"column; its columns: input, input\.text, label"):
+        make_task_from_config(TaskConfig(name="math", path=str(f), n_heldout=1,
+                                         prompt_key="input.text", answer_key="answer")).train()
+
+
+@pytest.mark.parametrize("key", ["", " prompt", "a..b", "reward_model."])
+def test_config_rejects_a_key_that_is_no_column_path(key):
+    with pytest.raises(ValueError, match="task.prompt_key .* must be a column name"):
+        TaskConfig(name="math", path="d.parquet", prompt_key=key)
+    with pytest.raises(ValueError, match="task.answer_key .* must be a column name"):
+        TaskConfig(name="math", path="d.parquet", answer_key=key)
+
+
+def test_config_checks_the_dataset_format_when_the_task_is_built(tmp_path):
+    (tmp_path / "d.csv").write_text("prompt,answer\n1+1,2\n")
+    with pytest.raises(ValueError, match=r"task\.path: .*d\.csv: unknown dataset format '\.csv'"):
+        make_task_from_config(TaskConfig(name="math", path=str(tmp_path / "d.csv")))
+    with pytest.raises(ValueError, match=r"task\.path: .* is a directory but not one written by "
+                                         "save_to_disk"):
+        make_task_from_config(TaskConfig(name="math", path=str(tmp_path)))
 
 
 def test_config_round_trips_json():
