@@ -3,6 +3,8 @@
 Engine start dominates on a CPU, so a bench starts the roles once (``shared_roles``) and runs
 every mode on them, each from the same state (``Shared.reset``: the learner's initial
 weights, served by every generator, and an empty prior; ``cluster.runtime.reset_roles``).
+``lend_roles`` goes one further: inside it, every bench of the process runs on roles already
+started (the test suite runs two benches on one start: tests/integration/test_benches.py).
 ``round_robin`` interleaves the modes so that drift in the machine's load spreads over them;
 ``stamp`` and ``write_json`` write the results with the command that made them and its date.
 
