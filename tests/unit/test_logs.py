@@ -57,3 +57,29 @@ def test_the_cpu_builds_triton_notice_stays_off_the_console_and_errors_do_not(tm
     assert out.returncode == 0, out.stderr
     assert "CPU backend" not in out.stderr + log.read_text()
     assert "ERROR vllm.triton_utils.importing: a real Triton error" in out.stderr
+
+
+def test_the_local_clusters_token_auth_notice_is_dropped_and_its_errors_are_not(caplog):
+    """cluster.runtime.quiet_auth_notice, called before the launcher's ray.init starts a local
+    cluster: the logger it quiets is the one Ray's notice is logged on (read from Ray's source
+    without importing Ray: this tier runs without it), and only warnings are dropped."""
+    import importlib.util
+    import logging
+    from pathlib import Path
+
+    from cluster.runtime import AUTH_NOTICE_LOGGER, quiet_auth_notice
+
+    ray_dir = Path(importlib.util.find_spec("ray").submodule_search_locations[0])
+    source = ray_dir.joinpath(*AUTH_NOTICE_LOGGER.split(".")[1:]).with_suffix(".py").read_text()
+    assert "logger = logging.getLogger(__name__)" in source
+    assert "Token authentication is enabled for this Ray cluster" in source
+    log = logging.getLogger(AUTH_NOTICE_LOGGER)
+    level = log.level
+    try:
+        quiet_auth_notice()
+        with caplog.at_level(logging.DEBUG):  # the root's level; the logger keeps its own
+            log.warning("Token authentication is enabled for this Ray cluster.")
+            log.error("a real authentication error")
+        assert [r.getMessage() for r in caplog.records] == ["a real authentication error"]
+    finally:
+        log.setLevel(level)
