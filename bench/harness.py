@@ -3,6 +3,8 @@
 Engine start dominates on a CPU, so a bench starts the roles once (``shared_roles``) and runs
 every mode on them, each from the same state (``Shared.reset``: the learner's initial
 weights, served by every generator, and an empty prior; ``cluster.runtime.reset_roles``).
+``lend_roles`` goes one further: inside it, every bench of the process runs on roles already
+started (the test suite runs two benches on one start: tests/integration/test_benches.py).
 ``round_robin`` interleaves the modes so that drift in the machine's load spreads over them;
 ``stamp`` and ``write_json`` write the results with the command that made them and its date.
 
@@ -61,17 +63,51 @@ class Shared:
         return Trainer.start(cfg, self.roles, self.task, **kw)
 
 
+def role_shape(cfg) -> dict:
+    """What long-lived roles are made of (the model, the engines, the learner, the prior, the
+    optimiser): two configs with the same shape can run on the same actors."""
+    return {"model": cfg.model_path(), "generators": cfg.generators.count,
+            "engine": cfg.generators.engine.model_dump(), "learner": cfg.learner.model_dump(),
+            "prior": cfg.prior.model_dump(), "optim": cfg.optim.model_dump()}
+
+
+_lent: list[tuple[Shared, dict]] = []  # (roles, their shape) lent by ``lend_roles``
+
+
+@contextmanager
+def lend_roles(shared: Shared, cfg) -> Iterator[Shared]:
+    """Inside this block every ``shared_roles`` of this process runs on ``shared``'s roles
+    (started with ``cfg``) instead of starting its own, and leaves them running: several
+    benches, e.g. in one test module, pay for one start. A config of another shape is
+    refused (``role_shape``)."""
+    entry = (shared, role_shape(cfg))
+    _lent.append(entry)
+    try:
+        yield shared
+    finally:
+        _lent.remove(entry)
+
+
 @contextmanager
 def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
     """Start ``cfg``'s roles once (joining a cluster, else starting a local one) and save the
     learner's initial state under ``workdir/init``; on the way out shut the roles down, and
-    the cluster if this started it, whatever happened inside."""
+    the cluster if this started it, whatever happened inside. Within ``lend_roles``: the
+    lent roles, with this config's task, left running."""
     import ray
 
     from cluster.placement import plan
     from cluster.runtime import connect, start_roles
     from tasks import make_task_from_config
 
+    if _lent:
+        lent, shape = _lent[-1]
+        if role_shape(cfg) != shape:
+            raise ValueError("shared_roles: the lent roles have another shape than this "
+                             "config's (model, engines, learner, prior or optimiser)")
+        yield Shared(roles=lent.roles, task=make_task_from_config(cfg.task),
+                     init_dir=lent.init_dir, setup_s=0.0)
+        return
     t0 = time.time()
     p = plan(cfg)
     started = connect(cfg, p)

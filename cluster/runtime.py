@@ -47,10 +47,26 @@ def connect(cfg, plan: Plan) -> bool:
         except ConnectionError:
             pass
     cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
+    quiet_auth_notice()
     ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
              logging_level="WARNING")
     return True
+
+
+AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def quiet_auth_notice() -> None:
+    """Ray 2.60 turns token authentication on for every cluster ``ray.init`` starts and says
+    so with a WARNING on the console ("Token authentication is enabled for this Ray cluster
+    ..."). That is the safe default we keep (the cluster listens on 127.0.0.1 only; the token
+    guards it against other users of this machine); there is nothing for the user to do, so
+    the notice is dropped (its logger's level only: an authentication *error* still shows).
+    ``RAY_AUTH_MODE`` set by the user still decides, as Ray documents."""
+    import logging
+
+    logging.getLogger(AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
 
 
 @dataclass

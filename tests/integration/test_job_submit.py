@@ -86,6 +86,13 @@ def test_a_job_keeps_its_outputs_at_the_printed_path_after_the_cluster_stops(hea
     assert "working_dir_files" not in str(run_dir)
     # The console stayed quiet: engine start-up went to the log files.
     assert "Loading safetensors checkpoint shards" not in logs
+    # No warning the user can do nothing about: the job's own console (the launcher's output
+    # and every role's forwarded lines, which the CLI tails to its stdout) has no line that
+    # says "warning". Ray's CLI says its own things before that (e.g. that it leaves .git out
+    # of the uploaded --working-dir): the user's command, not the run.
+    job_console = res.stdout.split("Tailing logs until the job exits", 1)[1]
+    warned = [line for line in job_console.splitlines() if "warning" in line.lower()]
+    assert warned == [], "\n".join(warned)
     stop()  # the cluster and its session files are gone; the outputs must not be
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["policy_version"] == 1

@@ -153,6 +153,39 @@ def test_shared_roles_stop_the_cluster_they_started_when_the_roles_fail(fake_clu
     assert calls == ["connect", "ray.shutdown"]
 
 
+def test_lent_roles_serve_every_bench_of_the_same_shape_and_stay_up(fake_cluster, tmp_path):
+    """lend_roles: a second bench (here two) runs on roles already started, with its own
+    task, neither starting nor stopping anything; another shape is refused."""
+    from bench.harness import lend_roles, role_shape
+
+    calls, _ = fake_cluster
+
+    def cfg(task="T", lr=1e-4, **engine):
+        dump = lambda d: SimpleNamespace(model_dump=lambda: dict(d))  # noqa: E731
+        return SimpleNamespace(task=task, model_path=lambda: "/model",
+                               generators=SimpleNamespace(count=2, engine=dump(engine)),
+                               learner=dump({"ranks": 1}), prior=dump({"backend": "e"}),
+                               optim=dump({"lr": lr}))
+
+    assert role_shape(cfg()) == role_shape(cfg(task="other"))  # the task is the run's
+    assert role_shape(cfg()) != role_shape(cfg(lr=1e-3))
+    with shared_roles(cfg(), tmp_path) as shared, lend_roles(shared, cfg()):
+        started = list(calls)
+        for task in ("A", "B"):
+            with shared_roles(cfg(task), tmp_path / task) as lent:
+                assert lent.roles is shared.roles and lent.init_dir == shared.init_dir
+                assert lent.task == ("task", task) and lent.setup_s == 0.0
+                lent.reset("r")
+        with pytest.raises(ValueError, match="another shape"), \
+                shared_roles(cfg(max_num_seqs=8), tmp_path):
+            pass
+        assert calls == started + [("reset", "r", shared.init_dir)] * 2  # nothing started
+    assert calls[-2:] == ["roles.shutdown", "ray.shutdown"]  # the lender's own exit
+    with shared_roles(cfg(), tmp_path):  # lending ended: a bench starts its own again
+        pass
+    assert calls.count("connect") == 2
+
+
 def test_the_harness_and_the_benches_import_nothing_heavy():
     import subprocess
 

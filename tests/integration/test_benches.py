@@ -1,0 +1,124 @@
+"""Two benchmarks end to end, on one set of real actors (v05.yaml's: vLLM generators, the
+DeepSpeed learner, the embedded prior) that the module starts once and lends to both
+(``bench.harness.lend_roles``): each bench's ``main`` runs as ``python -m bench.NAME ARGS``
+would, in this process, and its ``shared_roles`` gets these roles instead of starting its own
+cluster (the start dominates on a CPU). Each bench resets the roles to the same starting
+state before every run, as it does on its own actors.
+
+- ``python -m bench.chaos`` on two faults injected into real runs of the default task: a
+  generator crashed while it holds rollouts (its work re-issued, Ray's restart re-synced and
+  used again; the admission race that once lost prompts here) and a NaN loss (the step
+  skipped, its prompts dropped with a reason, admission reopened). Each run is judged on its
+  own files, by prompt uid. The other scenarios run in ``python -m bench.chaos``
+  (bench/results/chaos.json); the suite covers them elsewhere: crash and resume, a corrupt
+  checkpoint and a stalled run in test_pipeline.py, a raising and a hung verifier in
+  tests/unit/test_scoring.py. Short traces (task.difficulties=[1]) keep it to minutes.
+- ``python -m bench.learning --quick``: two modes, each for a short training budget, every
+  run evaluated at its start and its end; the result file has every pinned key.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+pytest.importorskip("ray")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lent_roles(tmp_path_factory):
+    """v05.yaml's roles on a local cluster, lent to every bench this module runs."""
+    from bench.harness import lend_roles, shared_roles
+    from cluster.config import load_config
+
+    tmp = tmp_path_factory.mktemp("roles")
+    cfg = load_config(REPO / "v05.yaml", ["cluster.address=local", f"run.output_dir={tmp}",
+                                          "run.progress=false"])
+    with shared_roles(cfg, tmp) as shared, lend_roles(shared, cfg):
+        yield shared
+
+
+# -- python -m bench.chaos ------------------------------------------------------------------
+ROW_KEYS = {"name", "survived", "prompts_lost", "prompts_trained_twice", "hung",
+            "recovery_time_s", "recovery", "wall_s", "injected", "what_happened", "detail"}
+
+
+SCENARIOS = ["generator_killed_mid_generation", "nan_loss"]
+
+
+def test_chaos_scenarios_survive_without_loss(lent_roles, tmp_path):
+    from bench.chaos.__main__ import main
+
+    out = tmp_path / "chaos.json"
+    code = main(["--scenarios", ",".join(SCENARIOS), "--steps", "4", "--batch", "4",
+                 "--out", str(out), "--workdir", str(tmp_path / "runs"),
+                 "task.difficulties=[1]", "task.n_train=2000", "task.n_heldout=100"])
+    assert out.is_file(), f"no result written (exit {code})"
+    res = json.loads(out.read_text())
+    assert {"command", "date", "scenarios", "wall_s", "config"} <= set(res)
+    assert res["command"].startswith("python -m bench.chaos --scenarios")
+    rows = {r["name"]: r for r in res["scenarios"]}
+    assert set(rows) == set(SCENARIOS)
+    for name, r in rows.items():
+        assert ROW_KEYS <= set(r), f"{name}: missing {ROW_KEYS - set(r)}"
+        why = f"{name}: {r['what_happened']} ({r['detail'].get('error')})"
+        assert r["survived"] is True, why
+        assert r["prompts_lost"] == 0, f"{why}; lost {r['detail'].get('lost_uids')}"
+        assert r["prompts_trained_twice"] == 0, \
+            f"{why}; twice {r['detail'].get('trained_twice_uids')}"
+        assert r["hung"] is False, why
+        assert r["detail"]["accounting"]["identity_holds"], why
+    # The faults really landed, and the system's own counters saw them.
+    gen = rows["generator_killed_mid_generation"]["detail"]
+    assert gen["generator_restarts"] >= 1 and gen["back_in_service_after_s"] is not None
+    assert gen["victim_version_at_end"] == gen["policy_version"]  # re-synced, then trained on
+    assert rows["nan_loss"]["detail"]["nan_skipped_steps"] == 1
+    assert rows["nan_loss"]["detail"]["drop_reasons"]["learner_nan_skip"] >= 1
+    assert code == 0  # every scenario clean
+
+
+# -- python -m bench.learning --quick -------------------------------------------------------
+BUDGET_S = 8  # seconds of training per run: a few steps of each mode
+
+
+def test_quick_learning_bench_writes_curves_and_the_pinned_summary(lent_roles, tmp_path):
+    from bench.learning.__main__ import main
+
+    out = tmp_path / "learning.json"
+    assert main(["--quick", "--budget-s", str(BUDGET_S), "--eval-prompts", "16",
+                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["command"].startswith("python -m bench.learning --quick")
+    assert set(res["runs"]) == {"async_v05", "sync_grpo16"}
+    for mode, runs in res["runs"].items():
+        [run] = runs  # one seed
+        pts = run["points"]
+        assert len(pts) >= 2 and pts[0]["train_s"] == 0 and pts[0]["rollouts"] == 0
+        assert pts[-1]["train_s"] >= BUDGET_S, f"{mode} stopped before its budget"
+        for a, b in zip(pts, pts[1:]):
+            assert b["train_s"] > a["train_s"] and b["rollouts"] > a["rollouts"]
+            assert b["trained_tokens"] > a["trained_tokens"]
+        assert all(0.0 <= p["accuracy"] <= 1.0 for p in pts)
+        assert run["steps"] >= 1 and run["prompts_trained"] >= 4
+        # Every update trains at least --batch-samples (64) samples: sync GRPO-16 exactly 64
+        # (4 prompts), V0.5 at least 64 (every prompt due at a version is trained then).
+        assert pts[-1]["rollouts"] >= 64 * run["steps"]
+        if mode == "sync_grpo16":
+            assert pts[-1]["rollouts"] == 64 * run["steps"]
+    assert run["k_mean"] == 16.0  # sync GRPO-16 (the last one read)
+    # The starting weights were evaluated once, by the seed's first run, and shared.
+    first, second = (res["runs"][m][0] for m in ("async_v05", "sync_grpo16"))
+    assert (first["initial_eval_reused"], second["initial_eval_reused"]) == (False, True)
+    assert first["points"][0] == second["points"][0]
+    s = res["summary"]
+    for key in ("final_accuracy", "v05_rollouts_to_reach_grpo16_final",
+                "v05_wallclock_to_reach_grpo16_final", "grad_norm_variance",
+                "zero_advantage_share", "command", "date"):
+        assert key in s, key
+    assert set(s["final_accuracy"]) == {"async_v05", "sync_grpo16"}
+    v05 = res["runs"]["async_v05"][0]
+    assert 4.0 <= v05["k_mean"] <= 16.0 and v05["prior"]["prompts"] >= 4
+    assert (tmp_path / "learning.png").is_file() and (tmp_path / "learning_stats.png").is_file()
