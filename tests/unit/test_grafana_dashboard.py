@@ -1,10 +1,16 @@
 """The Grafana dashboard shipped for the v05_ series (cluster/grafana/v05_dashboard.json):
 valid JSON, a panel for every series actors/telemetry.py defines, under the name Ray's
 Prometheus endpoint exports it (``telemetry.EXPORTED``, checked against a live export in
-tests/integration/test_telemetry.py), and no query of a series that does not exist."""
+tests/integration/test_telemetry.py), no query of a series that does not exist, and every
+query parsed by Prometheus's own parser (``promtool``, Debian's ``prometheus``, which
+``python -m cluster.install`` installs as root; that test skips without it)."""
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from actors.telemetry import EXPORTED, EXTRA_ROLLOUTS, GAUGES, ROLLOUTS_PER_PROMPT
 
@@ -60,3 +66,28 @@ def test_every_panel_shows_the_chosen_runs():
             assert 'run=~"$run"' in selector and 'SessionName=~"$SessionName"' in selector, title
         for a, b in ("()", "{}", "[]"):
             assert expr.count(a) == expr.count(b), (title, expr)
+
+
+def grafana_to_promql(expr: str) -> str:
+    """A panel query as Grafana sends it: its variables and interval macros substituted."""
+    for var, value in (("$__rate_interval", "1m"), ("$__range", "1h"),
+                       ("$SessionName", ".+"), ("$run", "run-a|run-b")):
+        expr = expr.replace(var, value)
+    return expr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="no promtool on PATH: `apt-get install prometheus`, or "
+                           "`python -m cluster.install` as root")
+def test_every_panel_query_parses_in_promtool(tmp_path):
+    """Each panel query as a recording rule: ``promtool check rules`` parses them all."""
+    panels = [(t, e) for t, e in queries(load()) if t not in ("SessionName", "run")]
+    rules = {"groups": [{"name": "v05", "rules": [
+        {"record": f"v05:panel_{i}", "expr": grafana_to_promql(e)}
+        for i, (_, e) in enumerate(panels)]}]}
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps(rules))  # JSON is YAML
+    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(panels)} rules found" in out.stdout
