@@ -2,6 +2,7 @@
 the job's outputs land where it says and survive the cluster, and while it runs every role's
 actor is named by run and role, in Ray's state API and on the dashboard's Actors page as
 headless Chromium renders it (one job, one cluster: the suite's time is tight)."""
+import contextlib
 import json
 import os
 import signal
@@ -136,8 +137,15 @@ def read_actors_page(browser: Browser, url: str, shot: Path, timeout_s: float = 
     return page
 
 
+def say(request, line: str) -> None:
+    """A line on pytest's terminal even while output is captured."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        print(f"\n{line}", flush=True)
+
+
 @pytest.fixture(scope="module")
-def job(head, tmp_path_factory):
+def job(head, tmp_path_factory, request):
     """One tiny run submitted as a job; while it runs, its actors as the state API lists
     them and (with Chromium) as the dashboard's Actors page shows them."""
     url, env, stop = head
@@ -163,8 +171,8 @@ def job(head, tmp_path_factory):
             out.screenshot = Path(os.environ.get("V05RL_DASHBOARD_SCREENSHOT")
                                   or tmp / "ray-dashboard-actors.png")
             out.page = read_actors_page(browser, url, out.screenshot)
-            print(f"\nRay dashboard Actors page ({out.page['read_s']:.1f}s to read), "
-                  f"screenshot: {out.screenshot}")
+            say(request, f"Ray dashboard Actors page read in {out.page['read_s']:.1f}s, "
+                         f"screenshot: {out.screenshot}")
         out.returncode = proc.wait(timeout=900)
     finally:
         if browser is not None:
