@@ -28,6 +28,16 @@ GAUGES = {  # name -> (description, key in the step metrics)
     "v05_reward_mean": ("Mean reward of the trained batch", "reward_mean"),
     "v05_policy_version": ("Policy version the generators serve", "policy_version"),
 }
+ROLLOUTS_PER_PROMPT = "v05_rollouts_per_prompt"    # histogram: rollouts per finished prompt
+EXTRA_ROLLOUTS = "v05_extra_rollouts_requested"    # counter: rollouts asked beyond k_init
+
+# What Ray's Prometheus endpoint exports for each series (the prefix ``ray_``, and the
+# suffixes Prometheus gives a histogram and a counter); cluster/grafana/v05_dashboard.json
+# plots these.
+EXPORTED = {**{name: (f"ray_{name}",) for name in GAUGES},
+            ROLLOUTS_PER_PROMPT: tuple(f"ray_{ROLLOUTS_PER_PROMPT}_{s}"
+                                       for s in ("bucket", "sum", "count")),
+            EXTRA_ROLLOUTS: (f"ray_{EXTRA_ROLLOUTS}_total",)}
 
 
 class Telemetry:
@@ -40,10 +50,10 @@ class Telemetry:
             g = metrics.Gauge(name, description=desc, tag_keys=("run",))
             g.set_default_tags(tags)
             self._gauges[key] = g
-        self._k = metrics.Histogram("v05_rollouts_per_prompt", description="Rollouts per finished prompt",
+        self._k = metrics.Histogram(ROLLOUTS_PER_PROMPT, description="Rollouts per finished prompt",
                                     boundaries=K_BOUNDARIES, tag_keys=("run",))
         self._k.set_default_tags(tags)
-        self._extra = metrics.Counter("v05_extra_rollouts_requested",
+        self._extra = metrics.Counter(EXTRA_ROLLOUTS,
                                       description="Rollouts requested beyond k_init", tag_keys=("run",))
         self._extra.set_default_tags(tags)
 

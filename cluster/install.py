@@ -33,18 +33,18 @@ def pip(*args: str) -> None:
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
-def install_chromium() -> bool:
-    """Debian's ``chromium`` for the report's browser test (tests/integration/
-    test_report_browser.py), when missing and when this runs as root with apt; never fails
-    the install (without it that test skips, saying why). Returns whether one is on PATH."""
-    if any(shutil.which(name) for name in CHROMIUM):
+def apt_install(package: str, binaries: tuple[str, ...], why: str,
+                flags: tuple[str, ...] = ()) -> bool:
+    """Debian's ``package`` for a test (``why``), when none of ``binaries`` is on PATH and
+    when this runs as root with apt; never fails the install (without it that test skips,
+    saying why). Returns whether one of ``binaries`` is on PATH."""
+    if any(shutil.which(name) for name in binaries):
         return True
     if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        print("install: no chromium, and not root with apt-get: the report's browser test "
-              "will skip", flush=True)
+        print(f"install: no {package}, and not root with apt-get: {why} will skip", flush=True)
         return False
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "chromium"]
+    cmd = ["apt-get", "install", "-y", "-q", *flags, package]
     for attempt in (cmd, ["apt-get", "update", "-q"], cmd):  # a stale package list: update once
         print("+", " ".join(attempt), flush=True)
         try:
@@ -52,11 +52,23 @@ def install_chromium() -> bool:
         except OSError as err:
             print(f"install: {err}", flush=True)
             done = False
-        if done and attempt is cmd and shutil.which("chromium"):
+        if done and attempt is cmd and any(shutil.which(name) for name in binaries):
             return True
-    print("install: chromium could not be installed: the report's browser test will skip",
-          flush=True)
+    print(f"install: {package} could not be installed: {why} will skip", flush=True)
     return False
+
+
+def install_chromium() -> bool:
+    """Debian's ``chromium`` for the browser tests (tests/integration/test_report_browser.py,
+    test_job_submit.py's Ray dashboard page)."""
+    return apt_install("chromium", CHROMIUM, "the report's and the dashboard's browser test")
+
+
+def install_promtool() -> bool:
+    """Debian's ``prometheus`` for its ``promtool``, which parses every query of the Grafana
+    dashboard (tests/unit/test_grafana_dashboard.py)."""
+    return apt_install("prometheus", ("promtool",), "the Grafana dashboard's query check",
+                       flags=("--no-install-recommends",))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the one-time builds (DeepSpeed's CPU op, the embedded policy); "
                          "the first run then does them")
     ap.add_argument("--no-chromium", action="store_true",
-                    help="skip Debian's chromium (the run report's browser test then skips)")
+                    help="skip Debian's chromium and prometheus (the browser tests and the "
+                         "Grafana dashboard's query check then skip)")
     args = ap.parse_args(argv)
     t0 = time.time()
     # The v0 prior (tabpfn) runs on the GPU its actor is given: GPU machines only.
@@ -81,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                    check=True, cwd=ROOT)
     if not args.no_chromium:
         install_chromium()
+        install_promtool()
     if not args.no_build:
         build_once(gpu=args.gpu)
     print(f"install: ok in {time.time() - t0:.0f}s", flush=True)

@@ -9,6 +9,7 @@ import functools
 import sys
 from dataclasses import dataclass, field
 
+from common.names import actor_name
 from cluster.checkpoints import Checkpoints
 from cluster.config import dump_config
 from cluster.evaluation import Evaluator
@@ -92,11 +93,13 @@ def start_run_roles(cfg, roles, task, state: RunState):
     from cluster.placement import COORDINATOR_CPUS
 
     est, coord_cfg = coordinator_config(cfg, task, state)
+    run = cfg.run.name
     coord = ray.remote(Coordinator).options(
-        num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
+        name=actor_name(run, "coordinator"), num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
         scheduling_strategy=pg_strategy(roles.placement_groups["coordinator"], 0)).remote(
         roles.generators, roles.prior, est, coord_cfg)
-    telemetry = ray.remote(Telemetry).options(num_cpus=0).remote(cfg.run.name)
+    telemetry = ray.remote(Telemetry).options(name=actor_name(run, "telemetry"),
+                                              num_cpus=0).remote(run)
     return coord, telemetry
 
 

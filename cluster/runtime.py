@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.names import actor_name
 from common.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from common.threads import threads_for
 from cluster.placement import Plan, reserve
@@ -113,6 +114,7 @@ def start_generators(cfg, model_path: str, pg) -> list:
         first = (i * threads) % ncores
         bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
         handles.append(cls.options(
+            name=actor_name(cfg.run.name, f"generator-{i}"),
             num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
             max_concurrency=1024, scheduling_strategy=pg_strategy(pg, i),
         ).remote(model_path, i, engine_cfg, threads, bind, log_path(cfg, f"generator-{i}")))
@@ -126,7 +128,7 @@ def start_learner(cfg, model_path: str, pg):
     logs = log_dir(cfg)
     return Learner(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
                    placement_group=pg, num_gpus_per_rank=lp.gpus, threads=lp.threads,
-                   log_dir=None if logs is None else str(logs))
+                   log_dir=None if logs is None else str(logs), run_name=cfg.run.name)
 
 
 def start_prior(cfg, pg):
@@ -136,7 +138,7 @@ def start_prior(cfg, pg):
 
     p = cfg.prior
     handle = ray.remote(PriorServer).options(
-        num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
+        name=actor_name(cfg.run.name, "prior"), num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
         scheduling_strategy=pg_strategy(pg, 0),
     ).remote(p.backend, p.options, p.window, threads_for(p.cpus), fallback=p.fallback,
              fallback_options=p.fallback_options, budget_s=p.server_budget_s,

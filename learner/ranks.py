@@ -5,6 +5,7 @@ import socket
 from dataclasses import dataclass
 from typing import Sequence
 
+from common.names import actor_name
 from common.threads import threads_for
 from common.types import TrainSample
 from common.records import StepResult
@@ -75,12 +76,14 @@ class Learner:
     The ranks meet at rank 0's node (``rendezvous``): with a placement group (the launcher's,
     from ``cluster.placement``) each rank runs in its bundle; without one, rank 0 is pinned to
     the node the rendezvous was found on and the others go wherever Ray puts them.
+    With ``run_name`` each rank's actor is named ``<run>/learner-rank-<r>``
+    (``common.names``); without it the ranks are anonymous.
     """
 
     def __init__(self, model_path: str, n_ranks: int, cfg: LearnerConfig,
                  num_cpus_per_rank: float = 1.0, placement_group=None, bundle_offset: int = 0,
                  num_gpus_per_rank: float = 0.0, threads: int | None = None,
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, run_name: str | None = None):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -100,6 +103,9 @@ class Learner:
         # torch threads: as given, else the CPU share (a fractional one still needs a thread).
         threads = threads_for(num_cpus_per_rank, threads)
         actor_cls = ray.remote(LearnerWorker)
+        if run_name is not None:  # <run>/learner-rank-<r> on the Ray dashboard
+            for rank, o in enumerate(opts):
+                o["name"] = actor_name(run_name, f"learner-rank-{rank}")
         r = self.rendezvous
         self.workers = [actor_cls.options(**o).remote(
             str(model_path), cfg, rank, n_ranks, r.port, threads, master_addr=r.addr,

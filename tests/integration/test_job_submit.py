@@ -1,4 +1,8 @@
-"""`ray job submit -- python -m cluster.launch v05.yaml` against a `ray start --head` cluster."""
+"""`ray job submit -- python -m cluster.launch v05.yaml` against a `ray start --head` cluster:
+the job's outputs land where it says and survive the cluster, and while it runs every role's
+actor is named by run and role, in Ray's state API and on the dashboard's Actors page as
+headless Chromium renders it (one job, one cluster: the suite's time is tight)."""
+import contextlib
 import json
 import os
 import signal
@@ -7,19 +11,31 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from chromium import NO_CHROMIUM, Browser, chromium_binary, evaluate, open_page, screenshot
 from learner.ranks import free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
+RUN = "job"
+ROLES = {"generator-0": "Generator", "learner-rank-0": "LearnerWorker", "prior": "PriorServer",
+         "coordinator": "Coordinator", "telemetry": "Telemetry"}  # role -> actor class
+NAMES = {f"{RUN}/{role}": cls for role, cls in ROLES.items()}
+# The run trains this long (run.max_train_s; a step takes about a second here), so that its
+# coordinator is alive long enough for a browser to open the dashboard and read it.
+TRAIN_S = 30
 
 
-@pytest.fixture
-def head(tmp_path):
-    """A head node we started ourselves (--block keeps its CLI alive; we stop it by pgid)."""
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """A head node we started ourselves (--block keeps its CLI alive; we stop it by pgid),
+    with the dashboard on a free port of 127.0.0.1."""
+    tmp = tmp_path_factory.mktemp("head")
     gcs, dash = free_port(), free_port()
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # AF_UNIX socket paths must stay short
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -28,7 +44,7 @@ def head(tmp_path):
         ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4",
          f"--temp-dir={ray_tmp}"],
-        env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT,
+        env=env, stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT,
         start_new_session=True)
     url = f"http://127.0.0.1:{dash}"
     deadline = time.time() + 120
@@ -42,7 +58,7 @@ def head(tmp_path):
         time.sleep(2)
     else:
         os.killpg(proc.pid, signal.SIGTERM)
-        pytest.fail("ray head did not come up: " + (tmp_path / "head.log").read_text()[-2000:])
+        pytest.fail("ray head did not come up: " + (tmp / "head.log").read_text()[-2000:])
 
     def stop():
         """Stop the cluster we started (its process group), once."""
@@ -55,34 +71,139 @@ def head(tmp_path):
     stop()
 
 
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def named_actors(url: str) -> dict[str, tuple[str, str]]:
+    """Every actor of the cluster: name (or "" for none) -> (class, state), from Ray's
+    state API (the REST endpoint behind ``ray list actors``)."""
+    rows = get_json(f"{url}/api/v0/actors?detail=1&limit=1000")["data"]["result"]["result"]
+    return {a.get("name") or f"<anonymous {a['actor_id'][:8]}>": (a["class_name"], a["state"])
+            for a in rows}
+
+
+def launch_running(url: str) -> bool:
+    """Whether the cluster.launch job is RUNNING now (Ray's job API)."""
+    return any("cluster.launch" in j["entrypoint"] and j["status"] == "RUNNING"
+               for j in get_json(f"{url}/api/jobs/"))
+
+
+# The Actors page's table rows (Material UI) that name a role of the run, as rendered text.
+ROWS = """JSON.stringify({
+  rows: Array.from(document.querySelectorAll('tbody tr')).map(r => r.innerText)
+          .filter(t => t.includes(%s)),
+  header: Array.from(document.querySelectorAll('thead th')).map(h => h.innerText.trim()),
+  height: document.documentElement.scrollHeight})""" % json.dumps(f"{RUN}/")
+
+
+@dataclass
+class Job:
+    root: Path                     # the durable output root the job was given
+    logs: str = ""
+    returncode: int | None = None
+    actors: dict = field(default_factory=dict)   # state API while every role was alive
+    running_at_open: bool = False  # the job was running when the browser opened the page
+    page: dict = field(default_factory=dict)     # what the Actors page showed
+    screenshot: Path | None = None
+
+
+def watch_until_named(url: str, proc, timeout_s: float = 900) -> dict:
+    """The state API's actors once every role's name is ALIVE (or the job ended first)."""
+    deadline, actors = time.time() + timeout_s, {}
+    while time.time() < deadline and proc.poll() is None:
+        actors = named_actors(url)
+        if all(actors.get(n, ("", ""))[1] == "ALIVE" for n in NAMES):
+            break
+        time.sleep(1)
+    return actors
+
+
+def read_actors_page(browser: Browser, url: str, shot: Path, timeout_s: float = 60) -> dict:
+    """Open the dashboard's Actors page and read its table until a row names every role
+    (the page polls /logical/actors every 10 s); keep a screenshot."""
+    t0 = time.time()
+    session = open_page(browser, f"{url}/#/actors", 1600, 1000)
+    while True:
+        page = json.loads(evaluate(browser, session, ROWS))
+        if all(any(n in row.split() for row in page["rows"]) for n in NAMES):
+            break
+        if time.time() - t0 > timeout_s:
+            break
+        time.sleep(0.5)
+    page["read_s"] = time.time() - t0
+    screenshot(browser, session, shot, 1600, min(max(page["height"], 1000), 4000))
+    return page
+
+
+def say(request, line: str) -> None:
+    """A line on pytest's terminal even while output is captured."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        print(f"\n{line}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def job(head, tmp_path_factory, request):
+    """One tiny run submitted as a job; while it runs, its actors as the state API lists
+    them and (with Chromium) as the dashboard's Actors page shows them."""
+    url, env, stop = head
+    tmp = tmp_path_factory.mktemp("job")
+    root = tmp / "outputs"
+    runtime_env = json.dumps({"env_vars": {"V05_OUTPUT_ROOT": str(root)}})
+    cmd = ["ray", "job", "submit", "--address", url, "--working-dir", str(ROOT),
+           "--runtime-env-json", runtime_env, "--",
+           sys.executable, "-m", "cluster.launch", "v05.yaml", "run.max_steps=100000",
+           f"run.max_train_s={TRAIN_S}", f"run.name={RUN}", "run.eval_every=0",
+           "generators.count=1", "rollout.batch_prompts=2", "algo.k_init=2", "algo.k_max=2"]
+    out, log = Job(root), tmp / "submit.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    # Chromium starts while the roles do, ready to open the page the moment they are up.
+    browser = None if chromium_binary() is None else Browser(
+        chromium_binary(), tmp / "chromium-profile", tmp / "chromium.log")
+    try:
+        out.actors = watch_until_named(url, proc)
+        if browser is not None and proc.poll() is None:
+            out.running_at_open = launch_running(url)
+            out.screenshot = Path(os.environ.get("V05RL_DASHBOARD_SCREENSHOT")
+                                  or tmp / "ray-dashboard-actors.png")
+            out.page = read_actors_page(browser, url, out.screenshot)
+            say(request, f"Ray dashboard Actors page read in {out.page['read_s']:.1f}s, "
+                         f"screenshot: {out.screenshot}")
+        out.returncode = proc.wait(timeout=900)
+    finally:
+        if browser is not None:
+            browser.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the submit CLI we started, and only it
+            proc.wait(timeout=60)
+        out.logs = log.read_text()
+    yield out
+
+
 PROMISED = ("config.yaml", "metrics.jsonl", "prompts.jsonl", "dropped.jsonl", "summary.json",
             "inflight_at_end.json", "report.html", "checkpoints/latest", "final/config.json",
             "logs/coordinator.log", "logs/generator-0.log", "logs/learner-0.log")
 
 
-def test_a_job_keeps_its_outputs_at_the_printed_path_after_the_cluster_stops(head, tmp_path):
+def test_a_job_keeps_its_outputs_at_the_printed_path_after_the_cluster_stops(head, job):
     """The user's own path: a relative run.output_dir under `ray job submit --working-dir`
     must not land in Ray's temporary copy of the working directory but under the durable
     output root (here V05_OUTPUT_ROOT, a test directory; without it ~/v05rl-runs, unit-tested
     in test_paths). The cluster is then stopped and every promised output is found where the
     job said it would be."""
-    url, env, stop = head
-    root = tmp_path / "outputs"
-    runtime_env = json.dumps({"env_vars": {"V05_OUTPUT_ROOT": str(root)}})
-    cmd = ["ray", "job", "submit", "--address", url, "--working-dir", str(ROOT),
-           "--runtime-env-json", runtime_env, "--",
-           sys.executable, "-m", "cluster.launch", "v05.yaml", "run.max_steps=1",
-           "run.name=job", "run.eval_every=0", "generators.count=1",
-           "rollout.batch_prompts=2", "algo.k_init=2", "algo.k_max=2"]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    logs = res.stdout + res.stderr
-    assert res.returncode == 0, logs[-3000:]
+    _, _, stop = head
+    logs = job.logs
+    assert job.returncode == 0, logs[-3000:]
     assert "succeeded" in logs.lower()
     printed = {line.split("run directory: ", 1)[1].strip() for line in logs.splitlines()
                if "run directory: " in line}
     assert len(printed) == 1, printed  # printed at the start and at the end, the same path
     run_dir = Path(printed.pop())
-    assert run_dir == root / "runs" / "job"
+    assert run_dir == job.root / "runs" / RUN
     assert "working_dir_files" not in str(run_dir)
     # The console stayed quiet: engine start-up went to the log files.
     assert "Loading safetensors checkpoint shards" not in logs
@@ -95,6 +216,31 @@ def test_a_job_keeps_its_outputs_at_the_printed_path_after_the_cluster_stops(hea
     assert warned == [], "\n".join(warned)
     stop()  # the cluster and its session files are gone; the outputs must not be
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 1 and summary["policy_version"] == 1
+    assert summary["steps"] >= 1 and summary["policy_version"] == summary["steps"]
     missing = [name for name in PROMISED if not (run_dir / name).exists()]
     assert missing == [], missing
+
+
+def test_every_role_of_the_job_is_named_by_run_and_role(job):
+    """Ray's state API, while the run's roles were all alive: each role's actor under
+    ``<run>/<role>`` with its class, and no role's actor left anonymous."""
+    seen = {name: job.actors.get(name) for name in NAMES}
+    assert seen == {name: (cls, "ALIVE") for name, cls in NAMES.items()}, job.actors
+    anonymous = sorted(name for name, (cls, _) in job.actors.items()
+                       if cls in ROLES.values() and not name.startswith(f"{RUN}/"))
+    assert anonymous == []
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason=NO_CHROMIUM)
+def test_the_dashboard_actors_page_shows_each_role_by_run_and_name(job):
+    """Headless Chromium opens the Ray dashboard's Actors page while the job runs and finds
+    one row for each role with its name, its class and ALIVE; the screenshot is kept (its
+    path is printed)."""
+    assert job.running_at_open, "the job had ended before the page was opened"
+    assert "Name" in job.page["header"] and "Class" in job.page["header"], job.page["header"]
+    for name, cls in NAMES.items():
+        rows = [row.split() for row in job.page["rows"] if name in row.split()]
+        assert len(rows) == 1, (name, job.page["rows"])
+        assert cls in rows[0] and "ALIVE" in rows[0], (name, rows[0])
+    assert job.screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert job.screenshot.stat().st_size > 20_000
