@@ -211,7 +211,7 @@ def test_a_job_keeps_its_outputs_at_the_printed_path_after_the_cluster_stops(hea
     # and every role's forwarded lines, which the CLI tails to its stdout) has no line that
     # says "warning". Ray's CLI says its own things before that (e.g. that it leaves .git out
     # of the uploaded --working-dir): the user's command, not the run.
-    job_console = res.stdout.split("Tailing logs until the job exits", 1)[1]
+    job_console = logs.split("Tailing logs until the job exits", 1)[1]
     warned = [line for line in job_console.splitlines() if "warning" in line.lower()]
     assert warned == [], "\n".join(warned)
     stop()  # the cluster and its session files are gone; the outputs must not be
