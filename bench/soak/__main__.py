@@ -24,6 +24,7 @@ Writes bench/results/soak.json (``--quick``: soak_quick.json) and the plot besid
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -56,6 +57,10 @@ def parse_args(argv):
                                                          "quick 5)")
     ap.add_argument("--out", help="result file (default bench/results/soak.json; quick "
                                   "soak_quick.json)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in the environment before the cluster starts, so that every "
+                         "Ray process and vLLM engine inherits it (e.g. MALLOC_ARENA_MAX=2); "
+                         "repeatable")
     ap.add_argument("--workdir", help="where the run is written (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the run folder")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides of v05.yaml")
@@ -127,6 +132,12 @@ def main(argv=None) -> int:
     from cluster.runtime import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
+    for kv in args.env:  # inherited by the cluster this process starts
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            print(f"error: --env {kv!r} must look like KEY=VALUE", file=sys.stderr)
+            return 2
+        os.environ[key] = value
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="v05-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:

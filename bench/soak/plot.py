@@ -30,6 +30,8 @@ def plot(out: dict, path: Path) -> Path:
             label = n.split("/", 1)[-1] + ("" if g is None else f" ({g:+.1%}/h)")
             ax.plot(t, ser[n], lw=1, label=label)
         ax.axvspan(min(t, default=0), min(t, default=0) + warm, color="0.9")
+        if title.startswith("resident"):
+            ax.set_yscale("log")  # the total and every process on one axis
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("minutes")
         ax.legend(fontsize=6, ncol=2)

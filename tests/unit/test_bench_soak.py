@@ -87,6 +87,9 @@ def test_the_report_names_a_leaking_role_and_leaves_a_flat_one(tmp_path):
     flat = growth_table([s["t_s"] for s in fake_samples(61)], series(fake_samples(61)))
     flat["step_s"] = 0.0
     assert aims(flat, 3700, 1200)["met"] and not aims(flat, 600, 1200)["met"]
+    shrinking = {**flat, "checkpoints_mb": -0.3, "rss_mb/driver": -0.2}  # memory may shrink
+    assert aims(shrinking, 3700, 1200)["met"]
+    assert not aims({**flat, "step_s": -0.2}, 3700, 1200)["met"]  # step time must be flat
     out = {"series": {"t_s": [s["t_s"] for s in samples], **ser}, "growth_per_hour": g,
            "warmup_frac": 0.15, "step_series": {"t_s": [0, 10], "step_time_s": [5.0, 5.1]},
            "steps": 10, "duration_s": 3600, "prompts_lost": 0}
