@@ -19,11 +19,13 @@ injects, one scenario at a time:
  7 reward_hangs                           reward.inject_fault=hang, one worker, short deadline
  8 nan_loss                               NaN advantages for one step's batch
  9 corrupt_checkpoint                     the newest checkpoint truncated, then resume
+10 second_job_killed                      two jobs on one `ray start --head` cluster, the
+                                          second stopped (`ray job stop`) once both train
 
 In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
 ``bench.harness`` starts them once and gives each scenario the same starting state); 4 and 5
 run the launcher in subprocesses, each with its own local Ray cluster, and stop only what
-those started.
+those started; 10 submits two jobs to a `ray start --head` cluster of its own.
 
 Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
 prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.metrics.prompt_fates``), hung
@@ -59,6 +61,7 @@ SCENARIOS = {
     "reward_hangs": "inproc",
     "nan_loss": "inproc",
     "corrupt_checkpoint": "inproc",
+    "second_job_killed": "procs",
 }
 QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_loss",
          "driver_sigkill"]
