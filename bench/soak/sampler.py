@@ -55,19 +55,20 @@ class Processes:
         import psutil
 
         self.root = psutil.Process(root_pid or os.getpid())
-        self.names: dict[tuple[int, float], str] = {}
+        self.names: dict[tuple[int, float, str], str] = {}
         self.counts: dict[str, int] = {}
         self.titles: dict[str, str] = {}  # name -> the process's command line (for the reader)
 
     def _name(self, p, parent_name: str | None) -> str | None:
-        key = (p.pid, p.create_time())
+        title = _title(p)
+        if title.startswith(IDLE):
+            return None  # not named: an idle worker that becomes an actor is named then
+        role = role_of(title)
+        if parent_name and not title.startswith("ray::"):
+            role = f"{parent_name}/{role}"
+        # By role too: Ray's setup_worker execs the actor's worker in the same process.
+        key = (p.pid, p.create_time(), role)
         if key not in self.names:
-            title = _title(p)
-            if title.startswith(IDLE):
-                return None  # not named: an idle worker that becomes an actor is named then
-            role = role_of(title)
-            if parent_name and not title.startswith("ray::"):
-                role = f"{parent_name}/{role}"
             n = self.counts.get(role, 0)
             self.counts[role] = n + 1
             self.names[key] = f"{role}#{n}"

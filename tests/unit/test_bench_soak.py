@@ -107,3 +107,34 @@ def test_processes_are_named_by_their_role():
     assert role_of("python3 -m ray.dashboard.agent --x") == "agent"
     assert role_of("python -c from multiprocessing.resource_tracker import main;main(7)") == \
         "resource_tracker"
+
+
+def test_a_process_that_becomes_an_actor_is_named_again():
+    """Ray's setup_worker execs the actor's worker in the same process (same pid, same start
+    time): the series must follow the role, not stay with the first title."""
+    import os
+
+    from bench.soak.sampler import Processes
+
+    class Fake:
+        pid, ppid_ = 4242, 1
+
+        def __init__(self, title):
+            self.title = title
+
+        def create_time(self):
+            return 123.0
+
+        def cmdline(self):
+            return self.title.split()
+
+        def name(self):
+            return "python"
+
+    procs = Processes(os.getpid())
+    assert procs._name(Fake("ray::IDLE"), None) is None
+    assert procs._name(Fake("python /x/ray/_private/workers/setup_worker.py --a"), None) == \
+        "setup_worker#0"
+    assert procs._name(Fake("ray::Coordinator"), None) == "coordinator#0"
+    assert procs._name(Fake("ray::Coordinator.next_batch"), None) == "coordinator#0"
+    assert procs._name(Fake("VLLM::EngineCore"), "generator#1") == "generator#1/vllm-enginecore#0"
