@@ -181,6 +181,12 @@ class Coordinator(CoordinatorCheckpoint):
             role = "coordinator (nothing in flight, no room to admit)"
         return {"role": role, **detail}
 
+    def state_size(self) -> dict[str, int]:
+        """Entries held, per container (the scheduler's, and this actor's own): bench.soak."""
+        return {**self.sched.sizes(), "tasks": len(self._tasks), "failures": len(self.failures),
+                "events": len(self.events), "noted": len(self._noted),
+                "aborts": sum(map(len, self._aborts))}
+
     def status(self) -> dict:
         s = self.sched
         return {"inflight": s.in_flight(), "ready": len(s.ready), "load": list(s.load),

@@ -308,6 +308,8 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
             self.counts["prompts_handed"] += 1
         for d in [d for d in self.quota if d < V and self.unfinished[d] == 0]:
             del self.quota[d], self.unfinished[d]  # deadlines past: nothing is due there again
+        for d in [d for d in self.refills if d < V]:
+            del self.refills[d]  # only open deadlines (>= V) are read; kept, one more a step
         return batch, actions
 
     def _cut_due(self, V: int) -> list:
@@ -358,6 +360,16 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
     def in_flight(self) -> int:
         """Admitted prompts not yet handed or dropped (finished-and-waiting included)."""
         return len(self.inflight)
+
+    def sizes(self) -> dict[str, int]:
+        """How many entries each of the scheduler's containers holds (bench.soak: what a
+        days-long run keeps must stay flat)."""
+        return {"inflight": len(self.inflight), "ready": len(self.ready),
+                "quota": len(self.quota), "unfinished": len(self.unfinished),
+                "refills": len(self.refills), "requests": len(self.requests),
+                "parked": len(self.parked), "recheck": len(self._recheck),
+                "finished": len(self._finished), "dropped": len(self.dropped),
+                "drops": len(self.drops), "counts": len(self.counts)}
 
     def accounting(self) -> dict:
         """The scheduler's part of ``common.records.Accounting``: its counters, under the

@@ -25,11 +25,13 @@ injects, one scenario at a time:
 11 disk_full_at_checkpoint                the run directory's tmpfs fills up during the step-4
                                           checkpoint: exit 5 with step2 whole; space freed,
                                           then run.resume=true
+12 second_job_killed                      two jobs on one `ray start --head` cluster, the
+                                          second stopped (`ray job stop`) once both train
 
 In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
 ``bench.harness`` starts them once and gives each scenario the same starting state); 4, 5, 10
 and 11 run the launcher in subprocesses, each with its own local Ray cluster, and stop only
-what those started.
+what those started; 12 submits two jobs to a `ray start --head` cluster of its own.
 
 Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
 prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.metrics.prompt_fates``), hung
@@ -68,6 +70,7 @@ SCENARIOS = {
     "corrupt_checkpoint": "inproc",
     "sigterm_then_resume": "stops",
     "disk_full_at_checkpoint": "stops",
+    "second_job_killed": "procs",
 }
 QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_loss",
          "driver_sigkill"]

@@ -640,3 +640,30 @@ def test_a_sample_counted_batch_that_nothing_can_join_trains_short():
     f.complete_all()
     batch, _ = s.take_batch(10_000)
     assert sum(g.state.k for g in batch) == 8
+
+
+def test_a_long_run_with_drops_keeps_the_schedulers_containers_flat():
+    """bench.soak's concern, in miniature: 200 versions of DAPO refills (a drop at almost
+    every deadline) leave no container larger than after the first few versions."""
+    s = Scheduler(cfg(batch_prompts=2, max_staleness=1, max_refill_factor=2),
+                  make_estimator("dapo", k_init=4, k_max=4), 1)
+    f = Fake(s, reward=lambda uid, i: float(i % 2 * 2 - 1) if int(uid[1:]) % 3 else -1.0)
+    n, sizes = 0, []
+    for v in range(200):
+        while True:
+            f.complete_all()
+            if s.room() == 0:
+                break
+            k = s.room()
+            f.apply(s.admit([f"u{n + i}" for i in range(k)], [None] * k,
+                            uids=[f"u{n + i}" for i in range(k)]))
+            n += k
+        got = s.take_batch(2)
+        assert got is not None
+        s.dropped = []  # the coordinator hands these over with each batch
+        s.drain_finished()  # and feeds these to the prior
+        s.set_version(v + 1)
+        sizes.append(s.sizes())
+    assert s.drops["filtered_all_equal"] > 100
+    for key in sizes[0]:
+        assert max(z[key] for z in sizes[100:]) <= max(max(z[key] for z in sizes[:10]), 4), key
