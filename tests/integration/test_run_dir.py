@@ -1,7 +1,8 @@
 """Never lose a run, and W&B logging, with real Ray, vLLM (CPU) and DeepSpeed: two launches
 of one run name on the long-lived roles of tests/integration/test_pipeline.py (its fixtures).
 
-The first run (2 steps, W&B on, offline) finishes; the same run again is refused as done,
+The first run (async v05 with the prior, as the default run, 2 steps, W&B on, offline)
+finishes; the same run again is refused as done,
 ``run.resume=false`` is refused, a copy of its results without checkpoints is refused, and
 none of them changes a byte of its checkpoints or final model; a longer run of the same name
 resumes it (auto) and keeps its checkpoint; only ``run.overwrite=true`` deletes. The W&B
@@ -37,7 +38,10 @@ def digests(run_dir, *parts):
 
 
 def short(tmp, name, steps, **run_kw):
-    return make_cfg(tmp, name, mode="sync", logging={"wandb": True},
+    """The default run's shape (async, v05 with the embedded prior: every metric it logs),
+    short, logging to W&B."""
+    return make_cfg(tmp, name, mode="async", algo={"name": "v05", "k_init": 4, "k_max": 8},
+                    logging={"wandb": True},
                     run={"max_steps": steps, "eval_every": steps, "eval_prompts": 8,
                          "eval_samples": 1, **run_kw})
 
@@ -56,7 +60,7 @@ def assert_wandb_has_every_metric(run_dir, steps):
     return got
 
 
-def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch):
+def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch, capfd):
     monkeypatch.setenv("WANDB_MODE", "offline")  # never the network in a test
     tmp = fresh["tmp"]
     cfg = short(tmp, "twice", 2)
@@ -92,7 +96,11 @@ def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch):
     # A longer run of the same name continues it (run.resume=auto): the first run's
     # checkpoint is still there, byte for byte, and W&B's run goes on under the same id.
     longer = short(tmp, "twice", 3)
+    capfd.readouterr()
     second = run(fresh, longer)
+    said = capfd.readouterr().err
+    assert f"resuming {cfg.run_dir} from its checkpoint step2 (step 2); run.overwrite=true" \
+        in said, said[-2000:]
     assert second["resumed_from"] == "step2" and second["steps"] == 3
     assert_accounted(second)
     fates = prompt_fates(cfg.run_dir)
