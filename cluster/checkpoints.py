@@ -9,7 +9,7 @@ any point leaves the previous checkpoint as ``latest``. On resume a checkpoint t
 load (truncated, corrupt) is skipped for the previous one, and counted.
 
 A save that fails (a full disk, an unwritable directory, an I/O error: ENOSPC, EACCES, EIO,
-or torch's "file write failed") removes what it wrote and raises ``CheckpointWriteError``
+or a learner rank's torch.save failing) removes what it wrote and raises ``CheckpointWriteError``
 naming the checkpoint, the stage, the path, the error and the free space; ``latest`` and the
 previous checkpoint are untouched, so the run stops (the launcher's exit status 5) resumable
 from it. ``fault_hook`` is where tests inject such a fault at each stage.
