@@ -9,7 +9,7 @@ any point leaves the previous checkpoint as ``latest``. On resume a checkpoint t
 load (truncated, corrupt) is skipped for the previous one, and counted.
 
 A save that fails (a full disk, an unwritable directory, an I/O error: ENOSPC, EACCES, EIO,
-or torch's "file write failed") removes what it wrote and raises ``CheckpointWriteError``
+or a learner rank's torch.save failing) removes what it wrote and raises ``CheckpointWriteError``
 naming the checkpoint, the stage, the path, the error and the free space; ``latest`` and the
 previous checkpoint are untouched, so the run stops (the launcher's exit status 5) resumable
 from it. ``fault_hook`` is where tests inject such a fault at each stage.
@@ -155,7 +155,9 @@ class Checkpoints:
             raise self.failed(step, at, err) from err
 
     def failed(self, step: int, at: list, err: BaseException) -> CheckpointWriteError:
-        """Remove what the failed save of ``step`` wrote; the error that says so."""
+        """Remove what the failed save of ``step`` wrote; the error that says so (with the
+        free space when it failed: torch says only "unexpected pos" of a full disk)."""
+        space = free_space(self.root)
         shutil.rmtree(self.root / ".staging", ignore_errors=True)
         final = self.root / f"step{step}"
         if at[0] in ("rename", "latest") and self.latest() != final.name:
@@ -163,7 +165,7 @@ class Checkpoints:
         prev = self.latest()
         return CheckpointWriteError(
             f"checkpoint step{step} not written ({at[0]} stage, {at[1]}): "
-            f"{describe_error(err)}; {free_space(self.root)}; "
+            f"{describe_error(err)}; {space} when it failed; "
             + (f"the previous checkpoint {prev} is whole and stays latest: free space, then "
                "run.resume=true" if prev else "no earlier checkpoint to resume from"))
 

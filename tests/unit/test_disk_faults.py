@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import re
 import subprocess
 
 import pytest
@@ -181,6 +182,8 @@ def test_a_real_full_disk_during_a_checkpoint(tiny_disk):
         save(ck, 2, learner)
     assert "(learner stage, " in str(err.value) and "[Errno 28] No space left on device" in \
         str(err.value)
+    free = float(re.search(r"; ([\d.]+) MB free on .* when it failed;", str(err.value)).group(1))
+    assert free < 0.2  # the disk as it was when the save failed, not after the clean-up
     assert ck.latest() == "step1" and ck.tags() == ["step1"]
     assert digest(ck.root / "step1") == before and not (ck.root / ".staging").exists()
 
