@@ -3,7 +3,7 @@ signal and the grace period that end the process at once with the right status, 
 installed and restored. The process's real exit is replaced by a recorder (``hard_exit``);
 the real signal is sent to this process with ``os.kill``. The step loop's side is in
 test_trainer_loop.py, the whole (a real run, a real SIGTERM, then the resume) in
-tests/integration/test_preempt.py."""
+tests/integration/test_preempt_launch.py."""
 from __future__ import annotations
 
 import io
