@@ -95,3 +95,16 @@ def test_the_driver_loop_is_short_enough_to_read_as_its_pseudocode():
     step = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "one_step")
     assert cls.end_lineno - cls.lineno + 1 <= 150
     assert step.end_lineno - step.lineno + 1 <= 25
+
+
+def test_no_two_test_modules_share_a_basename():
+    """tests/ has no __init__.py files, so pytest imports each test module by its basename:
+    a second module of the same name fails the whole suite's collection ('import file
+    mismatch'), while each tier alone still passes."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(REPO)} and {path.relative_to(REPO)}")
+        seen.setdefault(path.name, path)
+    assert clashes == []
