@@ -123,8 +123,14 @@ class RunFiles:
 
     def append(self, path: Path, rows: list[dict]) -> bool:
         """JSON lines appended whole or not at all (a failed write is cut off again, warned
-        about and counted); whether they were written."""
+        about and counted); whether they were written. No rows still creates the file: every
+        promised run file exists at the end, empty when nothing happened (dropped.jsonl)."""
         if not rows:
+            try:
+                path.touch()
+            except OSError as err:
+                self.failed(path, err)
+                return False
             return True
         text = "".join(json.dumps(r) + "\n" for r in rows)
         try:

@@ -64,7 +64,11 @@ def head(tmp_path_factory):
         """Stop the cluster we started (its process group), once."""
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
+            try:  # the head's processes linger ~30 s after SIGTERM; all are in its group
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
         shutil.rmtree(ray_tmp, ignore_errors=True)  # Ray's session files go with it
 
     yield url, env, stop

@@ -51,3 +51,14 @@ def test_resume_drops_rollouts_recorded_after_the_checkpoint(tmp_path):
     assert keep_records(path, 2) == 2
     assert [r["prompt_id"] for r in read_records(path)] == ["old", "p1", "p2"]
     assert keep_records(tmp_path / "missing.msgpack", 2) == 0
+
+
+def test_a_step_with_no_drops_still_leaves_an_empty_dropped_file(tmp_path):
+    """dropped.jsonl is a promised run output (the README, test_job_submit): a run that
+    dropped nothing leaves it empty, not absent."""
+    w = RunFiles(tmp_path / "run", "a: 1\n", progress=False)
+    w.dropped([], step=1)
+    assert (tmp_path / "run" / "dropped.jsonl").read_text() == ""
+    w.dropped([("p1", "learner_nan_skip")], step=2)
+    assert [json.loads(x)["uid"] for x in
+            (tmp_path / "run" / "dropped.jsonl").read_text().splitlines()] == ["p1"]
