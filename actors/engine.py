@@ -32,7 +32,7 @@ def quiet_cpu_triton_notice() -> bool:
 
 
 def prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
-                worker_process: bool) -> dict[str, str]:
+                worker_process: bool, onednn_cache: int | None = None) -> dict[str, str]:
     """Pin this generator's vLLM-CPU worker to its own cores; the engine's processes are
     spawned from this one and inherit ``os.environ``. Also make the worker extension
     importable from them (Ray workers may not have the repo on their path)."""
@@ -44,7 +44,7 @@ def prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
     env: dict[str, str] = {}
     if current_platform.is_cpu():
         env.update(cpu_engine_env(index, cpu_threads, cpu_bind, sorted(os.sched_getaffinity(0)),
-                                  worker_process))
+                                  worker_process, onednn_cache, dict(os.environ)))
     root = str(Path(__file__).resolve().parent.parent)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p != root])

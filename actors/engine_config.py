@@ -34,6 +34,14 @@ class GeneratorConfig(BaseModel):
                                      "worker process (vLLM's multiprocess executor, which binds "
                                      "its threads itself) rather than inside the engine-core "
                                      "process: one process more per generator, slower start.")
+    cpu_onednn_cache: int = Field(64, ge=0, description="CPU: oneDNN primitive-cache "
+                                  "capacity of the engine's processes "
+                                  "(ONEDNN_PRIMITIVE_CACHE_CAPACITY; oneDNN's default is 1024). "
+                                  "Every distinct batch shape adds an entry, and a long run "
+                                  "sees thousands: at 1024 each engine core grew by MiBs per "
+                                  "step for hours (docs/benchmarks.md, bench.soak). 0 turns the "
+                                  "cache off. An ONEDNN_PRIMITIVE_CACHE_CAPACITY already set in "
+                                  "the environment wins.")
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
         "raw_logprobs", description="'raw': log-softmax of the model's logits (what the "
         "learner recomputes); 'processed': after temperature/top-p.")

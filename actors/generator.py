@@ -121,7 +121,8 @@ class Generator:
         self.index = index
         self.cfg = cfg
         # Before vLLM spawns anything: its processes inherit this environment.
-        self._env = prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process)
+        self._env = prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process,
+                                cfg.cpu_onednn_cache)
         self._t_init = time.perf_counter()
         self._engine = build_engine(model_path, cfg)
         from transformers import AutoTokenizer

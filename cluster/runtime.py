@@ -49,10 +49,24 @@ def connect(cfg, plan: Plan) -> bool:
             pass
     cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
     quiet_auth_notice()
+    bound_task_events()
     ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
              logging_level="WARNING")
     return True
+
+
+TASK_EVENTS_VAR = "RAY_task_events_max_num_task_in_gcs"
+TASK_EVENTS_KEPT = 10_000
+
+
+def bound_task_events(environ=os.environ) -> str:
+    """A cluster this process starts keeps the events of its last ``TASK_EVENTS_KEPT`` tasks
+    (the dashboard's task table) instead of Ray's 100,000: a run makes about a hundred actor
+    calls a step, and at Ray's default gcs_server grew by ~3 MiB a minute for the first hours
+    of a run (bench.soak). Set before ``ray.init`` starts the cluster's processes, which read
+    it; a value the user set wins. Returns the value in force."""
+    return environ.setdefault(TASK_EVENTS_VAR, str(TASK_EVENTS_KEPT))
 
 
 AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"

@@ -51,8 +51,12 @@ def omp_binding(index: int, cpu_threads: int, allowed: list[int]) -> str:
     return format_cpu_list([cores[(start + i) % len(cores)] for i in range(threads)])
 
 
+ONEDNN_CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
 def cpu_engine_env(index: int, cpu_threads: int, cpu_bind: str | None, allowed: list[int],
-                   worker_process: bool = False) -> dict[str, str]:
+                   worker_process: bool = False, onednn_cache: int | None = None,
+                   environ: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for one CPU generator's engine processes (set before they are spawned).
 
     ``cpu_bind``: an explicit core list (``"1"``, ``"0-3"``), ``"nobind"``, or (only with
@@ -66,6 +70,11 @@ def cpu_engine_env(index: int, cpu_threads: int, cpu_bind: str | None, allowed: 
     not forked, so its OpenMP runtime starts fresh and reads them.
     ``worker_process=True``: vLLM's multiprocess executor binds its worker itself from
     ``VLLM_CPU_OMP_THREADS_BIND``.
+
+    ``onednn_cache``: oneDNN's primitive-cache capacity for the engine's processes (vLLM-CPU
+    runs its linear layers through oneDNN; each distinct batch shape is a cache entry, and at
+    oneDNN's default of 1024 the engine core grows for hours). None leaves oneDNN's default;
+    a value already in ``environ`` (the user's) is kept.
     """
     if cpu_threads < 1:
         raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
@@ -85,6 +94,10 @@ def cpu_engine_env(index: int, cpu_threads: int, cpu_bind: str | None, allowed: 
     cores = parse_cpu_list(bind) if bind not in ("auto", "nobind") else []
     env = {"OMP_NUM_THREADS": str(len(cores) or cpu_threads),
            "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    if onednn_cache is not None:
+        if onednn_cache < 0:
+            raise ValueError(f"onednn_cache must be >= 0, got {onednn_cache}")
+        env[ONEDNN_CACHE_VAR] = (environ or {}).get(ONEDNN_CACHE_VAR, str(onednn_cache))
     if worker_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         env["VLLM_CPU_OMP_THREADS_BIND"] = bind

@@ -294,6 +294,18 @@ def test_cpu_engine_env_in_process_and_worker_process():
     assert env["OMP_NUM_THREADS"] == "2"
 
 
+def test_cpu_engine_env_caps_onednns_primitive_cache_unless_the_user_set_it():
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in cpu_engine_env(0, 1, None, [0, 1])
+    env = cpu_engine_env(0, 1, None, [0, 1], onednn_cache=64)
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    env = cpu_engine_env(0, 1, None, [0, 1], onednn_cache=64,
+                         environ={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"})
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+    with pytest.raises(ValueError, match="onednn_cache"):
+        cpu_engine_env(0, 1, None, [0, 1], onednn_cache=-1)
+    assert GeneratorConfig().cpu_onednn_cache == 64
+
+
 def test_cpu_engine_env_errors():
     with pytest.raises(ValueError, match="names cores \\[5\\]"):
         cpu_engine_env(0, 1, "5", [0, 1])
