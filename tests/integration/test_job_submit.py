@@ -28,7 +28,7 @@ ROLES = {"generator-0": "Generator", "learner-rank-0": "LearnerWorker", "prior":
 NAMES = {f"{RUN}/{role}": cls for role, cls in ROLES.items()}
 # The run trains this long (run.max_train_s; a step takes about a second here), so that its
 # coordinator is alive long enough for a browser to open the dashboard and read it.
-TRAIN_S = 30
+TRAIN_S = 15  # the page was read 1.3-1.7 s after the roles were up
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,18 @@ def head(tmp_path_factory):
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # AF_UNIX socket paths must stay short
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test cluster; no token to hand around
+    # `ray job stop` sends SIGTERM, then SIGKILL this long after (Ray's default 3 s, read by
+    # the job supervisor, so set before the head starts): time for a stopped run to write its
+    # preemption checkpoint (test_two_jobs).
+    env["RAY_JOB_STOP_WAIT_TIME_S"] = "90"
     proc = subprocess.Popen(
         ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4",
+         # Ports Ray would otherwise fix (52365, 10001): another cluster on this machine
+         # (a test running beside this one) may hold them, and this head's job submission
+         # needs its own agent's.
+         f"--dashboard-agent-listen-port={free_port()}",
+         f"--ray-client-server-port={free_port()}",
          f"--temp-dir={ray_tmp}"],
         env=env, stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT,
         start_new_session=True)

@@ -1,19 +1,25 @@
 """Two `ray job submit -- python -m cluster.launch v05.yaml` jobs at once on one cluster, one
 stopped mid-run (`ray job stop`): the other trains to its end with exact accounting, each
-job writes only its own run directory, and neither job's actors are the other's.
+job writes only its own run directory, and neither job's actors are the other's. The stopped
+one is preempted as `ray job stop` preempts a job: SIGTERM, a whole checkpoint of its last
+step with the prompts in flight, one line saying so, and nothing it admitted lost.
 
 Both jobs are given the same run.name in different run.output_dir folders (the harder case:
 anything keyed by the run's name alone, an actor name, a metric, a cache, would collide);
 bench.chaos's ``second_job_killed`` runs two differently named jobs.
 """
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
+from cluster.checkpoints import RUN_STATE, Checkpoints
+from cluster.run_files import prompt_fates, read_lines
 from test_job_submit import ROOT, head  # noqa: F401 - the fixture (tests/integration on the path)
 
 pytestmark = pytest.mark.integration
@@ -103,8 +109,6 @@ def test_two_jobs_at_once_one_stopped_the_other_ends_with_exact_accounting(head,
     assert s["steps"] == STEPS and s.get("status") != "stalled"
     assert s["prompts_admitted"] == (s["prompts_trained"] + s["prompts_dropped"]
                                      + s["prompts_in_flight_at_end"])
-    from cluster.run_files import prompt_fates
-
     fates = prompt_fates(run["keep"])
     assert fates["lost"] == [] and fates["trained_twice"] == [] and fates["unknown"] == []
     rows = [json.loads(x) for x in (run["keep"] / "metrics.jsonl").read_text().splitlines()]
@@ -114,6 +118,27 @@ def test_two_jobs_at_once_one_stopped_the_other_ends_with_exact_accounting(head,
     time.sleep(5)
     assert steps_done(run["stop"]) <= at_stop + 1
     assert [a for a in alive_actors(url) if a["class"] in jobs] == []
+
+    # `ray job stop` is a preemption: the driver got SIGTERM, checkpointed its last step with
+    # the prompts in flight and said so, within the supervisor's wait (else Ray's SIGKILL
+    # would have left no such line); by uid, nothing it admitted is lost or trained twice.
+    stopped_log = job_logs(url, env, "stop")
+    assert "preempting: SIGTERM received" in stopped_log, stopped_log[-3000:]
+    said = re.search(r"^preempted: checkpoint step (\d+) written in ([\d.]+) s", stopped_log,
+                     re.M)
+    assert said, stopped_log[-3000:]
+    step = int(said.group(1))
+    assert Checkpoints(run["stop"] / "checkpoints").latest() == f"step{step}"
+    s = json.loads((run["stop"] / "summary.json").read_text())
+    assert s["status"] == "preempted" and s["steps"] == step == steps_done(run["stop"])
+    snap = msgpack.unpackb((run["stop"] / "checkpoints" / f"step{step}" / RUN_STATE).read_bytes(),
+                           raw=False, strict_map_key=False)
+    held = [p["uid"] for p in snap["scheduler"]["inflight"]]  # a resume would train these
+    trained = [r["uid"] for r in read_lines(run["stop"] / "prompts.jsonl")]
+    dropped = [r["uid"] for r in read_lines(run["stop"] / "dropped.jsonl")]
+    every = trained + dropped + held
+    assert len(every) == len(set(every)) == snap["data_pos"]  # each admitted prompt once
+    assert set(every) == {f"s{i}" for i in range(snap["data_pos"])}
 
     # Each wrote only under its own output folder, and only its own run directory there.
     # (the head's own log lives where the head fixture put it: here, or a directory of its own)

@@ -1,6 +1,7 @@
 """Never lose a run: how a launch starts in its run directory (``cluster.paths.plan_start``),
 decided from the directory alone, and that only ``run.overwrite=true`` deletes. Two real
-launches of one name: tests/integration/test_run_dir.py."""
+launches of one name:
+tests/integration/test_pipeline.py::test_two_launches_of_one_name_never_lose_the_first_run."""
 import pytest
 
 from cluster.checkpoints import RUN_STATE

@@ -1,7 +1,8 @@
 """W&B logging (cluster/wandb_log.py) through ``RunFiles``, offline, read back from the
 ``.wandb`` file: every number of every metrics.jsonl line at its step, the config, the
 summary, the attached report; offline without credentials; a failing W&B never stops the
-run. The same with a real run (Ray, vLLM, DeepSpeed): tests/integration/test_run_dir.py."""
+run. The same with a real run (Ray, vLLM, DeepSpeed):
+tests/integration/test_pipeline.py::test_two_launches_of_one_name_never_lose_the_first_run."""
 import json
 
 import pytest
