@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from cluster.wandb_log import numeric
 from common.atomic import write_atomic
 
 # Every line of dropped.jsonl: {"uid", "reason", "step"}; a NaN-skipped step's prompts are
@@ -84,9 +85,8 @@ class RunFiles:
         self.append(self.metrics_path, [_clean(m)])
         if self._tb is not None:
             try:
-                for k, v in m.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        self._tb.add_scalar(k, v, m["step"])
+                for k, v in numeric(m).items():
+                    self._tb.add_scalar(k, v, m["step"])
                 self._tb.flush()
             except OSError as err:
                 self.failed(self.dir / "tb", err)

@@ -41,10 +41,17 @@ def wandb_mode(env: dict | None = None, home: Path | None = None) -> str | None:
     return "offline"
 
 
-def numeric(m: dict) -> dict:
-    """The numbers of a metrics line (booleans, None, lists and text left out), as
-    TensorBoard gets them."""
-    return {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+def numeric(m: dict, prefix: str = "") -> dict:
+    """The numbers of a metrics line (booleans, None, lists and text left out), as W&B and
+    TensorBoard get them; a nested table of numbers (held-out accuracy by difficulty) becomes
+    one series per entry, ``eval_sampled_by_difficulty/3``."""
+    out: dict = {}
+    for k, v in m.items():
+        if isinstance(v, dict):
+            out.update(numeric(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def scalars(summary: dict) -> dict:
@@ -193,3 +200,41 @@ def read_offline(run_dir: Path) -> dict:
                 out["config"].update({key(x): json.loads(x.value_json) for x in upd})
         out["files"] += sorted(p.name for p in (f.parent / "files").glob("*"))
     return out
+
+
+def compare(run_dir: Path) -> dict:
+    """Every number of every ``metrics.jsonl`` line (``numeric``) against the offline W&B
+    run's history at the same step: {"steps", "values", "missing": [(step, key)...],
+    "differing": [(step, key, ours, wandb)...], "steps_without_row": [...]}."""
+    import json
+    import math
+
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text()
+            .splitlines() if line.strip()]
+    history = {h.get("_step"): h for h in read_offline(run_dir)["history"]}
+    out: dict = {"steps": 0, "values": 0, "missing": [], "differing": [], "steps_without_row": []}
+    for r in rows:
+        h = history.get(r["step"])
+        if h is None:
+            out["steps_without_row"].append(r["step"])
+            continue
+        out["steps"] += 1
+        for k, v in numeric(r).items():
+            if isinstance(v, float) and not math.isfinite(v):
+                continue
+            out["values"] += 1
+            if k not in h:
+                out["missing"].append((r["step"], k))
+            elif not math.isclose(h[k], v, rel_tol=1e-9, abs_tol=1e-12):
+                out["differing"].append((r["step"], k, v, h[k]))
+    return out
+
+
+if __name__ == "__main__":  # python -m cluster.wandb_log RUN_DIR: is every metric in W&B?
+    got = compare(Path(sys.argv[1]))
+    print(f"{got['steps']} steps, {got['values']} numbers of metrics.jsonl: "
+          f"{len(got['missing'])} missing from the W&B run, {len(got['differing'])} differing, "
+          f"{len(got['steps_without_row'])} steps without a W&B row")
+    for item in (got["missing"] + got["differing"])[:20]:
+        print("  ", item)
+    sys.exit(0 if not (got["missing"] or got["differing"] or got["steps_without_row"]) else 1)

@@ -333,18 +333,19 @@ def short(tmp, name, steps, **run_kw):
 
 
 def assert_wandb_has_every_metric(run_dir, steps):
-    from cluster.wandb_log import read_offline
+    from cluster.wandb_log import compare, numeric, read_offline
 
     rows = read_metrics(run_dir)
     got = read_offline(run_dir)
     assert [h["_step"] for h in got["history"]] == [r["step"] for r in rows] == steps
     for h, r in zip(got["history"], rows):
-        numbers = {k: v for k, v in r.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = numeric(r)  # nested tables too (held-out accuracy by difficulty)
         assert len(numbers) > 20, sorted(r)
         missing = sorted(set(numbers) - set(h))
         assert not missing, missing
         assert all(h[k] == pytest.approx(v) for k, v in numbers.items())
+    same = compare(run_dir)  # what `python -m cluster.wandb_log RUN_DIR` reports
+    assert same["steps"] == len(rows) and not same["missing"] and not same["differing"]
     return got
 
 

@@ -113,3 +113,6 @@ def test_a_failing_wandb_is_said_once_and_the_run_goes_on(tmp_path, offline, cap
 def test_the_numbers_of_a_line_are_what_tensorboard_gets():
     assert numeric({"step": 1, "a": 0.5, "b": True, "c": None, "d": [1], "e": "x"}) == \
         {"step": 1, "a": 0.5}
+    by_level = {"step": 20, "eval_sampled_by_difficulty": {"1": 0.9, "4": 0.5, "note": "x"}}
+    assert numeric(by_level) == {"step": 20, "eval_sampled_by_difficulty/1": 0.9,
+                                 "eval_sampled_by_difficulty/4": 0.5}
