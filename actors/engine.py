@@ -1,5 +1,6 @@
 """Starting one generator's vLLM engine: the environment its processes inherit (CPU pinning,
-the repo on ``PYTHONPATH``) and the ``AsyncLLM`` built from ``GeneratorConfig``. vLLM is
+the repo on ``PYTHONPATH``) and the engine built from ``GeneratorConfig``: vLLM's ``AsyncLLM``
+(engine core in a process of its own) or ``actors.inproc_engine.InprocEngine`` (in this one). vLLM is
 imported inside the functions, when an engine is started.
 """
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from actors.engine_config import GeneratorConfig, resolve_dtype
+from actors.engine_config import GeneratorConfig, resolve_dtype, resolve_engine_core
 
 
 TRITON_LOGGER = "vllm.triton_utils.importing"
@@ -31,12 +32,27 @@ def quiet_cpu_triton_notice() -> bool:
     return True
 
 
+REDUCE_OP_WARNING = r"`torch\.distributed\.reduce_op` is deprecated"
+
+
+def quiet_reduce_op_warning() -> None:
+    """vLLM's kernel dispatcher (``vllm/triton_utils/dispatcher.py``) scans every loaded
+    module's attributes when its engine starts, and touching ``torch.distributed.reduce_op``
+    raises torch's FutureWarning about that name, twice, in whichever process builds the
+    engine (the generator's own, with the engine in-process). Nobody's code uses the name;
+    the user can do nothing about it: that one warning is dropped, all others stay."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=REDUCE_OP_WARNING, category=FutureWarning)
+
+
 def prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
                 worker_process: bool, onednn_cache: int | None = None) -> dict[str, str]:
     """Pin this generator's vLLM-CPU worker to its own cores; the engine's processes are
     spawned from this one and inherit ``os.environ``. Also make the worker extension
     importable from them (Ray workers may not have the repo on their path)."""
     quiet_cpu_triton_notice()  # before vLLM's first import in this process
+    quiet_reduce_op_warning()
     from vllm.platforms import current_platform
 
     from common.threads import cpu_engine_env
@@ -52,15 +68,17 @@ def prepare_env(index: int, cpu_threads: int, cpu_bind: str | None,
     return env
 
 
-def build_engine(model_path: str, cfg: GeneratorConfig):
-    from vllm.engine.arg_utils import AsyncEngineArgs
+def build_engine(model_path: str, cfg: GeneratorConfig, env: dict[str, str] | None = None):
+    """The engine for ``cfg``: an ``InprocEngine`` (engine core in this process) or vLLM's
+    ``AsyncLLM`` (engine core in a process of its own), per ``cfg.engine_core``. ``env``: what
+    ``prepare_env`` returned (the cores an in-process engine's thread is bound to)."""
     from vllm.platforms import current_platform
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     from common.weight_sync import WORKER_EXTENSION
 
     on_cpu = current_platform.is_cpu()
-    args = AsyncEngineArgs(
+    core = resolve_engine_core(cfg.engine_core, on_cpu, cfg.cpu_worker_process)
+    kwargs = dict(
         model=model_path, dtype=resolve_dtype(cfg.dtype, on_cpu), seed=cfg.seed,
         max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -71,7 +89,21 @@ def build_engine(model_path: str, cfg: GeneratorConfig):
         **({"kv_cache_memory_bytes": int(cfg.cpu_kvcache_gib * 2**30)} if on_cpu
            else {"gpu_memory_utilization": cfg.gpu_memory_utilization}))
     try:
-        return AsyncLLM.from_engine_args(args)
+        if core == "in_process":
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+
+            from actors.inproc_engine import InprocEngine
+            from common.threads import bound_cores
+
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # LLMEngine's core stays here
+            args = EngineArgs(**kwargs)
+            return InprocEngine(lambda: LLMEngine.from_engine_args(args),
+                                bound_cores(env or {}) if on_cpu else None)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
     except Exception as e:
         raise RuntimeError(f"vLLM engine failed to start for {model_path}: "
                            f"{type(e).__name__}: {e}") from e

@@ -34,6 +34,13 @@ class GeneratorConfig(BaseModel):
                                      "worker process (vLLM's multiprocess executor, which binds "
                                      "its threads itself) rather than inside the engine-core "
                                      "process: one process more per generator, slower start.")
+    engine_core: Literal["auto", "in_process", "own_process"] = Field(
+        "auto", description="Where vLLM's engine core runs. 'in_process': in the generator's "
+        "own process, stepped by a thread of it (actors/inproc_engine.py): no second import of "
+        "torch and vLLM at start-up. 'own_process': vLLM's AsyncLLM with its engine core in a "
+        "process of its own (overlaps the core's loop with output handling; the usual choice "
+        "on GPUs). 'auto': in_process on CPU (unless cpu_worker_process), own_process on "
+        "CUDA. Weight updates take the same call into the same worker either way.")
     cpu_onednn_cache: int = Field(64, ge=0, description="CPU: oneDNN primitive-cache "
                                   "capacity of the engine's processes "
                                   "(ONEDNN_PRIMITIVE_CACHE_CAPACITY; oneDNN's default is 1024). "
@@ -56,6 +63,17 @@ class GeneratorConfig(BaseModel):
         "priority", description="'priority': requests with a lower priority value run first "
         "(the coordinator sends extra rollouts of prompts in flight ahead of new prompts); "
         "'fcfs': arrival order, priorities ignored.")
+
+
+def resolve_engine_core(engine_core: str, on_cpu: bool, cpu_worker_process: bool) -> str:
+    """'in_process' or 'own_process' for ``GeneratorConfig.engine_core`` on this platform."""
+    if engine_core == "auto":
+        return "in_process" if on_cpu and not cpu_worker_process else "own_process"
+    if engine_core == "in_process" and on_cpu and cpu_worker_process:
+        raise ValueError("generators.engine.engine_core 'in_process' cannot be combined with "
+                         "cpu_worker_process (vLLM's multiprocess executor needs AsyncLLM's "
+                         "engine-core process): set one of them")
+    return engine_core
 
 
 def resolve_dtype(dtype: str, on_cpu: bool) -> str:

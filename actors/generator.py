@@ -1,4 +1,5 @@
-"""The generator role: one vLLM ``AsyncLLM`` engine behind a Ray actor.
+"""The generator role: one vLLM engine behind a Ray actor (``AsyncLLM``, or on CPUs the same
+engine stepped in this process, ``actors/inproc_engine.py``).
 
 The launcher wraps the plain class::
 
@@ -124,7 +125,7 @@ class Generator:
         self._env = prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process,
                                 cfg.cpu_onednn_cache)
         self._t_init = time.perf_counter()
-        self._engine = build_engine(model_path, cfg)
+        self._engine = build_engine(model_path, cfg, self._env)
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -170,6 +171,27 @@ class Generator:
 
     def version(self) -> int:
         return self._version
+
+    @property
+    def engine_core(self) -> str:
+        """'in_process' (``InprocEngine``) or 'own_process' (``AsyncLLM``)."""
+        from actors.inproc_engine import InprocEngine
+
+        return "in_process" if isinstance(self._engine, InprocEngine) else "own_process"
+
+    def engine_pids(self) -> dict:
+        """This actor's pid, its child processes' (a spawned engine core is one) and the CPUs
+        the in-process engine's thread may run on (None without one)."""
+        import threading
+
+        import psutil
+
+        me = psutil.Process()
+        kids = me.children(recursive=True)
+        engine = [t.native_id for t in threading.enumerate() if t.name.startswith("vllm-engine")]
+        return {"actor": me.pid, "children": [c.pid for c in kids],
+                "names": [c.name() for c in kids],
+                "engine_thread_cpus": sorted(os.sched_getaffinity(engine[0])) if engine else None}
 
     def incarnation(self) -> str:
         return self._incarnation
@@ -264,7 +286,8 @@ class Generator:
                     sequences=self._seqs, seq_s=self._seq_s, max_num_seqs=self.cfg.max_num_seqs,
                     **self._counts, busy_s=busy, uptime_s=uptime,
                     busy_fraction=busy / uptime if uptime > 0 else 0.0,
-                    engine_start_s=self.start_s, env=dict(self._env))
+                    engine_start_s=self.start_s, env=dict(self._env),
+                    engine_core=self.engine_core)
 
     async def measure_peak(self, prompt: str = "0", max_tokens: int = 32) -> float:
         """Decode tokens/s with every sequence slot busy (``max_num_seqs`` completions of

@@ -110,6 +110,15 @@ def cpu_engine_env(index: int, cpu_threads: int, cpu_bind: str | None, allowed: 
     return env
 
 
+def bound_cores(env: dict[str, str]) -> list[int]:
+    """The cores an engine's environment (``cpu_engine_env``, in-process mode) binds its
+    OpenMP threads to, from ``OMP_PLACES`` (``"{0},{1}"``); [] when it binds none."""
+    places = env.get("OMP_PLACES", "")
+    if not places:
+        return []
+    return parse_cpu_list(",".join(p.strip().strip("{}") for p in places.split(",")))
+
+
 def threads_for(cpus: float, threads: int | None = None) -> int:
     """CPU threads an actor uses: its explicit setting, else its CPU share rounded up (>= 1)."""
     return threads if threads else max(1, math.ceil(cpus))

@@ -41,8 +41,11 @@ import time
 PHASES = ("plain", "requests", "seeded", "reload", "update_mid", "cancel", "stream")
 
 
-def engine_core(me):
-    """The largest child process of ``me``: the engine core (the others are helpers)."""
+def engine_core(me, in_process: bool = False):
+    """The process holding the engine core: ``me`` for an in-process engine, else the largest
+    child process of ``me`` (the others are helpers)."""
+    if in_process:
+        return me
     kids = me.children(recursive=True)
     if not kids:
         raise RuntimeError("no engine-core child process found")
@@ -102,7 +105,8 @@ def slope(points: list[tuple[int, float]]) -> float:
 
 
 async def run(rounds: int, phases: list[str], trace: bool = False,
-              onednn_cache: int | None = None, warmup: int = 3) -> dict:
+              onednn_cache: int | None = None, warmup: int = 3,
+              core_mode: str = "auto") -> dict:
     import psutil
     from safetensors.numpy import load_file
 
@@ -117,9 +121,13 @@ async def run(rounds: int, phases: list[str], trace: bool = False,
     cfg = GeneratorConfig(max_num_seqs=64, max_model_len=320)  # v05.yaml's engine
     if onednn_cache is not None:
         cfg = cfg.model_copy(update={"cpu_onednn_cache": onednn_cache})
+    cfg = cfg.model_copy(update={"engine_core": core_mode})
     gen = Generator(path, 0, cfg, cpu_threads=1, cpu_bind="nobind")
     await gen.ready()
-    core = engine_core(psutil.Process())
+    from actors.inproc_engine import InprocEngine
+
+    in_process = isinstance(gen._engine, InprocEngine)
+    core = engine_core(psutil.Process(), in_process)
     sd = load_file(os.path.join(path, "model.safetensors"))
     ready = asyncio.get_running_loop().create_future()
     ready.set_result(sd)
@@ -226,6 +234,7 @@ async def run(rounds: int, phases: list[str], trace: bool = False,
               f"2nd half)", flush=True)
     result["stats"] = gen.stats()
     result["onednn_cache"] = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024 (oneDNN's)")
+    result["engine_core"] = "in_process" if in_process else "own_process"
     return result
 
 
@@ -237,6 +246,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="/tmp/generator_probe.json")
     ap.add_argument("--onednn-cache", type=int, help="the engine's oneDNN primitive-cache "
                     "capacity (default: GeneratorConfig's; oneDNN's own default is 1024)")
+    ap.add_argument("--engine-core", default="auto",
+                    choices=("auto", "in_process", "own_process"),
+                    help="GeneratorConfig.engine_core (auto: in_process on CPU)")
     ap.add_argument("--warmup", type=int, default=3, help="passes over every phase first")
     ap.add_argument("--trace", action="store_true",
                     help="tracemalloc in the engine core: the lines whose memory grew")
@@ -247,7 +259,8 @@ def main(argv=None) -> dict:
         ap.error(f"unknown phase(s) {bad}; known: {', '.join(PHASES)}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of a function
-    result = asyncio.run(run(a.rounds, phases, a.trace, a.onednn_cache, a.warmup))
+    result = asyncio.run(run(a.rounds, phases, a.trace, a.onednn_cache, a.warmup,
+                             a.engine_core))
     with open(a.out, "w") as f:
         json.dump(result, f)
     return result

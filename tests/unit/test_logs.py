@@ -59,6 +59,29 @@ def test_the_cpu_builds_triton_notice_stays_off_the_console_and_errors_do_not(tm
     assert "ERROR vllm.triton_utils.importing: a real Triton error" in out.stderr
 
 
+# torch's FutureWarning that vLLM's kernel dispatcher sets off in the process that builds an
+# engine (it reads every module's attributes, torch.distributed.reduce_op among them).
+REDUCE_OP_CHILD = r"""
+import logging, sys, warnings
+from common.logs import to_file
+to_file(sys.argv[1])
+from actors.engine import quiet_reduce_op_warning
+quiet_reduce_op_warning()
+import torch.distributed as dist
+hasattr(dist.reduce_op, "__dict__")
+warnings.warn("another FutureWarning", FutureWarning)
+"""
+
+
+def test_the_reduce_op_deprecation_stays_off_the_console_and_other_warnings_do_not(tmp_path):
+    log = tmp_path / "generator.log"
+    out = subprocess.run([sys.executable, "-c", REDUCE_OP_CHILD, str(log)], capture_output=True,
+                         text=True, timeout=60, cwd=__import__("pathlib").Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr
+    assert "reduce_op" not in out.stderr + log.read_text()
+    assert "another FutureWarning" in out.stderr + log.read_text()
+
+
 def test_the_local_clusters_token_auth_notice_is_dropped_and_its_errors_are_not():
     """cluster.runtime.quiet_auth_notice, called before the launcher's ray.init starts a local
     cluster: the logger it quiets is the one Ray's notice is logged on (read from Ray's source
@@ -93,6 +116,6 @@ def test_a_local_cluster_keeps_fewer_task_events_unless_the_user_chose():
     from cluster.runtime import TASK_EVENTS_KEPT, TASK_EVENTS_VAR, bound_task_events
 
     env: dict[str, str] = {}
-    assert bound_task_events(env) == str(TASK_EVENTS_KEPT) and env[TASK_EVENTS_VAR] == "10000"
+    assert bound_task_events(env) == str(TASK_EVENTS_KEPT) and env[TASK_EVENTS_VAR] == "2000"
     env = {TASK_EVENTS_VAR: "250000"}
     assert bound_task_events(env) == "250000" and env[TASK_EVENTS_VAR] == "250000"

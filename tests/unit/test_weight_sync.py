@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine_config import GeneratorConfig, resolve_dtype
+from actors.engine_config import GeneratorConfig, resolve_dtype, resolve_engine_core
 from actors.generator import validate_request
-from common.threads import cpu_engine_env, omp_binding, parse_cpu_list
+from common.threads import bound_cores, cpu_engine_env, omp_binding, parse_cpu_list
 from common.types import RolloutRequest, SamplingConfig
 from common.weight_sync import (CollectivePayload, CollectiveReceiver, CollectiveSender,
                                 GroupSpec, NotInGroupError, ObjectStorePayload,
@@ -304,6 +304,27 @@ def test_cpu_engine_env_caps_onednns_primitive_cache_unless_the_user_set_it():
     with pytest.raises(ValueError, match="onednn_cache"):
         cpu_engine_env(0, 1, None, [0, 1], onednn_cache=-1)
     assert GeneratorConfig().cpu_onednn_cache == 64
+
+
+def test_bound_cores_reads_the_in_process_binding_back():
+    assert bound_cores(cpu_engine_env(1, 1, None, [0, 1])) == [1]
+    assert bound_cores(cpu_engine_env(0, 2, "2-3", [0, 1, 2, 3])) == [2, 3]
+    assert bound_cores(cpu_engine_env(0, 1, "nobind", [0, 1])) == []
+    assert bound_cores(cpu_engine_env(0, 2, "0-1", [0, 1], worker_process=True)) == []
+    assert bound_cores({}) == []
+
+
+def test_engine_core_in_process_on_cpu_own_process_on_gpus():
+    assert GeneratorConfig().engine_core == "auto"
+    assert resolve_engine_core("auto", on_cpu=True, cpu_worker_process=False) == "in_process"
+    assert resolve_engine_core("auto", on_cpu=True, cpu_worker_process=True) == "own_process"
+    assert resolve_engine_core("auto", on_cpu=False, cpu_worker_process=False) == "own_process"
+    assert resolve_engine_core("own_process", True, False) == "own_process"
+    assert resolve_engine_core("in_process", False, False) == "in_process"
+    with pytest.raises(ValueError, match="cpu_worker_process"):
+        resolve_engine_core("in_process", on_cpu=True, cpu_worker_process=True)
+    with pytest.raises(Exception, match="engine_core"):
+        GeneratorConfig(engine_core="thread")
 
 
 def test_cpu_engine_env_errors():
