@@ -57,14 +57,15 @@ def connect(cfg, plan: Plan) -> bool:
 
 
 TASK_EVENTS_VAR = "RAY_task_events_max_num_task_in_gcs"
-TASK_EVENTS_KEPT = 10_000
+TASK_EVENTS_KEPT = 2_000
 
 
 def bound_task_events(environ=os.environ) -> str:
     """A cluster this process starts keeps the events of its last ``TASK_EVENTS_KEPT`` tasks
-    (the dashboard's task table) instead of Ray's 100,000: a run makes about a hundred actor
-    calls a step, and at Ray's default gcs_server grew by ~3 MiB a minute for the first hours
-    of a run (bench.soak). Set before ``ray.init`` starts the cluster's processes, which read
+    (the dashboard's task table: the last 20 steps or so) instead of Ray's 100,000: a run makes
+    about a hundred actor calls a step, each event about 3 KiB in gcs_server, which at Ray's
+    default grew by ~3 MiB a minute for the first hours of a run, and at 10,000 for the first
+    ten minutes (bench.soak; ``gcs_task_events`` in soak.json counts them). Set before ``ray.init`` starts the cluster's processes, which read
     it; a value the user set wins. Returns the value in force."""
     return environ.setdefault(TASK_EVENTS_VAR, str(TASK_EVENTS_KEPT))
 

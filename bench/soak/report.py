@@ -8,7 +8,9 @@ RSS_AIM = 0.05        # per hour, every role's resident memory and the run's sta
 STEP_TIME_AIM = 0.10  # per hour, step time
 FULL = {"duration_s": 3600.0, "steps": 1000}  # the full form's least length
 SCALARS = ("object_store_mb", "object_store_objects", "run_dir_mb", "checkpoints_mb",
-           "logs_mb", "coordinator_entries")
+           "logs_mb", "coordinator_entries",
+           # gcs_server's own counts (its state dump): reported, not judged
+           "gcs_task_events", "gcs_task_events_reported", "gcs_buffered_bytes")
 RUN_STATE = ("checkpoints_mb", "coordinator_entries")
 
 

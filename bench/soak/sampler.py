@@ -137,6 +137,46 @@ class ObjectStore:
             return {}
 
 
+GCS_FIELDS = {  # gcs_server's state dump (gcs_server.out, once a minute) -> sample key
+    "Current num of task events stored": "gcs_task_events",
+    "Total num task events reported": "gcs_task_events_reported",
+}
+
+
+def gcs_state(text: str) -> dict:
+    """The last state dump's counts in gcs_server's log ``text`` (``GCS_FIELDS``), and the
+    bytes its publisher holds buffered over every channel: what gcs_server keeps, from
+    inside it."""
+    out: dict = {}
+    tail = text[text.rfind("GcsNodeManager:"):] if "GcsNodeManager:" in text else ""
+    for line in tail.splitlines():
+        line = line.strip().lstrip("-").strip()
+        key, _, value = line.partition(":")
+        if key in GCS_FIELDS and value.strip().isdigit():
+            out[GCS_FIELDS[key]] = int(value)
+        elif key == "current buffered bytes" and value.strip().isdigit():
+            out["gcs_buffered_bytes"] = out.get("gcs_buffered_bytes", 0) + int(value)
+    return out
+
+
+def gcs_log() -> Path | None:
+    """This process's cluster's gcs_server.out, or None."""
+    try:
+        from ray._private import worker
+
+        return Path(worker._global_node.get_logs_dir_path()) / "gcs_server.out"
+    except Exception:  # noqa: BLE001 - not connected, or a cluster it did not start
+        return None
+
+
+def read_gcs(path: Path | None, tail_bytes: int = 400_000) -> dict:
+    if path is None or not path.is_file():
+        return {}
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - tail_bytes))
+        return gcs_state(f.read().decode("utf-8", "replace"))
+
+
 class Sampler(threading.Thread):
     """Samples every ``every_s`` seconds until ``stop``: ``self.samples`` (one dict each)."""
 
@@ -144,6 +184,7 @@ class Sampler(threading.Thread):
         super().__init__(name="soak-sampler", daemon=True)
         self.coord, self.run_dir, self.every_s, self.steps = coord, Path(run_dir), every_s, steps
         self.procs, self.store = Processes(), ObjectStore()
+        self.gcs_log = gcs_log()
         self.samples: list[dict] = []
         self.t0 = time.time()
         self._stop_event = threading.Event()
@@ -165,7 +206,7 @@ class Sampler(threading.Thread):
              "processes": self.procs.sample(), **self.store.sample(),
              "run_dir_mb": dir_mb(self.run_dir),
              "checkpoints_mb": dir_mb(self.run_dir / "checkpoints"),
-             "logs_mb": dir_mb(self.run_dir / "logs")}
+             "logs_mb": dir_mb(self.run_dir / "logs"), **read_gcs(self.gcs_log)}
         s["coordinator_state"] = self.coordinator_state()
         s["coordinator_entries"] = (sum(s["coordinator_state"].values())
                                     if s["coordinator_state"] else None)

@@ -138,3 +138,28 @@ def test_a_process_that_becomes_an_actor_is_named_again():
     assert procs._name(Fake("ray::Coordinator"), None) == "coordinator#0"
     assert procs._name(Fake("ray::Coordinator.next_batch"), None) == "coordinator#0"
     assert procs._name(Fake("VLLM::EngineCore"), "generator#1") == "generator#1/vllm-enginecore#0"
+
+
+GCS_DUMP = """[2026-12-02 14:16:35] gcs_server.cc:1322: state dump
+GcsNodeManager:
+- RegisterNode request count: 1
+Publisher:
+RAY_LOG_CHANNEL
+- cumulative published bytes: 12208
+- current buffered bytes: 895
+RAY_ERROR_INFO_CHANNEL
+- current buffered bytes: 5
+
+GcsTaskManager:
+-Total num task events reported: 52
+-Current num of task events stored: 17
+"""
+
+
+def test_gcs_state_reads_the_last_dump_of_gcs_servers_log():
+    from bench.soak.sampler import gcs_state
+
+    older = GCS_DUMP.replace("stored: 17", "stored: 3").replace("reported: 52", "reported: 9")
+    assert gcs_state(older + GCS_DUMP) == {"gcs_task_events": 17, "gcs_task_events_reported": 52,
+                                           "gcs_buffered_bytes": 900}
+    assert gcs_state("no dump yet") == {}
