@@ -253,6 +253,8 @@ class Generator:
             finally:
                 if pausable:
                     await eng.resume_generation()
+            if hasattr(eng, "release_free_memory"):  # in-process engine: see its docstring
+                await eng.release_free_memory()
             dt = time.perf_counter() - t0
             self._counts["updates"] += 1
             self._counts["update_s"] += dt

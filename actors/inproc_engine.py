@@ -146,6 +146,14 @@ class InprocEngine:
                              kwargs: dict | None = None) -> list:
         return await self._call(self._engine.collective_rpc, method, timeout, args, kwargs)
 
+    async def release_free_memory(self) -> bool:
+        """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``), on the
+        engine thread. A weight load frees hundreds of MiB of temporaries, and glibc keeps
+        free memory of a thread's own arena (the engine thread's, here) mapped: the probe saw
+        the process grow ~1.7 MiB per update with the memory in use flat. Returns whether
+        anything was released (False off glibc)."""
+        return await self._call(trim_heap)
+
     def shutdown(self) -> None:
         if self._closed:
             return
@@ -209,6 +217,18 @@ class InprocEngine:
             self._idle.set()
             if not outs:
                 await asyncio.sleep(0)  # let calls queued on the loop reach the engine
+
+
+def trim_heap() -> bool:
+    """glibc's ``malloc_trim(0)``: free memory of every arena back to the system."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 def engine_thread_alive() -> bool:
