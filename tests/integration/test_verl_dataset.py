@@ -67,12 +67,18 @@ def test_a_verl_parquet_trains_end_to_end(verl_files, tmp_path):
     assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
                                            + summary["prompts_in_flight_at_end"])
     # The prompts came from the file (verl's extra_info.index is the id), and its ground
-    # truths reached the verifier: with numeric answers in the policy's own format, most
-    # rollouts are right (sampled accuracy ~0.9 at one or two steps), some may be wrong.
+    # truths reached the verifier: with numeric answers in the policy's own format, rollouts
+    # are scored right (+1) where they match the file's answer and wrong (-1) elsewhere. How
+    # many are right in two steps varies (the two-operation prompts are hard for the policy:
+    # a step's reward_mean of 0.0 came up); a right one among 8 prompts' rollouts, and a
+    # held-out accuracy above 0, need the file's answers.
     trained = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines()]
     assert len(trained) == 8 and all(p["prompt_id"].startswith("train-") for p in trained)
+    rewards = [r for p in trained for r in p["rewards"]]
+    assert set(rewards) <= {-1.0, 1.0} and 1.0 in rewards, rewards
+    assert summary["eval_accuracy_final"] > 0
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == 2 and max(m["reward_mean"] for m in metrics) > 0
+    assert len(metrics) == 2
     print(f"verl parquet: {summary['steps']} steps, {summary['prompts_trained']} prompts "
           f"trained of {summary['prompts_admitted']} admitted ({summary['prompts_dropped']} "
           f"dropped, {summary['prompts_in_flight_at_end']} in flight), reward_mean per step "
