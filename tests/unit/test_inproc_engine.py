@@ -76,6 +76,14 @@ async def _collect(eng, rid):
     return [o async for o in eng.generate("p", None, request_id=rid)]
 
 
+async def _running(eng, fake, rid: str, steps: int) -> asyncio.Future:
+    """Request ``rid`` started and the engine stepped ``steps`` times."""
+    task = asyncio.ensure_future(_collect(eng, rid))
+    while fake.steps < steps:
+        await asyncio.sleep(0.001)
+    return task
+
+
 def test_each_request_gets_its_own_cumulative_outputs_on_the_engine_thread():
     eng, fake = _engine(done_after=3)
 
@@ -93,9 +101,7 @@ def test_a_paused_engine_is_not_stepped_and_resumes():
     eng, fake = _engine(done_after=50)
 
     async def main():
-        task = asyncio.ensure_future(_collect(eng, "a"))
-        while fake.steps < 3:
-            await asyncio.sleep(0.001)
+        task = await _running(eng, fake, "a", 3)
         await eng.pause_generation(mode="keep", clear_cache=False)
         frozen = fake.steps
         assert await eng.collective_rpc("v05_load_dir", args=("/dev/shm/x",)) == \
@@ -119,9 +125,7 @@ def test_abort_ends_a_request_with_an_abort_output_and_no_tokens():
     eng, fake = _engine(done_after=10**6)
 
     async def main():
-        task = asyncio.ensure_future(_collect(eng, "a"))
-        while fake.steps < 4:
-            await asyncio.sleep(0.001)
+        task = await _running(eng, fake, "a", 4)
         await eng.abort(["a"])
         return await task
 
@@ -137,9 +141,7 @@ def test_a_cancelled_consumer_aborts_its_request_in_the_engine():
     eng, fake = _engine(done_after=10**6)
 
     async def main():
-        task = asyncio.ensure_future(_collect(eng, "a"))
-        while fake.steps < 2:
-            await asyncio.sleep(0.001)
+        task = await _running(eng, fake, "a", 2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
