@@ -113,9 +113,12 @@ def test_the_local_clusters_token_auth_notice_is_dropped_and_its_errors_are_not(
 
 
 def test_a_local_cluster_keeps_fewer_task_events_unless_the_user_chose():
-    from cluster.runtime import TASK_EVENTS_KEPT, TASK_EVENTS_VAR, bound_task_events
+    from cluster.runtime import (DROPPED_VAR, TASK_EVENTS_KEPT, TASK_EVENTS_VAR,
+                                 bound_task_events)
 
     env: dict[str, str] = {}
     assert bound_task_events(env) == str(TASK_EVENTS_KEPT) and env[TASK_EVENTS_VAR] == "2000"
-    env = {TASK_EVENTS_VAR: "250000"}
+    assert env[DROPPED_VAR] == "10000"
+    env = {TASK_EVENTS_VAR: "250000", DROPPED_VAR: "5"}
     assert bound_task_events(env) == "250000" and env[TASK_EVENTS_VAR] == "250000"
+    assert env[DROPPED_VAR] == "5"
