@@ -1,7 +1,7 @@
 """Starting one generator's vLLM engine: the environment its processes inherit (CPU pinning,
 the repo on ``PYTHONPATH``) and the engine built from ``GeneratorConfig``: vLLM's ``AsyncLLM``
-(engine core in a process of its own) or ``actors.inproc_engine.InprocEngine`` (in this one). vLLM is
-imported inside the functions, when an engine is started.
+(engine core in a process of its own) or ``actors.inproc_engine.InprocEngine`` (in this one).
+vLLM is imported inside the functions, when an engine is started.
 """
 from __future__ import annotations
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable
 
@@ -108,11 +107,9 @@ class InprocEngine:
                 if done:
                     return
         finally:
-            if not done and request_id in self._queues and self._dead is None:
+            if self._queues.pop(request_id, None) is not None and not done and self._dead is None:
                 # The consumer stopped early (cancelled, or an error): free the engine's slot.
-                self._queues.pop(request_id, None)
                 self._pool.submit(self._engine.abort_request, [request_id])
-            self._queues.pop(request_id, None)
             self._last.pop(request_id, None)
 
     async def abort(self, request_ids) -> None:
@@ -229,8 +226,3 @@ def trim_heap() -> bool:
         return bool(libc.malloc_trim(0))
     except (OSError, AttributeError):  # not glibc
         return False
-
-
-def engine_thread_alive() -> bool:
-    """Whether this process has a running in-process engine thread (tests, diagnostics)."""
-    return any(t.name.startswith("vllm-engine") and t.is_alive() for t in threading.enumerate())
