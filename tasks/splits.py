@@ -7,7 +7,7 @@ under every seed, and a warm-started policy never trains on a held-out problem.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 
 def is_heldout(prompt: str, salt: str, fraction: float) -> bool:
@@ -34,3 +34,14 @@ def spread_evenly(n: int, caps: Mapping[int, int], side: str) -> dict[int, int]:
         raise ValueError(f"difficulties {levels} have only {n - left} distinct {side} "
                          f"problems, {n} requested")
     return quotas
+
+
+def check_levels(difficulties: Sequence[int], levels: Collection[int]) -> tuple[int, ...]:
+    """``difficulties`` as a tuple when they are distinct members of ``levels`` (a task's
+    level numbers); else ValueError naming the valid ones."""
+    chosen = tuple(difficulties)
+    bad = [d for d in chosen if d not in levels]
+    if not chosen or bad or len(set(chosen)) != len(chosen):
+        raise ValueError(f"difficulties must be distinct levels from {sorted(levels)}, "
+                         f"got {list(chosen)}")
+    return chosen

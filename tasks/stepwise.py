@@ -199,12 +199,7 @@ def train_stream(seed: int, difficulties: Sequence[int] = tuple(LEVELS)) -> Iter
 
 
 def check_difficulties(difficulties: Sequence[int]) -> tuple[int, ...]:
-    levels = tuple(difficulties)
-    bad = [d for d in levels if d not in LEVELS]
-    if not levels or bad or len(set(levels)) != len(levels):
-        raise ValueError(f"difficulties must be distinct levels from {sorted(LEVELS)}, "
-                         f"got {list(levels)}")
-    return levels
+    return splits.check_levels(difficulties, LEVELS)
 
 
 class StepwiseTask(GeneratedTask):
