@@ -4,7 +4,8 @@
 this package pulls in neither torch nor math_verify (the math verifier imports lazily).
 
 Tasks: ``stepwise`` (the default: repeated +d/-d written out as a reasoning trace, with an
-embedded policy that RL can improve), ``arithmetic`` (bare answers of 2-5 tokens) and ``math``
+embedded policy that RL can improve), ``arithmetic`` (bare answers of 2-5 tokens),
+``word_arithmetic`` (questions in plain English for a pretrained chat model) and ``math``
 (a dataset file as verl and OpenRLHF users have one: Parquet or JSON lines, verl's column
 layout or any columns named by ``prompt_key``/``answer_key``; ``math_jsonl`` is its earlier
 name). Embedded policies: ``tasks.policy``. Neither ``datasets`` nor pyarrow is imported here:
@@ -15,15 +16,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks import stepwise
+from tasks import stepwise, word_arithmetic
 from tasks.arithmetic import ArithmeticTask, check_difficulties
 from tasks.base import Problem, Task, Verdict, check_rewards
 from tasks.math_task import MathTask, check_key
 from tasks.stepwise import StepwiseTask
+from tasks.word_arithmetic import WordArithmeticTask
 
 TASKS: dict[str, type[Task]] = {
     StepwiseTask.name: StepwiseTask,
     ArithmeticTask.name: ArithmeticTask,
+    WordArithmeticTask.name: WordArithmeticTask,
     MathTask.name: MathTask,
     "math_jsonl": MathTask,  # the math task's earlier name (JSONL only then): configs keep it
 }
@@ -34,7 +37,8 @@ DATASET_TASKS = ("math", "math_jsonl")
 DEFAULT_TASK = StepwiseTask.name
 # The levels of the synthetic tasks; each checks its own (their numbers differ in meaning).
 _LEVEL_CHECKS = {ArithmeticTask.name: check_difficulties,
-                 StepwiseTask.name: stepwise.check_difficulties}
+                 StepwiseTask.name: stepwise.check_difficulties,
+                 WordArithmeticTask.name: word_arithmetic.check_difficulties}
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -51,19 +55,21 @@ class TaskConfig(BaseModel):
 
     name: str = Field(DEFAULT_TASK, description=(
         "Registered task name: 'stepwise' (reasoning traces, the CPU default), 'arithmetic' "
-        "(bare answers) or 'math' (a dataset file: Parquet, JSON lines, a save_to_disk "
-        "directory; 'math_jsonl' is its earlier name)."))
+        "(bare answers), 'word_arithmetic' (plain-English questions for a pretrained chat "
+        "model) or 'math' (a dataset file: Parquet, JSON lines, a save_to_disk directory; "
+        "'math_jsonl' is its earlier name)."))
     seed: int = Field(0, description="Seed of the problem sampling / held-out selection.")
     n_train: int | None = Field(None, ge=1, description=(
         "Number of train problems; None = the task's default (stepwise: 4000, arithmetic: 800, "
-        "math: all)."))
+        "word_arithmetic: 800, math: all)."))
     n_heldout: int = Field(200, ge=1, description="Number of held-out evaluation problems.")
     reward_low: float = Field(-1.0, description="Reward of a wrong or unparseable answer (r_lo).")
     reward_high: float = Field(1.0, description="Reward of a correct answer (r_hi).")
     difficulties: list[int] = Field(default_factory=lambda: [1, 2, 3, 4], description=(
-        "stepwise and arithmetic: difficulty levels to draw problems from, spread evenly "
-        "(1 = easiest). stepwise: the number of steps, 1: 1-2, 2: 3-4, 3: 5-10, 4: 11-20; "
-        "arithmetic: operand digits and operators (tasks/arithmetic.py LEVELS)."))
+        "stepwise, arithmetic and word_arithmetic: difficulty levels to draw problems from, "
+        "spread evenly (1 = easiest). stepwise: the number of steps, 1: 1-2, 2: 3-4, 3: 5-10, "
+        "4: 11-20; arithmetic: operand digits and operators (tasks/arithmetic.py LEVELS); "
+        "word_arithmetic: 1 addition, 2 multiplication, 3 subtraction, 4 story problems."))
     path: str | None = Field(None, description=(
         "math: the dataset (train split): a .parquet, .jsonl or .json file (optionally "
         ".gz/.bz2/.xz/.zst), or a directory written by datasets' save_to_disk; local, never "
@@ -128,4 +134,5 @@ def make_task_from_config(cfg: TaskConfig) -> Task:
 
 
 __all__ = ["DATASET_TASKS", "DEFAULT_TASK", "TASKS", "Problem", "Task", "TaskConfig", "Verdict",
-           "make_task", "make_task_from_config", "ArithmeticTask", "MathTask", "StepwiseTask"]
+           "make_task", "make_task_from_config", "ArithmeticTask", "MathTask", "StepwiseTask",
+           "WordArithmeticTask"]
