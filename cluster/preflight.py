@@ -2,7 +2,8 @@
 failure deep inside an engine minutes later.
 
 - the model directory holds a loadable Hugging Face config, weights (every shard its index
-  names) and a loadable tokenizer (not just any directory with a config.json);
+  names) and a loadable tokenizer (not just any directory with a config.json), and its
+  architecture is one that the installed vLLM generates with;
 - the tokenizer encodes every prompt (a sample of each split) to at least one token, with the
   chat template when the generators use it, without its unknown token (the model would not
   see those characters), and no prompt leaves less than one token for the response within
@@ -10,9 +11,12 @@ failure deep inside an engine minutes later.
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import random
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 # What transformers, vLLM and DeepSpeed load weights from: one file, or an index of shards.
@@ -41,12 +45,62 @@ def check_model(model_path: str) -> None:
                            f"{str(err)[:300]}") from None
 
     load("config", AutoConfig)
+    unserved = _unserved_architecture(Path(model_path))
+    if unserved:
+        raise unusable(unserved)
     missing = _missing_weights(Path(model_path))
     if missing:
         raise unusable(missing)
     if not any((Path(model_path) / f).is_file() for f in _TOKENIZER_FILES):
         raise unusable(f"no tokenizer: none of {', '.join(_TOKENIZER_FILES)}")
     load("tokenizer", AutoTokenizer)
+
+
+# The tables of vLLM's model registry that name a causal LM it can generate with: its own
+# implementations and those it runs through its Transformers backend.
+_VLLM_TABLES = ("_TEXT_GENERATION_MODELS", "_TRANSFORMERS_SUPPORTED_MODELS",
+                "_TRANSFORMERS_BACKEND_MODELS")
+
+
+@lru_cache(maxsize=1)
+def vllm_architectures() -> frozenset[str] | None:
+    """The architecture names the installed vLLM generates with, read from its registry's
+    source (importing vLLM takes 10-20 s on 2 cores; the launcher's preflight should not);
+    None when vLLM or its registry is not where this version keeps it (the check is then
+    skipped, and the engine's own start-up error stands)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    registry = Path(list(spec.submodule_search_locations)[0]) / "model_executor" / "models" \
+        / "registry.py"
+    try:
+        tree = ast.parse(registry.read_text())
+    except (OSError, SyntaxError):
+        return None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id in _VLLM_TABLES for t in targets):
+                names.update(k.value for k in node.value.keys
+                             if isinstance(k, ast.Constant) and isinstance(k.value, str))
+    return frozenset(names) or None
+
+
+def _unserved_architecture(path: Path) -> str | None:
+    """Why vLLM would not serve the model in ``path`` (its config.json names no architecture,
+    or one the installed vLLM has no causal-LM implementation of), or None."""
+    try:
+        archs = json.loads((path / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None  # the config's own loader has already passed; nothing more to say
+    if not archs:
+        return "config.json names no architecture ('architectures'), so vLLM cannot pick one"
+    known = vllm_architectures()
+    if known is None or any(a in known for a in archs):
+        return None
+    return (f"architecture {', '.join(archs)} is not one the installed vLLM generates with "
+            f"(its registry lists {len(known)}, e.g. LlamaForCausalLM, Qwen3ForCausalLM)")
 
 
 def _missing_weights(path: Path) -> str | None:
