@@ -105,3 +105,35 @@ def test_characters_the_tokenizer_maps_to_unknown_are_named(model_dir):
     with pytest.raises(PreflightError, match=r"cannot encode train prompt 'p3' \('Löse.*'ö', "
                                              r"'²', 'ü' map to the unknown token '<unk>'"):
         check_prompts(model_dir, task, GeneratorConfig(), 8)
+
+
+@pytest.mark.parametrize("archs, why", [
+    (["NoSuchModelForCausalLM"], r"architecture NoSuchModelForCausalLM is not one the installed "
+                                 r"vLLM generates with"),
+    (None, r"config.json names no architecture"),
+])
+def test_an_architecture_vllm_cannot_serve_is_named(model_dir, tmp_path, archs, why):
+    import json
+
+    odd = copy_without(model_dir, tmp_path / "odd")
+    config = json.loads((tmp_path / "odd" / "config.json").read_text())
+    if archs is None:
+        del config["architectures"]
+    else:
+        config["architectures"] = archs
+    (tmp_path / "odd" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PreflightError, match=rf"odd: not a usable model \({why}"):
+        check_model(odd)
+
+
+def test_vllm_registry_is_read_without_importing_vllm():
+    import sys
+
+    from cluster.preflight import vllm_architectures
+
+    before = "vllm.model_executor.models.registry" in sys.modules
+    vllm_architectures.cache_clear()
+    known = vllm_architectures()
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM"} <= known
+    assert "BertModel" not in known  # an encoder is no policy
+    assert ("vllm.model_executor.models.registry" in sys.modules) == before
