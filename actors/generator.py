@@ -291,22 +291,24 @@ class Generator:
                     engine_start_s=self.start_s, env=dict(self._env),
                     engine_core=self.engine_core)
 
-    async def measure_peak(self, prompt: str = "0", max_tokens: int = 32) -> float:
-        """Decode tokens/s with every sequence slot busy (``max_num_seqs`` completions of
-        ``max_tokens`` tokens, EOS ignored): the peak that occupancy reports compare with."""
+    async def measure_peak(self, prompts: str | list[str] = "0", max_tokens: int = 32) -> float:
+        """Decode tokens/s with a fixed batch: one completion of ``max_tokens`` tokens (EOS
+        ignored) per prompt of ``prompts``, all at once; a single prompt fills every sequence
+        slot (``max_num_seqs`` copies): the peak that occupancy reports compare with."""
         from vllm import SamplingParams
 
+        batch = [prompts] * self.cfg.max_num_seqs if isinstance(prompts, str) else list(prompts)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=1.0, seed=0)
         t0 = time.perf_counter()
 
-        async def one(i: int) -> int:
+        async def one(i: int, prompt: str) -> int:
             final = None
             async for out in self._engine.generate(self._engine_prompt(prompt), params,
                                                    request_id=f"peak-g{self.index}-{i}"):
                 final = out
             return len(final.outputs[0].token_ids)
 
-        tokens = sum(await asyncio.gather(*(one(i) for i in range(self.cfg.max_num_seqs))))
+        tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(batch))))
         return tokens / (time.perf_counter() - t0)
 
     def shutdown(self) -> None:

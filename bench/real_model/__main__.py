@@ -1,0 +1,115 @@
+"""A real pretrained model through the whole system, measured.
+
+    python -m bench.real_model [--config configs/smollm2-135m.yaml] [--run-dir DIR]
+                               [--batches 1,4,8,16,32,64] [--out FILE] [overrides ...]
+
+1. On a quiet machine, before the run: the float32 matmul peak (1 and 2 threads) and one
+   generator's engine alone at fixed batches of real prompts (``measure``), each in a
+   process of its own.
+2. The run, as a user runs it: ``python -m cluster.launch CONFIG`` in a subprocess (its
+   console shown here), on a local Ray cluster of its own, outputs under ``--work-dir``;
+   each role's resident memory sampled meanwhile. ``--run-dir`` analyses a finished run
+   instead (then memory and the run's wall time are not measured).
+3. ``analysis``: seconds per step split into generation wait, training and weight sync;
+   generator tokens/s during the run as a share of the engine alone at the batch it ran;
+   learner tokens/s and FLOP/s against the matmul peak; memory per role; start-up; held-out
+   accuracy before and after.
+
+Writes bench/results/real_model.json (with the command) and real_model.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.harness import stamp, write_json
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+
+
+def log(msg: str) -> None:
+    print(f"[real_model {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def launch(config: str, work_dir: Path, name: str, overrides: list[str]) -> tuple[Path, float, dict]:
+    """The run, as ``python -m cluster.launch``; (its run directory, wall seconds, peak RSS
+    MiB by role)."""
+    from bench.throughput.memory import MemorySampler
+
+    cmd = [sys.executable, "-m", "cluster.launch", config, f"run.output_dir={work_dir}",
+           f"run.name={name}", "run.overwrite=true", "cluster.address=local", *overrides]
+    log("run: " + " ".join(cmd[2:]))
+    sampler, t0 = MemorySampler(period=2.0), time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO)
+    finally:
+        sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"the run failed (exit {proc.returncode}); its logs: "
+                         f"{work_dir / name / 'logs'}")
+    return work_dir / name, time.time() - t0, sampler.peaks_mib()
+
+
+def parameters(model_path: str) -> int:
+    """The model's parameter count (tied embeddings once), from its config on the meta
+    device: no weights loaded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m bench.real_model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/smollm2-135m.yaml")
+    ap.add_argument("--run-dir", type=Path, help="analyse this finished run instead of running")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/v05-real-model"))
+    ap.add_argument("--name", default="real-model")
+    ap.add_argument("--batches", default="1,4,8,16,32,64",
+                    help="the engine-alone batches (comma-separated)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "real_model.json")
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides for the run")
+    a = ap.parse_args(argv)
+    from bench.real_model import analysis, measure
+    from bench.real_model.plot import plot
+    from cluster.config import load_config
+
+    cfg = load_config(a.config, a.overrides)
+    threads = sorted({1, cfg.learner.threads, 2})
+    log(f"matmul peak at {threads} threads ...")
+    matmul = measure.in_subprocess("matmul", *map(str, threads))
+    log(f"matmul GFLOP/s: {matmul}; the engine alone at batches {a.batches} ...")
+    curve = measure.in_subprocess("engine", a.config, a.batches, *a.overrides)
+    if a.run_dir is None:
+        run_dir, wall, memory = launch(a.config, a.work_dir, a.name, a.overrides)
+    else:
+        run_dir, wall, memory = a.run_dir, float("nan"), {}
+    out = {**stamp("bench.real_model", argv), "config": a.config, "overrides": a.overrides,
+           "model_path": cfg.model.path, "task": cfg.task.name,
+           "units": "seconds; tokens/s (engine tokens generated, or trained prompt + response "
+                    "tokens for the learner); GFLOP/s = 1e9 FLOP/s; MiB of resident memory; "
+                    "accuracy: held-out, mean over prompts of the share of correct sampled "
+                    "answers (T = 1), one sampling seed per prompt and sample",
+           "matmul_gflops_by_threads": matmul,
+           **analysis.analyse(run_dir, parameters(cfg.model_path()), matmul, curve, memory,
+                              wall)}
+    write_json(a.out, out)
+    plot(out, a.out.with_suffix(".png"))
+    log(f"wrote {a.out} and {a.out.with_suffix('.png')}")
+    print(json.dumps({k: out[k] for k in ("start_accuracy", "end_accuracy", "heldout_gain_se",
+                                          "generator_share_of_engine_limit", "step_split_s",
+                                          "learner")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""The real-model run's figures, from its run directory and the limits measured beside it.
+Pure: reads files and numbers, imports nothing heavy.
+
+Windows: the steady state is steps 2..N (step 1 pays the first generation round with nothing
+to overlap it, and the engines' first shapes); evaluations are never inside a step's time
+(the trainer times them apart). Units are in the key names.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], dict, dict]:
+    """(metrics.jsonl rows, summary.json, config.yaml as data) of a run."""
+    import yaml
+
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return rows, summary, config
+
+
+def steady(rows: list[dict]) -> list[dict]:
+    """Steps 2..N (all of them for a run of one step)."""
+    return rows[1:] if len(rows) > 1 else rows
+
+
+def step_split(rows: list[dict]) -> dict:
+    """Mean seconds per step and its parts: waiting for generation (what training did not
+    hide), training, weight sync (publish to every generator)."""
+    w = steady(rows)
+
+    def mean(key: str) -> float:
+        return round(float(np.mean([r[key] for r in w])), 2)
+
+    return {"window": f"steps {w[0]['step']}-{w[-1]['step']} of {len(rows)}",
+            "steps": len(w), "step_s": mean("step_time_s"), "generation_wait_s":
+            mean("learner_wait_s"), "train_s": mean("train_time_s"), "sync_s": mean("sync_time_s")}
+
+
+def learner_rate(rows: list[dict], params: int, peak_gflops: float) -> dict:
+    """Trained tokens/s (prompt and response tokens through forward and backward) and the
+    achieved model FLOP/s, 6 x parameters x tokens / s (attention's own FLOPs, under 3% at
+    these lengths, left out), against the measured float32 matmul peak."""
+    w = steady(rows)
+    tokens = sum(r["trained_tokens"] for r in w)
+    seconds = sum(r["train_time_s"] for r in w)
+    rate = tokens / seconds
+    gflops = 6 * params * rate / 1e9
+    return {"tokens_per_s": round(rate, 1), "model_gflops": round(gflops, 1),
+            "matmul_peak_gflops": peak_gflops, "share_of_matmul_peak": round(gflops / peak_gflops, 3)}
+
+
+def generator_rate(rows: list[dict], n_generators: int, max_num_seqs: int) -> dict:
+    """What the generators did over the steady state, from each step's generator figures
+    (``cluster.metrics.generator_delta``: summed over the generators): tokens per second of
+    busy engine time (an engine is busy while it holds a request) and the mean batch while
+    busy (sequences in flight), per engine."""
+    w = steady(rows)
+    wall = np.array([r["step_time_s"] for r in w])
+    tokens = float(np.sum(np.array([r["decode_tokens_per_s"] for r in w]) * wall))
+    engine_s = wall * n_generators
+    busy = float(np.sum(np.array([r["generator_busy_fraction"] for r in w]) * engine_s))
+    seq_s = float(np.sum(np.array([r["generator_slot_occupancy"] for r in w]) * engine_s
+                         * max_num_seqs))
+    return {"tokens": round(tokens), "busy_fraction": round(busy / float(engine_s.sum()), 3),
+            "tokens_per_busy_s": round(tokens / busy, 2) if busy else 0.0,
+            "batch_while_busy": round(seq_s / busy, 2) if busy else 0.0,
+            "tokens_per_wall_s": round(tokens / float(wall.sum()), 2)}
+
+
+def engine_limit_at(curve: list[dict], batch: float) -> float:
+    """The engine's measured tokens/s at ``batch``, linear between the measured batches
+    (clamped at the ends)."""
+    xs = [c["batch"] for c in curve]
+    ys = [c["tokens_per_s"] for c in curve]
+    return float(np.interp(batch, xs, ys))
+
+
+def accuracy(summary: dict) -> dict:
+    """Held-out accuracy at both ends (the headline metric, and greedy), with the gain in
+    standard errors two ways: over the end's SE (the launcher's figure), and over
+    sqrt(se_start^2 + se_end^2), which ignores that the same prompts are measured twice (the
+    pairing would shrink it), so it is the conservative one: ``heldout_gain_se``."""
+    metric = summary["eval_metric"]
+    a0, se0 = summary[f"eval_{metric}_initial"], summary[f"eval_{metric}_initial_se"]
+    a1, se1 = summary[f"eval_{metric}_final"], summary[f"eval_{metric}_final_se"]
+    gain = a1 - a0
+    return {"metric": metric, "prompts": summary["eval_prompts"],
+            "samples_per_prompt": summary["eval_samples"],
+            "start_accuracy": round(a0, 4), "start_se": round(se0, 4),
+            "end_accuracy": round(a1, 4), "end_se": round(se1, 4), "gain": round(gain, 4),
+            "heldout_gain_se": round(gain / math.hypot(se0, se1), 2),
+            "gain_over_end_se": round(gain / se1, 2),
+            "greedy": {"start": summary.get("eval_greedy_initial"),
+                       "end": summary.get("eval_greedy_final"),
+                       "start_se": summary.get("eval_greedy_initial_se"),
+                       "end_se": summary.get("eval_greedy_final_se")}}
+
+
+def analyse(run_dir: Path, params: int, matmul: dict, curve: list[dict],
+            memory_mib: dict, wall_s: float) -> dict:
+    """Every figure of the real-model section. ``matmul``: GFLOP/s by thread count (str);
+    ``curve``: the engine alone, [{batch, tokens_per_s}]; ``memory_mib``: peak RSS by role."""
+    rows, summary, config = read_run(run_dir)
+    gens, learner = config["generators"], config["learner"]
+    gen = generator_rate(rows, gens["count"], gens["engine"]["max_num_seqs"])
+    limit = engine_limit_at(curve, gen["batch_while_busy"])
+    gen.update(engine_limit_tokens_per_s=round(limit, 2),
+               share_of_engine_limit=round(gen["tokens_per_busy_s"] / limit, 3))
+    acc = accuracy(summary)
+    return {
+        "run_dir": str(run_dir), "steps": len(rows), "train_s": round(summary["train_s"], 1),
+        "wall_s": round(wall_s, 1), "startup_s": round(summary["startup"]["total_s"], 1),
+        "startup": summary["startup"], "prompts_trained": summary["prompts_trained"],
+        "rollouts": summary["rollouts"], "k_mean": round(summary["rollouts"] / max(1, summary[
+            "prompts_trained"]), 2),
+        "step_split_s": step_split(rows),
+        "learner": learner_rate(rows, params, matmul[str(learner["threads"])]),
+        "generators": gen, "engine_curve": curve, "memory_peak_mib": memory_mib,
+        "accuracy": acc,
+        # The pinned figures, at the top level.
+        "start_accuracy": acc["start_accuracy"], "end_accuracy": acc["end_accuracy"],
+        "heldout_gain_se": acc["heldout_gain_se"],
+        "generator_share_of_engine_limit": gen["share_of_engine_limit"],
+        "curve": [{"step": r["step"], "reward_mean": r["reward_mean"], "k_mean": r["k_mean"],
+                   "response_len_mean": r.get("response_len_mean"),
+                   "step_time_s": r["step_time_s"], "learner_wait_s": r["learner_wait_s"],
+                   "train_time_s": r["train_time_s"], "sync_time_s": r["sync_time_s"]}
+                  for r in rows],
+    }

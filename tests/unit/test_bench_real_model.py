@@ -1,0 +1,81 @@
+"""bench.real_model's analysis on a synthetic run directory whose figures are known by hand,
+and its plot."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from bench.real_model import analysis
+from bench.real_model.plot import plot
+
+
+def row(step, wait, train, sync, tokens, busy, occ, decode):
+    return {"step": step, "step_time_s": wait + train + sync, "learner_wait_s": wait,
+            "train_time_s": train, "sync_time_s": sync, "trained_tokens": tokens,
+            "generator_busy_fraction": busy, "generator_slot_occupancy": occ,
+            "decode_tokens_per_s": decode, "reward_mean": 0.0, "k_mean": 4.0,
+            "response_len_mean": 30.0}
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    rows = [row(1, 30.0, 50.0, 5.0, 1000, 0.9, 0.5, 40.0),   # warm-up: left out
+            row(2, 0.0, 95.0, 5.0, 5000, 0.25, 0.05, 20.0),
+            row(3, 10.0, 85.0, 5.0, 4000, 0.5, 0.10, 30.0)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"eval_metric": "sampled", "eval_prompts": 200, "eval_samples": 4,
+               "eval_sampled_initial": 0.20, "eval_sampled_initial_se": 0.03,
+               "eval_sampled_final": 0.36, "eval_sampled_final_se": 0.04,
+               "eval_greedy_initial": 0.5, "eval_greedy_final": 0.7,
+               "eval_greedy_initial_se": 0.03, "eval_greedy_final_se": 0.03,
+               "train_s": 285.0, "startup": {"total_s": 46.0}, "prompts_trained": 24,
+               "rollouts": 120}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    config = {"generators": {"count": 2, "engine": {"max_num_seqs": 64}},
+              "learner": {"threads": 1}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path
+
+
+CURVE = [{"batch": 1, "tokens_per_s": 10.0}, {"batch": 4, "tokens_per_s": 25.0},
+         {"batch": 16, "tokens_per_s": 50.0}, {"batch": 64, "tokens_per_s": 80.0}]
+
+
+def test_figures_over_the_steady_state(run_dir):
+    out = analysis.analyse(run_dir, params=1_000_000, matmul={"1": 50.0, "2": 95.0},
+                           curve=CURVE, memory_mib={"Generator": 2900.0}, wall_s=400.0)
+    split = out["step_split_s"]
+    assert split["window"] == "steps 2-3 of 3" and split["steps"] == 2
+    assert (split["step_s"], split["generation_wait_s"], split["train_s"], split["sync_s"]) == \
+        (100.0, 5.0, 90.0, 5.0)
+    learner = out["learner"]
+    assert learner["tokens_per_s"] == 50.0  # 9000 tokens in 180 s
+    assert learner["model_gflops"] == 0.3 and learner["share_of_matmul_peak"] == 0.006
+    gen = out["generators"]
+    # 100 s steps, 2 engines: tokens 2000 + 3000; busy 50 + 100 engine-s; sequences in flight
+    # 0.05 * 200 * 64 + 0.10 * 200 * 64 = 640 + 1280 sequence-seconds
+    assert gen["tokens"] == 5000 and gen["busy_fraction"] == 0.375
+    assert gen["tokens_per_busy_s"] == pytest.approx(5000 / 150, abs=0.01)
+    assert gen["batch_while_busy"] == pytest.approx(1920 / 150, abs=0.01)
+    limit = 25.0 + (1920 / 150 - 4) / 12 * 25.0  # linear between batches 4 and 16
+    assert gen["engine_limit_tokens_per_s"] == pytest.approx(limit, abs=0.01)
+    assert out["generator_share_of_engine_limit"] == pytest.approx(5000 / 150 / limit, abs=1e-3)
+    assert out["start_accuracy"] == 0.2 and out["end_accuracy"] == 0.36
+    assert out["heldout_gain_se"] == pytest.approx(0.16 / math.hypot(0.03, 0.04), abs=0.01)
+    assert out["accuracy"]["gain_over_end_se"] == pytest.approx(4.0)
+    assert out["k_mean"] == 5.0 and out["startup_s"] == 46.0
+
+
+def test_the_engine_limit_is_clamped_beyond_the_measured_batches():
+    assert analysis.engine_limit_at(CURVE, 0.5) == 10.0
+    assert analysis.engine_limit_at(CURVE, 200) == 80.0
+
+
+def test_plot(run_dir, tmp_path):
+    out = analysis.analyse(run_dir, 1_000_000, {"1": 50.0}, CURVE, {"Generator": 2900.0}, 400.0)
+    out.update(model_path="smollm2-135m-instruct", task="word_arithmetic")
+    path = plot(out, tmp_path / "real_model.png")
+    assert path.stat().st_size > 10_000
