@@ -1,10 +1,13 @@
 """The prior against the truth, at snapshots of a default run.
 
-    python -m bench.prior_truth [--task stepwise|arithmetic] [--run-dir DIR] [--quick]
+    python -m bench.prior_truth [--task stepwise|arithmetic|word_arithmetic] [--run-dir DIR]
+                                [--snapshots start,middle,end] [--quick]
 
 1. A default run of the task (``v05.yaml``; the arithmetic task with its bare-answer
-   overrides), evaluations off, saving its weights in Hugging Face format at its middle and
-   end (``run.snapshot_every``); or ``--run-dir`` of one that did.
+   overrides; word_arithmetic: ``configs/smollm2-135m.yaml``, the pretrained SmolLM2),
+   evaluations off, saving its weights in Hugging Face format at its middle and end
+   (``run.snapshot_every``); or ``--run-dir`` of one that did (a run's ``final/`` is its end
+   when no snapshot was taken at its last step).
 2. At each snapshot (start: the initial weights; middle; end), ``--prompts`` train prompts
    over every difficulty level, none of them seen by the run, get ``--samples`` sampled
    responses each (temperature 1, one sampling seed per prompt): a near-true success rate t.
@@ -36,9 +39,12 @@ from bench.prior_truth.analysis import (context_at, error_stats, level_mean_pred
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
-TASK_OVERRIDES = {"stepwise": [],
-                  "arithmetic": ["task.name=arithmetic", "rollout.max_tokens=8",
-                                 "generators.engine.max_model_len=64"]}
+# Each task's default run: its config file and overrides.
+TASK_RUNS = {"stepwise": ("v05.yaml", []),
+             "arithmetic": ("v05.yaml", ["task.name=arithmetic", "rollout.max_tokens=8",
+                                         "generators.engine.max_model_len=64"]),
+             "word_arithmetic": ("configs/smollm2-135m.yaml", ["run.max_train_s=null"])}
+SNAPSHOTS = ("start", "middle", "end")
 # Prior variants measured on the same contexts and truth as the shipped backend: options
 # merged over the run's prior.options.
 VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
@@ -56,7 +62,8 @@ def log(msg: str) -> None:
 def make_run(task: str, out_dir: Path, steps: int) -> Path:
     """A default run of ``task`` with snapshots at its middle and end; its directory."""
     name = f"prior-truth-{task}"
-    cmd = [sys.executable, "-m", "cluster.launch", str(REPO / "v05.yaml"), *TASK_OVERRIDES[task],
+    config, overrides = TASK_RUNS[task]
+    cmd = [sys.executable, "-m", "cluster.launch", str(REPO / config), *overrides,
            f"run.name={name}", f"run.output_dir={out_dir}", f"run.max_steps={steps}",
            f"run.snapshot_every={steps // 2}", "run.eval_every=0", "run.save_final=false",
            "run.overwrite=true", "cluster.address=local"]
@@ -88,10 +95,24 @@ def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray
     return np.array(server.predict(prompts))
 
 
+def snapshots_of(run_dir: Path, start_path: str, steps: int) -> list[tuple[str, int, str]]:
+    """(name, step, weights) of the run's snapshots: its initial weights, ``snapshots/stepN``
+    (middle, or end at its last step), and ``final/`` as the end when no snapshot was taken
+    at the last step."""
+    snap_root = run_dir / "snapshots"
+    taken = sorted(((("middle" if int(d.name[4:]) < steps else "end"), int(d.name[4:]), str(d))
+                    for d in (snap_root.iterdir() if snap_root.is_dir() else ())
+                    if d.name.startswith("step")), key=lambda s: s[1])
+    if (run_dir / "final").is_dir() and not any(name == "end" for name, _, _ in taken):
+        taken.append(("end", steps, str(run_dir / "final")))
+    return [("start", 0, start_path)] + taken
+
+
 def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
-                 variants: dict, run_variant: str = "shipped") -> list[dict]:
-    """Every snapshot's entry; ``run_variant``: the variant the run itself used (its online
-    estimate is compared with that one's offline error)."""
+                 variants: dict, run_variant: str = "shipped",
+                 which: tuple[str, ...] = SNAPSHOTS) -> list[dict]:
+    """Every snapshot's entry (of the kinds in ``which``); ``run_variant``: the variant the run
+    itself used (its online estimate is compared with that one's offline error)."""
     from cluster.config import load_config
     from tasks import make_task_from_config
 
@@ -100,10 +121,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
     rows = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
     obs = observations(rows, task.rewards)
     steps = max(r["step"] for r in rows)
-    snap_root = run_dir / "snapshots"
-    snaps = [("start", 0, cfg.model_path())] + sorted(
-        ((("middle" if int(d.name[4:]) < steps else "end"), int(d.name[4:]), str(d))
-         for d in snap_root.iterdir() if d.name.startswith("step")), key=lambda s: s[1])
+    snaps = [s for s in snapshots_of(run_dir, cfg.model_path(), steps) if s[0] in which]
     probs = queries(task, {r["prompt"] for r in rows}, per_level)
     levels = np.array([p.difficulty for p in probs])
     texts = [p.prompt for p in probs]
@@ -111,7 +129,8 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
     for name, step, path in snaps:
         log(f"{task_name} {name} (step {step}): {len(probs)} prompts x {samples} samples")
         correct, timing = sample_truth_cached(run_dir, name, path, task, probs, samples,
-                                              cfg.rollout.max_tokens, cfg.rollout.temperature)
+                                              cfg.rollout.max_tokens, cfg.rollout.temperature,
+                                              cfg.generators.engine)
         truth = correct / samples
         ctx = context_at(obs, published_at(rows, step), cfg.prior.window,
                          min_items=min(64, len(obs)))
@@ -179,7 +198,7 @@ def online_estimate(rows: list[dict], step: int, last: int, k_init: int,
 
 
 def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, samples: int,
-                        max_tokens: int, temperature: float):
+                        max_tokens: int, temperature: float, engine):
     """The truth of one snapshot, kept beside the run (the expensive part: re-measuring a
     variant of the prior on it costs nothing)."""
     from bench.prior_truth.truth import sample_truth
@@ -189,7 +208,8 @@ def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, sample
         got = json.loads(cache.read_text())
         if got["ids"] == [p.id for p in probs]:
             return np.array(got["correct"]), got["timing"]
-    correct, timing = sample_truth(path, task, probs, samples, max_tokens, temperature)
+    correct, timing = sample_truth(path, task, probs, samples, max_tokens, temperature,
+                                   engine=engine)
     cache.write_text(json.dumps({"ids": [p.id for p in probs], "correct": correct.tolist(),
                                  "timing": timing}))
     return correct, timing
@@ -198,13 +218,15 @@ def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, sample
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.prior_truth", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="stepwise", choices=sorted(TASK_OVERRIDES))
+    ap.add_argument("--task", default="stepwise", choices=sorted(TASK_RUNS))
     ap.add_argument("--run-dir", type=Path, help="a run with snapshots/ (default: make one)")
     ap.add_argument("--steps", type=int, default=40, help="the default run's steps (40)")
     ap.add_argument("--per-level", type=int, default=50, help="prompts per difficulty level")
     ap.add_argument("--samples", type=int, default=64, help="sampled responses per prompt")
     ap.add_argument("--run-variant", default="shipped", choices=sorted(VARIANTS),
                     help="the prior variant the run used (a run made before a default changed)")
+    ap.add_argument("--snapshots", default=",".join(SNAPSHOTS),
+                    help="which snapshots to measure (comma-separated of start, middle, end)")
     ap.add_argument("--quick", action="store_true", help="6 steps, 8 prompts a level, 16 samples")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/v05-prior-truth"))
     ap.add_argument("--out", type=Path, default=RESULTS / "prior_truth.json")
@@ -213,8 +235,12 @@ def main(argv=None) -> int:
         args.steps, args.per_level, args.samples = 6, 8, 16
     t0 = time.time()
     run_dir = args.run_dir or make_run(args.task, args.work_dir, args.steps)
+    which = tuple(x for x in args.snapshots.split(",") if x)
+    if set(which) - set(SNAPSHOTS):
+        raise SystemExit(f"--snapshots: unknown {sorted(set(which) - set(SNAPSHOTS))}; "
+                         f"known: {', '.join(SNAPSHOTS)}")
     snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS,
-                         args.run_variant)
+                         args.run_variant, which)
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept = [s for s in old.get("snapshots", []) if s["task"] != args.task]
     res = {"command": "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:]),
