@@ -9,9 +9,12 @@ without running C++ static destructors, where Ray 2.60's metrics exporter can cr
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
+
+import pytest
 
 from common.rayproc import prefer_loopback
 
@@ -74,6 +77,46 @@ def pytest_collection_modifyitems(config, items):
     for tests in order:
         rng.shuffle(tests)
     items[:] = [item for tests in order for item in tests]
+
+
+# The user's run folders (cluster/paths.py): runs/ in the checkout, ~/v05rl-runs and
+# $V05_OUTPUT_ROOT as the user set it. No test may write there: every launch in the tests
+# goes to a temporary directory (test_bad_input.py's launcher), since a user's finished run
+# there changes what a launch answers, and a test's run would land among the user's.
+USER_RUN_ROOTS = tuple(dict.fromkeys(
+    Path(p).expanduser().resolve() for p in (
+        Path(__file__).resolve().parents[1] / "runs", "~/v05rl-runs",
+        *([os.environ["V05_OUTPUT_ROOT"]] if os.environ.get("V05_OUTPUT_ROOT") else []))))
+
+
+def run_roots_state() -> dict[str, tuple[int, int]]:
+    """Each user run root and three levels under it (``<output_dir>/<run.name>/<file>``):
+    path -> (mtime, size). Making, deleting or rewriting a run's files, checkpoints or logs
+    changes an entry: a file's own, or its folder's."""
+    state = {}
+    for root in USER_RUN_ROOTS:
+        for p in (root, *root.glob("*"), *root.glob("*/*"), *root.glob("*/*/*")):
+            try:
+                st = p.lstat()
+            except OSError:  # gone in between
+                continue
+            state[str(p)] = (st.st_mtime_ns, st.st_size)
+    return state
+
+
+@pytest.fixture(autouse=True)
+def never_in_the_users_run_folders():
+    """Fails the test (an error at teardown, naming what changed) that wrote into a user run
+    root. Under pytest-xdist a test running beside the culprit on the other worker may be
+    named too; the culprit always is."""
+    before = run_roots_state()
+    yield
+    after = run_roots_state()
+    if after != before:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail("a test wrote into the user's run folders (a launch not pointed at a "
+                    "temporary run.output_dir; this test, or one beside it on another xdist "
+                    "worker): " + ", ".join(changed[:10]), pytrace=False)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -16,12 +16,14 @@ PAPER = ROOT / "configs" / "qwen3-4b-dapo-32gpu.yaml"
 SHAPE = ["cluster.nodes=4", "cluster.gpus_per_node=8"]  # the paper's cluster, 4 x 8 GPUs
 
 
-def test_check_placement_command_on_the_32_gpu_config():
+def test_check_placement_command_on_the_32_gpu_config(tmp_path):
     cfg = load_config(PAPER)
     shape = [] if cfg.cluster.gpus_per_node else SHAPE
-    # cluster.address=local: simulate even if a cluster is running on this machine.
+    # cluster.address=local: simulate even if a cluster is running on this machine; the
+    # output directory a test's launch may look at is its own (test_bad_input.py).
     out = subprocess.run([sys.executable, "-m", "cluster.launch", str(PAPER),
-                          "cluster.address=local", *shape, "--check-placement"],
+                          "cluster.address=local", *shape, f"run.output_dir={tmp_path}",
+                          "--check-placement"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "simulated" in out.stdout and out.stdout.rstrip().endswith("placement OK")

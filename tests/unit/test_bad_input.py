@@ -31,10 +31,18 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def launcher(monkeypatch, capsys):
+def launcher(monkeypatch, capsys, tmp_path_factory):
     """``launcher(*overrides)`` -> (exit status, stderr) of ``python -m cluster.launch
     v05.yaml *overrides``, in-process; raises ActorWouldStart where a real launch would go
-    on to start the cluster and the actors."""
+    on to start the cluster and the actors.
+
+    Every launch goes to a fresh, empty output directory of its own, never to the user's
+    (``runs/`` in the checkout, ``$V05_OUTPUT_ROOT``, ``~/v05rl-runs``): after the README's
+    first command ``runs/v05-cpu`` holds a finished run, and preflight would answer "holds
+    a finished run" (exit 0) before the check under test. An absolute ``run.output_dir``,
+    first so that a test's own comes after it and wins, is used as it is whatever the
+    config, the environment or the current directory (cluster/paths.py); V05_OUTPUT_ROOT
+    catches a relative one a test might give."""
     import common.rayproc
 
     def tripwire(*a, **k):
@@ -42,9 +50,11 @@ def launcher(monkeypatch, capsys):
     monkeypatch.setattr(launch, "run", tripwire)
     monkeypatch.setattr(common.rayproc, "prefer_loopback", lambda *a: None)
     monkeypatch.chdir(ROOT)
+    out = tmp_path_factory.mktemp("runs")
+    monkeypatch.setenv("V05_OUTPUT_ROOT", str(out))
 
     def go(*overrides, config="v05.yaml"):
-        rc = launch.main([config, *overrides])
+        rc = launch.main([config, f"run.output_dir={out}", *overrides])
         return rc, capsys.readouterr().err
     return go
 

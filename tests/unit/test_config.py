@@ -29,7 +29,8 @@ def test_paper_config_uses_32_gpus():
         check_fits(p, {"GPU": 16, "CPU": 512})
 
 
-def test_dotted_overrides_are_typed():
+def test_dotted_overrides_are_typed(monkeypatch):
+    monkeypatch.delenv("V05_OUTPUT_ROOT", raising=False)  # a user's own would move run_dir
     cfg = load_config(ROOT / "v05.yaml", ["run.max_steps=3", "run.name=try1",
                                           "optim.lr=1e-3", "run.resume=true"])
     assert cfg.run.max_steps == 3 and cfg.run.name == "try1"
@@ -146,8 +147,10 @@ def test_cost_scales_with_reward_convention():
     assert cfg.algo.estimator_config((0.0, 1.0)).scaled_cost == pytest.approx(0.0039 / 4)
 
 
-def test_launcher_rejects_bad_key_fast_without_ml_imports():
-    out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml", "run.bogus=1"],
+def test_launcher_rejects_bad_key_fast_without_ml_imports(tmp_path):
+    # Like every launch in the tests, pointed away from the user's runs/ (test_bad_input.py).
+    out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml",
+                          f"run.output_dir={tmp_path}", "run.bogus=1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "unknown config key 'run.bogus'" in out.stderr
@@ -161,7 +164,8 @@ def test_launcher_rejects_bad_key_fast_without_ml_imports():
 
 def test_missing_dataset_fails_at_launch_before_any_actor(tmp_path):
     out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml", "task.name=math_jsonl",
-                          f"task.path={tmp_path / 'missing.jsonl'}"],
+                          f"task.path={tmp_path / 'missing.jsonl'}",
+                          f"run.output_dir={tmp_path / 'runs'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "dataset file" in out.stderr and "missing.jsonl" in out.stderr

@@ -149,16 +149,19 @@ def test_checker_accepts_a_good_placement_and_names_faults():
     assert any("learner: on 2 nodes, STRICT_PACK" in m for m in problems(p, res, moved, None))
 
 
-def _launch(*args):
-    return subprocess.run([sys.executable, "-m", "cluster.launch", str(PAPER), *args],
+def _launch(out_dir, *args):
+    # Like every launch in the tests, pointed away from the user's runs (test_bad_input.py).
+    return subprocess.run([sys.executable, "-m", "cluster.launch", str(PAPER),
+                           f"run.output_dir={out_dir}", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_check_placement_fails_fast_when_the_shape_is_too_small_or_unknown():
+def test_check_placement_fails_fast_when_the_shape_is_too_small_or_unknown(tmp_path):
     # Both fail on paper, before any Ray node starts (cluster.address=local: never join).
-    out = _launch("cluster.address=local", "cluster.nodes=3", "cluster.gpus_per_node=8",
-                  "--check-placement")
+    out = _launch(tmp_path, "cluster.address=local", "cluster.nodes=3",
+                  "cluster.gpus_per_node=8", "--check-placement")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "asks for 32 GPU" in out.stderr and "the cluster has 24" in out.stderr
-    out = _launch("cluster.address=local", "cluster.gpus_per_node=null", "--check-placement")
+    out = _launch(tmp_path, "cluster.address=local", "cluster.gpus_per_node=null",
+                  "--check-placement")
     assert out.returncode == 2 and "set cluster.nodes and cluster.gpus_per_node" in out.stderr
