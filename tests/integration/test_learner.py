@@ -41,6 +41,36 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
+def adam_first_step_tolerance(w0: dict, w1: dict, m, cfg) -> dict:
+    """Per weight, how far a first AdamW step from ``w0`` may land from ``w1`` (the reference
+    step, with metrics ``m``) when the two differ only in float32 rounding of the gradient.
+
+    The first step moves a weight by u = lr * s, s = g / (|g| + eps), g the clipped gradient
+    (weight decay 0). g is a float32 sum over the batch's m.n_tokens response positions;
+    summed in another order (ranks, micro-batch packings, ZeRO-3's reduce-scatter) it moves
+    by at most delta = n_tokens * eps32 * |g|_2, the worst case of an n-term float32 sum, with
+    the clipped gradient's norm as the size of its terms (here 33 * 1.2e-7 * 1.0 = 3.9e-6).
+    For two gradients delta apart, |s - s'| <= 2 * (delta / eps) * (1 - |s|): of one sign,
+    |s - s'| = eps * |g - g'| / ((|g| + eps)(|g'| + eps)); of opposite signs, |g|, |g'| <=
+    delta. So a saturated weight (|g| >> eps, |s| = 1: most of them) must match to rounding,
+    while one whose clipped gradient nearly cancels to within delta of zero is held to 2 lr
+    only (layer 0's o_proj[21, 43]: 1.59e-8 before clipping on one rank, 1.82e-8 on two
+    under ZeRO-3, below Adam's eps once clipped: 0.029 lr apart). 1 - |s| is read off the
+    reference step, up to r, the float32 rounding of a stored weight and of its update;
+    the tolerance adds r for each of the two steps compared."""
+    assert cfg.weight_decay == 0.0  # else u has a term in w as well
+    eps32 = float(np.finfo(np.float32).eps)
+    g_norm = min(m.grad_norm, cfg.grad_clip) if cfg.grad_clip else m.grad_norm
+    delta, lr = m.n_tokens * eps32 * g_norm, m.lr
+    tol = {}
+    for k in w0:
+        a, b = w0[k].astype(np.float64), w1[k].astype(np.float64)
+        r = eps32 * (np.abs(a) + lr)
+        unsaturated = np.clip(1.0 - np.abs(a - b) / lr, 0.0, 1.0) + r / lr
+        tol[k] = lr * np.minimum(2.0, 2.0 * delta / cfg.eps * unsaturated) + 2.0 * r
+    return tol
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
@@ -214,8 +244,17 @@ def test_zero3_two_ranks_equal_one_rank(learners, cfg):
         assert getattr(m3, k) == pytest.approx(getattr(m1, k), rel=1e-5, abs=1e-7), k
     w3, w1 = z3.get_weights(), one.get_weights()
     # Adam's first step is lr * g / (|g| + eps): sign-like, so it amplifies the float32
-    # rounding of gradients that nearly cancel; a wrong gradient would differ by ~lr.
-    assert max_diff(w3, w1) < 2e-2 * max_diff(w1, w0)
+    # rounding of gradients that nearly cancel; each weight gets the tolerance that rounding
+    # allows it (adam_first_step_tolerance). A single max over all weights (once < 0.02 lr)
+    # is decided by whichever gradient happens to be nearest zero: 0.029 lr on some CPUs.
+    # A wrong gradient (a sample missing or counted twice), lr or shard moves saturated
+    # weights by ~lr: hundreds of times their tolerance, and one flipped sign 60 times.
+    tol = adam_first_step_tolerance(w0, w1, m1, cfg)
+    over = {k: int((np.abs(w3[k].astype(np.float64) - w1[k]) > tol[k]).sum()) for k in w1}
+    assert sum(over.values()) == 0, {k: n for k, n in over.items() if n}
+    # ... and the bound is not vacuous: most weights are held to a small fraction of lr.
+    tight = sum(int((t < 0.1 * m1.lr).sum()) for t in tol.values())
+    assert tight > 0.5 * sum(t.size for t in tol.values())
 
 
 def test_save_hf_loads_with_transformers(learners, tmp_path):
