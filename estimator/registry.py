@@ -154,7 +154,7 @@ class Estimator:
         base = self.baseline(rewards, mask, prior, k, mean)
         adv = rewards - (base if base.ndim == 2 else base[:, None])
         if self.scale:
-            adv = adv / (std[:, None] + self.cfg.std_eps)
+            adv = adv / (self._scale_of(std, mean, base)[:, None] + self.cfg.std_eps)
         if self.cfg.zero_uniform:  # (N, K): no contrast within the group, no gradient
             adv = np.where((std <= UNIFORM_TOL)[:, None], 0.0, adv)
         adv = np.where(mask, adv, 0.0)
@@ -163,6 +163,21 @@ class Estimator:
 
     def keep(self, rewards, mask, std):
         return np.ones(rewards.shape[0], bool)
+
+    def _scale_of(self, std, mean, base):
+        """What ``scale_by_std`` divides a group's advantages by: its rewards' std, as GRPO
+        does. A group whose rewards are all equal has std 0, and with a baseline other than
+        their value (V0.5's, the prior's) its advantages are not 0: there the scale is the std
+        that the baseline implies as a success rate, (r_hi - r_lo) sqrt(q (1 - q)), q = (b -
+        r_lo) / (r_hi - r_lo), the std a group of binary rewards with mean b has (so a
+        GRPO group, b = its mean, keeps its own), and never below |mean - b|, so such a
+        group's advantages stay within +-1 (they were (r - b) / std_eps: -400,000 for
+        an all-fail group with the prior at p = 0.2). (N,), (N,), (N,) or (N, K) -> (N,)"""
+        r_lo, r_hi = self.cfg.rewards
+        b = base if base.ndim == 1 else mean
+        q = np.clip((b - r_lo) / (r_hi - r_lo), 0.0, 1.0)
+        implied = np.maximum((r_hi - r_lo) * np.sqrt(q * (1.0 - q)), np.abs(mean - b))
+        return np.where(std <= UNIFORM_TOL, implied, std)
 
 
 class GRPO(Estimator):

@@ -643,3 +643,33 @@ def test_cut_stops_a_prompt_with_the_rewards_in_hand():
     assert st.done and st.outstanding == 0 and st.k == 4 and st.to_request() == 0
     # The fused baseline of the 4 in hand: w = 3.75 / 4 on their mean -1, the rest on V = 1.
     assert st.baseline == pytest.approx(float(fuse(-1.0, 4, 1.0).baseline)) == pytest.approx(-0.875)
+
+
+@pytest.mark.parametrize("rewards_range", [(-1.0, 1.0), (0.0, 1.0)])
+def test_scale_by_std_keeps_uniform_groups_bounded(rewards_range):
+    """V0.5 with GRPO's std normalisation: an all-equal group (std 0) whose baseline is not
+    its value is scaled by the std its baseline implies as a success rate, not by std_eps
+    (which gave -400,000 per sample); a group with contrast is scaled by its own std, as
+    GRPO's; and GRPO itself is unchanged."""
+    r_lo, r_hi = rewards_range
+    span = r_hi - r_lo
+    v05 = make_estimator("v05", scale_by_std=True, rewards=rewards_range)
+    prior = r_lo + 0.2 * span  # p = 0.2: accepted by an all-fail group of 4
+    out = v05.group([[r_lo] * 4], prior=[prior])
+    assert out.baseline[0] == pytest.approx(prior)  # the prior was kept
+    implied = span * np.sqrt(0.2 * 0.8)
+    np.testing.assert_allclose(out.advantages, (r_lo - prior) / implied, rtol=1e-5)
+    assert np.abs(out.advantages).max() <= 1.0
+    # with contrast: the group's own std
+    mixed = np.array([[r_lo, r_hi, r_lo, r_lo]])
+    got = v05.group(mixed, prior=[prior])
+    np.testing.assert_allclose(got.advantages, (mixed - got.baseline[0]) / (mixed.std() + 1e-6))
+    # GRPO: unchanged, and an all-equal group still 0
+    grpo = make_estimator("grpo", rewards=rewards_range)
+    g = grpo.group(np.vstack([mixed, [[r_hi] * 4]]))
+    np.testing.assert_allclose(g.advantages[0], (mixed[0] - mixed.mean()) / (mixed.std() + 1e-6))
+    assert not g.advantages[1].any()
+    # a uniform group at a baseline on the range's edge: bounded by |mean - b| too
+    prior_only = make_estimator("prior_only", scale_by_std=True, rewards=rewards_range)
+    edge = prior_only.group([[r_lo] * 4], prior=[r_hi])
+    np.testing.assert_allclose(edge.advantages, -1.0, rtol=1e-5)
