@@ -1,6 +1,13 @@
-"""python -m bench.gpu_check [--tiny] [--memory-cpu] [--plan CONFIG] [--out DIR] [--deadline-s S]
+"""python -m bench.gpu_check [--tiny] [--real-model] [--memory-cpu] [--plan CONFIG] [--out DIR]
+                           [--deadline-s S]
 
 Default: on CUDA, the Qwen3-4B checks (writes gpu_check.json); without CUDA the tiny ones.
+--real-model: the learner on SmolLM2-135M's architecture (configs/smollm2-135m.yaml's learner
+settings and batch shapes; random weights from the config carried in bench/gpu_check/
+smollm2_135m/): step time, tokens/s, model FLOP/s against the device's matmul peak, memory,
+the weight-sync payload (writes gpu_check_real_model.json; without CUDA or with --tiny a
+shrunk model, gpu_check_real_model_tiny.json). On a lent GPU machine:
+bash bench/gpu_check/run_on_device.sh (installs the carried wheels; see docs/learner.md).
 --memory-cpu: the CPU memory measurements and the memory plan projected from them (writes
 gpu_check_memory_cpu.json); with --tiny, small sizes (a smoke test of that code path).
 --plan CONFIG: the projected per-GPU memory of CONFIG's learner on the Qwen3-4B shape, from
@@ -83,6 +90,43 @@ def device_checks(mode: str, deadline_s: float) -> dict:
             out.setdefault("seconds", {})[name] = round(time.perf_counter() - t, 1)
     if "learner" in out and mode == "gpu":
         out["projection_8gpu"] = project_from_device(out["learner"])
+    return out
+
+
+def real_model_checks(mode: str, deadline_s: float) -> dict:
+    """``real_model.child`` in a fresh process (torch, transformers and DeepSpeed only: a Ray
+    or vLLM import counts as a failure); its runs not started within ``deadline_s`` are
+    skipped. A failed part is recorded under ``errors``."""
+    from bench.gpu_check import checks
+    from bench.gpu_check import real_model as rm
+    # a plain fresh process (memory_cpu.isolated's malloc setting would slow the CPU run)
+    from bench.gpu_learner.core import isolated
+
+    out: dict = {"mode": mode, "sizes": rm.SIZES[mode], "errors": {}}
+    t = time.perf_counter()
+    _log(f"real model ({mode}) ...")
+    with tempfile.TemporaryDirectory(prefix="v05_gpu_check_real_") as tmp:
+        try:
+            res = isolated(checks.noting_imports, rm.child, mode, tmp, time.time() + deadline_s)
+            out["errors"].update(res.pop("errors"))
+            out.update(res)
+            if res["loaded_not_needed"]:
+                out["errors"]["imports"] = (f"loaded {res['loaded_not_needed']}: the check must "
+                                            "need only torch, transformers and DeepSpeed")
+        except Exception as err:  # the process died or could not start
+            out["errors"]["real_model"] = "".join(
+                traceback.format_exception_only(err)).strip()
+            traceback.print_exc()
+    out["total_s"] = round(time.perf_counter() - t, 1)
+    for r in (out.get("learner") or {}).get("runs", []):
+        if not r.get("oom"):
+            _log(f"{r['name']}: {r['samples']} samples, {r['tokens']} tokens, "
+                 f"{r['micro_batches']} micro-batches: {r['mean_step_s']:.3f} s/step, "
+                 f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_gib']:.2f} GiB")
+    if "weight_sync" in out:
+        ws = out["weight_sync"]
+        _log(f"weight sync: {ws['tensors']} tensors, {ws['bytes'] / 2 ** 20:.1f} MiB "
+             f"({ws['dtypes']}), {ws['duplicate_bytes'] / 2 ** 20:.1f} MiB shared storage")
     return out
 
 
@@ -173,12 +217,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (automatic without CUDA)")
     ap.add_argument("--memory-cpu", action="store_true",
                     help="CPU memory measurements and the memory plan, instead of the checks")
-    ap.add_argument("--deadline-s", type=float, default=480.0,
-                    help="skip checks not started within this many seconds")
+    ap.add_argument("--real-model", action="store_true",
+                    help="the learner on SmolLM2-135M's architecture (configs/smollm2-135m.yaml)"
+                         ", instead of the Qwen3-4B checks")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="skip checks (--real-model: runs) not started within this many "
+                         "seconds (default 480; --real-model 300)")
     ap.add_argument("--plan", metavar="CONFIG",
                     help="print the projected learner memory of CONFIG (a run config) from "
                          "OUT/gpu_check_memory_cpu.json; measures nothing")
     a = ap.parse_args(argv)
+    if a.memory_cpu and a.real_model:
+        ap.error("--memory-cpu and --real-model are separate measurements: give one")
     if a.plan:
         out = plan_config(a.plan, Path(a.out) / "gpu_check_memory_cpu.json")
         print(json.dumps(out, indent=1))
@@ -187,12 +237,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     argv_used = argv if argv is not None else sys.argv[1:]
     out = {**_env(), "command": "python -m bench.gpu_check " + " ".join(argv_used)}
+    mode = "tiny" if a.tiny or not torch.cuda.is_available() else "gpu"
     if a.memory_cpu:
         out.update(memory_cpu("tiny" if a.tiny else "full"))
         name = "gpu_check_memory_cpu_tiny.json" if a.tiny else "gpu_check_memory_cpu.json"
+    elif a.real_model:
+        out.update(real_model_checks(mode, 300.0 if a.deadline_s is None else a.deadline_s))
+        name = "gpu_check_real_model.json" if mode == "gpu" else "gpu_check_real_model_tiny.json"
     else:
-        mode = "tiny" if a.tiny or not torch.cuda.is_available() else "gpu"
-        out.update(device_checks(mode, a.deadline_s))
+        out.update(device_checks(mode, 480.0 if a.deadline_s is None else a.deadline_s))
         name = "gpu_check.json" if mode == "gpu" else "gpu_check_tiny.json"
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / name).write_text(json.dumps(out, indent=1))
