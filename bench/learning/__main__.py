@@ -1,7 +1,8 @@
 """Does it learn, and for how much compute? Held-out accuracy of five training modes on the
 default task, each for several seeds on the same wall-clock budget:
 
-    python -m bench.learning [--quick] [--budget-s S] [--seeds N] [--modes a,b] [overrides ...]
+    python -m bench.learning [--quick] [--budget-s S] [--seeds N] [--modes a,b]
+                             [--config FILE] [overrides ...]
 
     async_v05     V0.5, k_init 4 (up to 16), asynchronous: the product
     sync_grpo16   GRPO, G = 16, synchronous (generate, then train: the colocated baseline on
@@ -9,6 +10,9 @@ default task, each for several seeds on the same wall-clock budget:
     async_grpo16  GRPO, G = 16, asynchronous
     async_grpo4   GRPO, G = 4, asynchronous: V0.5's starting budget without the prior
     sync_dapo16   DAPO, G = 16 (all-equal groups dropped and refilled), synchronous
+
+``--config`` runs the study on another run config than v05.yaml (configs/smollm2-135m.yaml:
+the pretrained SmolLM2 on word_arithmetic), with that config's own model and task.
 
 Same task, same initial policy (one set of long-lived actors, reset to the same weights and
 an empty prior before every run: bench.harness), same learner settings (v05.yaml's),
@@ -82,7 +86,10 @@ def parse_args(argv):
     ap.add_argument("--start", default="warm", choices=sorted(STARTS),
                     help="the starting policy: warm (the default run's warm start) or weak (a "
                          "shorter warm start, greedy held-out accuracy in 0.3-0.7); results "
-                         "merge into --out under studies.<start>")
+                         "merge into --out under studies.<start>. v05.yaml only: another "
+                         "--config starts from its own model")
+    ap.add_argument("--config", default="v05.yaml",
+                    help="the run config every mode starts from (default v05.yaml)")
     ap.add_argument("--batch-samples", type=int, default=64,
                     help="samples per learner update for every mode (rollout.batch_samples; "
                          "default 64; 0: v05.yaml's batch of prompts, the old uncontrolled study)")
@@ -108,6 +115,7 @@ class Settings:
     modes: tuple[str, ...]
     start: str = "warm"       # the starting policy (bench.learning.starts)
     batch_samples: int = 64   # samples per update, every mode (0: batch_prompts)
+    config: str = "v05.yaml"  # the run config the modes start from
 
     @classmethod
     def of(cls, args) -> "Settings":
@@ -120,7 +128,7 @@ class Settings:
                    seeds=args.seeds or (1 if args.quick else 3),
                    evals=args.evals or (1 if args.quick else 6),
                    eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes,
-                   start=args.start, batch_samples=args.batch_samples)
+                   start=args.start, batch_samples=args.batch_samples, config=args.config)
 
     def overrides(self) -> list[str]:
         n = self.eval_prompts
@@ -165,7 +173,7 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
     """One invocation's results: its config, every run's curve, the mean curves, the summary
     (with ``controlled``: this start's pinned comparison)."""
     out = {**stamp("bench.learning", argv),
-           "config": {"file": "v05.yaml", "run": base_cfg.model_dump(mode="json")["run"],
+           "config": {"file": st.config, "run": base_cfg.model_dump(mode="json")["run"],
                       "budget_train_s": st.budget_s, "seeds": st.seeds, "evals": st.evals,
                       "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
                       "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
@@ -208,8 +216,10 @@ def main(argv=None) -> int:
     from cluster.config import load_config
 
     st = Settings.of(args)
-    model = [f"model.path={STARTS[st.start]()}"]
-    base_cfg = load_config(REPO / "v05.yaml", [*st.overrides(), *model, *args.overrides])
+    if st.config != "v05.yaml" and st.start != "warm":
+        raise SystemExit("--start picks a policy for v05.yaml; another --config has its own model")
+    model = [f"model.path={STARTS[st.start]()}"] if st.config == "v05.yaml" else []
+    base_cfg = load_config(REPO / st.config, [*st.overrides(), *model, *args.overrides])
     t0 = time.time()
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
