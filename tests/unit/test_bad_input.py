@@ -162,6 +162,46 @@ def test_a_model_path_that_is_not_a_model(launcher, model_dir, tmp_path, what, m
     assert rc == 2 and re.search(message, err), err
 
 
+def test_a_packaged_model_whose_file_is_damaged_is_named(launcher, tmp_path, monkeypatch):
+    """model.path naming a packaged model (tasks/pretrained.py) whose GGUF file is truncated:
+    the file is named, exit 2, nothing converted."""
+    import hashlib
+    from dataclasses import replace
+
+    from tasks import pretrained
+
+    pkg = tmp_path / "site" / "fake_gguf_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    released = b"GGUF" + bytes(60)
+    (pkg / "model.gguf").write_bytes(released[:20])  # a download cut short
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    fake = replace(pretrained.SMOLLM2, name="fake-model", package="fake_gguf_pkg",
+                   filename="model.gguf", size=len(released),
+                   sha256=hashlib.sha256(released).hexdigest())
+    monkeypatch.setitem(pretrained.PACKAGED, fake.name, fake)
+    monkeypatch.setenv("V05_CACHE", str(tmp_path / "cache"))
+    rc, err = launcher("model.path=fake-model")
+    assert rc == 2 and re.search(r"model\.path 'fake-model': fake-model: .*fake_gguf_pkg/model\.gguf "
+                                 r"is truncated or not the released file \(20 bytes, expected 64\)",
+                                 err), err
+    assert not (tmp_path / "cache" / "pretrained" / "fake-model").exists()
+
+
+def test_an_architecture_vllm_cannot_serve_and_a_missing_chat_template(launcher, model_dir,
+                                                                      tmp_path):
+    odd = tmp_path / "odd"
+    shutil.copytree(model_dir, odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "architectures": ["MysteryLM"]}))
+    rc, err = launcher(f"model.path={odd}")
+    assert rc == 2 and re.search(r"odd: not a usable model \(architecture MysteryLM is not one "
+                                 r"the installed vLLM generates with", err), err
+    rc, err = launcher(f"model.path={model_dir}", "generators.engine.prompt_format=chat")
+    assert rc == 2 and re.search(r"prompt_format 'chat' but the tokenizer has no chat template",
+                                 err), err
+
+
 CONFIG_VALUES = [
     ("run.max_stepz=3", r"unknown config key 'run\.max_stepz'; valid keys under 'run': .*max_st"),
     ("run.max_steps=many", r"run\.max_steps: Input should be a valid integer"),
