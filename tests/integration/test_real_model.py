@@ -9,7 +9,9 @@ update comes after step 2 trains), and step 1's by version 0. The behaviour log-
 the generators reported for those token sequences (``rollouts.msgpack``) must equal the
 log-probabilities that transformers computes for the same sequences from the learner's own
 weights of that version (``snapshots/step1``, the base checkpoint for version 0), within the
-tolerance of the tiny policy's tests; and version 1's weights must differ from version 0's by
+tolerance of the tiny policy's tests, at the config's temperature (the engine reports the
+tempered distribution it sampled from, the learner divides its logits by the same); and
+version 1's weights must differ from version 0's by
 far more than that tolerance, so the match is not the untouched base model twice.
 """
 import json
@@ -63,21 +65,28 @@ def test_two_steps_of_the_real_model_config(run_dir):
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30
 
 
-def summary_model_path(run_dir: Path) -> str:
+def run_config(run_dir: Path):
     import yaml
 
     from cluster.config import build_config
 
-    return build_config(yaml.safe_load((run_dir / "config.yaml").read_text())).model_path()
+    return build_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
 
 
-def _logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
-    """log pi(token_t | prefix) of each response token under ``model``, shape (T,)."""
+def summary_model_path(run_dir: Path) -> str:
+    return run_config(run_dir).model_path()
+
+
+def _logprobs(model, prompt_ids: list[int], token_ids: list[int],
+              temperature: float) -> np.ndarray:
+    """log pi(token_t | prefix) of each response token under ``model`` at ``temperature``
+    (the distribution the engine sampled from and reports with processed log-probs),
+    shape (T,)."""
     import torch
 
     ids = torch.tensor([prompt_ids + token_ids])
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float() / temperature, dim=-1)
     return logp.gather(-1, ids[0, 1:, None])[:, 0][len(prompt_ids) - 1:].numpy()
 
 
@@ -92,6 +101,12 @@ def test_generators_sample_from_the_learners_weights(run_dir):
         for s in rec["samples"]:
             by_version.setdefault(s.version, []).append(s)
     assert set(by_version) == {0, 1}, sorted(by_version)
+    cfg = run_config(run_dir)
+    # The shipped config samples at T = 0.7 with the engine's processed (tempered) log-probs,
+    # the learner's optim.temperature the same.
+    T = cfg.optim.temperature
+    assert cfg.generators.engine.logprobs_mode == "processed_logprobs" and T == \
+        cfg.rollout.temperature
     weights = {0: summary_model_path(run_dir), 1: str(run_dir / "snapshots" / "step1")}
     worst, moved = {}, 0.0
     models = {v: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
@@ -99,10 +114,10 @@ def test_generators_sample_from_the_learners_weights(run_dir):
     for v, samples in by_version.items():
         errs = []
         for s in samples[:6]:
-            own = _logprobs(models[v], s.prompt_token_ids, s.token_ids)
+            own = _logprobs(models[v], s.prompt_token_ids, s.token_ids, T)
             errs.append(float(np.max(np.abs(np.asarray(s.logprobs) - own))))
             if v == 1:  # the same sequence under the weights before the update
-                old = _logprobs(models[0], s.prompt_token_ids, s.token_ids)
+                old = _logprobs(models[0], s.prompt_token_ids, s.token_ids, T)
                 moved = max(moved, float(np.max(np.abs(own - old))))
         worst[v] = max(errs)
     print(f"largest |generator - learner| log-prob difference by version: {worst}; "
