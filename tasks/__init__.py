@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks import stepwise, word_arithmetic
-from tasks.arithmetic import ArithmeticTask, check_difficulties
-from tasks.base import Problem, Task, Verdict, check_rewards
+from tasks.arithmetic import ArithmeticTask
+from tasks.base import GeneratedTask, Problem, Task, Verdict, check_rewards
 from tasks.math_task import MathTask, check_key
 from tasks.stepwise import StepwiseTask
 from tasks.word_arithmetic import WordArithmeticTask
@@ -35,10 +34,8 @@ DATASET_TASKS = ("math", "math_jsonl")
 # The task of the CPU default run, and of the policy that ``tasks.policy.ensure_default_policy``
 # builds when no task is named.
 DEFAULT_TASK = StepwiseTask.name
-# The levels of the synthetic tasks; each checks its own (their numbers differ in meaning).
-_LEVEL_CHECKS = {ArithmeticTask.name: check_difficulties,
-                 StepwiseTask.name: stepwise.check_difficulties,
-                 WordArithmeticTask.name: word_arithmetic.check_difficulties}
+# The generated tasks: each checks its own levels (their numbers differ in meaning).
+_GENERATED = {n: t for n, t in TASKS.items() if issubclass(t, GeneratedTask)}
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -96,8 +93,8 @@ class TaskConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "TaskConfig":
         check_rewards(self.reward_low, self.reward_high)
-        if self.name in _LEVEL_CHECKS:
-            _LEVEL_CHECKS[self.name](self.difficulties)
+        if self.name in _GENERATED:
+            _GENERATED[self.name].check_difficulties(self.difficulties)
         if self.name in DATASET_TASKS and self.path is None:
             raise ValueError(f"task {self.name!r} needs `path` (a .parquet, .jsonl or .json "
                              "file, or a save_to_disk directory)")
@@ -125,9 +122,9 @@ def make_task_from_config(cfg: TaskConfig) -> Task:
     cfg.check_files()
     common = dict(seed=cfg.seed, n_heldout=cfg.n_heldout,
                   reward_low=cfg.reward_low, reward_high=cfg.reward_high)
-    if cfg.name in _LEVEL_CHECKS:
-        extra = {"n_train": cfg.n_train} if cfg.n_train is not None else {}
-        return make_task(cfg.name, difficulties=tuple(cfg.difficulties), **extra, **common)
+    if cfg.name in _GENERATED:
+        return make_task(cfg.name, difficulties=tuple(cfg.difficulties), n_train=cfg.n_train,
+                         **common)
     return make_task(cfg.name, path=cfg.path, heldout_path=cfg.heldout_path,
                      n_train=cfg.n_train, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
                      **common)

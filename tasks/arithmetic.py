@@ -142,7 +142,7 @@ def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -
 
 def train_stream(seed: int, difficulties: Sequence[int] = tuple(LEVELS)) -> Iterator[Problem]:
     """An endless stream of train-side problems (levels uniform, repeats allowed), for warm starts."""
-    levels = check_difficulties(difficulties)
+    levels = splits.check_levels(difficulties, LEVELS)
     rng = random.Random(f"{seed}-stream")
     while True:
         level = rng.choice(levels)
@@ -151,26 +151,14 @@ def train_stream(seed: int, difficulties: Sequence[int] = tuple(LEVELS)) -> Iter
             yield make_problem(e, level)
 
 
-def check_difficulties(difficulties: Sequence[int]) -> tuple[int, ...]:
-    return splits.check_levels(difficulties, LEVELS)
-
-
 class ArithmeticTask(GeneratedTask):
     """Integer arithmetic; the verifier reads an integer on the completion's first line."""
 
     name = "arithmetic"
+    levels, default_n_train = LEVELS, 800
     build_split = staticmethod(build_split)
-    check_difficulties = staticmethod(check_difficulties)
-
-    def __init__(self, seed: int = 0, n_train: int = 800, n_heldout: int = 200,
-                 difficulties: Sequence[int] = tuple(LEVELS),
-                 reward_low: float = -1.0, reward_high: float = 1.0):
-        super().__init__(seed, n_train, n_heldout, difficulties, reward_low, reward_high)
 
     def extract(self, completion: str) -> str | None:
         # The policy ends its answer with EOS; anything after a newline is ignored.
         line = completion.strip().split("\n", 1)[0].strip()
         return line if _INT_RE.fullmatch(line) else None
-
-    def is_correct(self, problem: Problem, extracted: str) -> bool:
-        return int(extracted) == int(problem.answer)

@@ -7,8 +7,10 @@ one completion at a time.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from tasks.splits import check_levels
 
 
 @dataclass(frozen=True)
@@ -99,21 +101,34 @@ class Task(ABC):
 
 class GeneratedTask(Task):
     """A task whose problems a seeded generator draws (``build_split``): ``n_train`` train and
-    ``n_heldout`` held-out problems at the given difficulty levels (``check_difficulties``),
-    each split built once, on first use. Subclasses set the two functions and ``extract`` /
-    ``is_correct``."""
+    ``n_heldout`` held-out problems at the given difficulty levels (of ``levels``, the task's
+    level table), each split built once, on first use. Subclasses set ``name``, ``levels``,
+    ``default_n_train``, ``build_split`` and ``extract``; an answer is right when it is the
+    reference number (``is_correct``)."""
 
+    levels: Mapping[int, object]
+    default_n_train: int
     build_split: Callable[[int, int, Sequence[int], bool], list[Problem]]
-    check_difficulties: Callable[[Sequence[int]], tuple[int, ...]]
 
-    def __init__(self, seed: int, n_train: int, n_heldout: int, difficulties: Sequence[int],
+    def __init__(self, seed: int = 0, n_train: int | None = None, n_heldout: int = 200,
+                 difficulties: Sequence[int] | None = None,
                  reward_low: float = -1.0, reward_high: float = 1.0):
         super().__init__(reward_low, reward_high)
+        n_train = self.default_n_train if n_train is None else n_train
         if n_train < 1 or n_heldout < 1:
             raise ValueError(f"n_train and n_heldout must be >= 1, got {n_train}, {n_heldout}")
         self.seed, self.n_train, self.n_heldout = seed, n_train, n_heldout
-        self.difficulties = type(self).check_difficulties(difficulties)
+        self.difficulties = self.check_difficulties(
+            tuple(self.levels) if difficulties is None else difficulties)
         self._splits: dict[bool, list[Problem]] = {}
+
+    @classmethod
+    def check_difficulties(cls, difficulties: Sequence[int]) -> tuple[int, ...]:
+        """``difficulties`` as a tuple of distinct levels of this task, else ValueError."""
+        return check_levels(difficulties, cls.levels)
+
+    def is_correct(self, problem: Problem, extracted: str) -> bool:
+        return float(extracted) == float(problem.answer)
 
     def _split(self, heldout: bool) -> list[Problem]:
         if heldout not in self._splits:

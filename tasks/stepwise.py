@@ -178,7 +178,7 @@ def _pool(level: int, heldout: bool) -> tuple[Spec, ...]:
 
 def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -> list[Problem]:
     """``n`` distinct problems spread evenly over ``difficulties``, shuffled (deterministic)."""
-    levels = check_difficulties(difficulties)
+    levels = splits.check_levels(difficulties, LEVELS)
     rng = random.Random(f"stepwise-{seed}-{'heldout' if heldout else 'train'}")
     caps = {lv: len(_pool(lv, heldout)) for lv in levels}
     out: list[Problem] = []
@@ -190,7 +190,7 @@ def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -
 
 def train_stream(seed: int, difficulties: Sequence[int] = tuple(LEVELS)) -> Iterator[Problem]:
     """An endless stream of train-side problems (levels uniform, repeats allowed), for warm starts."""
-    levels = check_difficulties(difficulties)
+    levels = splits.check_levels(difficulties, LEVELS)
     rng = random.Random(f"stepwise-{seed}-stream")
     while True:
         spec = sample_spec(rng, rng.choice(levels))
@@ -198,22 +198,13 @@ def train_stream(seed: int, difficulties: Sequence[int] = tuple(LEVELS)) -> Iter
             yield make_problem(spec)
 
 
-def check_difficulties(difficulties: Sequence[int]) -> tuple[int, ...]:
-    return splits.check_levels(difficulties, LEVELS)
-
-
 class StepwiseTask(GeneratedTask):
     """Repeated +d / -d with a written trace; the verifier reads the completion's last line,
     which must be ``answer: <integer>`` (anything else is unparsed)."""
 
     name = "stepwise"
+    levels, default_n_train = LEVELS, 4000
     build_split = staticmethod(build_split)
-    check_difficulties = staticmethod(check_difficulties)
-
-    def __init__(self, seed: int = 0, n_train: int = 4000, n_heldout: int = 200,
-                 difficulties: Sequence[int] = tuple(LEVELS),
-                 reward_low: float = -1.0, reward_high: float = 1.0):
-        super().__init__(seed, n_train, n_heldout, difficulties, reward_low, reward_high)
 
     def extract(self, completion: str) -> str | None:
         # The answer line must end the completion: a trace cut off by max_tokens, or one that
@@ -221,6 +212,3 @@ class StepwiseTask(GeneratedTask):
         last = completion.rstrip().rsplit("\n", 1)[-1].strip()
         m = _ANSWER_RE.fullmatch(last)
         return m[1] if m else None
-
-    def is_correct(self, problem: Problem, extracted: str) -> bool:
-        return int(extracted) == int(problem.answer)

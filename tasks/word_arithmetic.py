@@ -111,7 +111,7 @@ def _pool(level: int, heldout: bool) -> tuple[str, ...]:
 
 def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -> list[Problem]:
     """``n`` distinct problems spread evenly over ``difficulties``, shuffled (deterministic)."""
-    levels = check_difficulties(difficulties)
+    levels = splits.check_levels(difficulties, LEVELS)
     rng = random.Random(f"word-arithmetic-{seed}-{'heldout' if heldout else 'train'}")
     caps = {lv: len(_pool(lv, heldout)) for lv in levels}
     out: list[Problem] = []
@@ -121,25 +121,13 @@ def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -
     return out
 
 
-def check_difficulties(difficulties: Sequence[int]) -> tuple[int, ...]:
-    return splits.check_levels(difficulties, LEVELS)
-
-
 class WordArithmeticTask(GeneratedTask):
     """Plain-English arithmetic questions; the verifier grades the last number written."""
 
     name = "word_arithmetic"
+    levels, default_n_train = LEVELS, 800
     build_split = staticmethod(build_split)
-    check_difficulties = staticmethod(check_difficulties)
-
-    def __init__(self, seed: int = 0, n_train: int = 800, n_heldout: int = 200,
-                 difficulties: Sequence[int] = tuple(LEVELS),
-                 reward_low: float = -1.0, reward_high: float = 1.0):
-        super().__init__(seed, n_train, n_heldout, difficulties, reward_low, reward_high)
 
     def extract(self, completion: str) -> str | None:
         found = _NUMBER_RE.findall(completion)
         return found[-1].replace(",", "") if found else None
-
-    def is_correct(self, problem: Problem, extracted: str) -> bool:
-        return float(extracted) == float(problem.answer)

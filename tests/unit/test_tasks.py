@@ -153,10 +153,15 @@ def test_reference_answers_score_r_hi(task):
 # ---- registry and config --------------------------------------------------------------------
 
 def test_registry_names():
-    assert set(TASKS) == {"stepwise", "arithmetic", "math", "math_jsonl"}
+    assert set(TASKS) == {"stepwise", "arithmetic", "word_arithmetic", "math", "math_jsonl"}
     assert TASKS["math_jsonl"] is TASKS["math"]  # the earlier name of the dataset task
     assert isinstance(make_task("arithmetic", n_train=10, n_heldout=10), ArithmeticTask)
     assert isinstance(make_task("stepwise", n_train=10, n_heldout=10), StepwiseTask)
+    # the generated tasks' defaults: their own train sizes and every level
+    defaults = {n: (make_task(n).n_train, make_task(n).difficulties)
+                for n in ("stepwise", "arithmetic", "word_arithmetic")}
+    assert defaults == {"stepwise": (4000, (1, 2, 3, 4)), "arithmetic": (800, (1, 2, 3, 4)),
+                        "word_arithmetic": (800, (1, 2, 3, 4))}
     assert DEFAULT_TASK == "stepwise"
 
 
