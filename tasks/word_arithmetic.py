@@ -5,13 +5,13 @@ A prompt is one question a person might type, sent through the model's chat temp
     prompt       "What is the product of 7 and 6?"
     completion   "The product of 7 and 6 is 42."            (free text; graded: 42)
 
-Four families of question, each a difficulty level, in the order of a pretrained
-SmolLM2-135M-Instruct's sampled accuracy (temperature 1; docs/benchmarks.md, "A real model"):
+Four families of question, each a difficulty level (numbered by family, not by measured
+difficulty; docs/task.md has the measured success rates):
 
 - level 1, addition of one-digit numbers ("What is 4 + 5?", "Add 4 and 5.");
 - level 2, multiplication of one-digit numbers ("What is 7 times 6?");
 - level 3, subtraction of one-digit numbers, never below zero ("Subtract 3 from 8.");
-- level 4, a story problem that adds two one-digit counts ("Mia has 4 pencils. She buys 5
+- level 4, a story problem that adds two one-digit counts ("Mia has 4 pencils. She gets 5
   more. How many pencils does she have now?").
 
 Every family has several phrasings, so a level holds prompts of different difficulty for the
