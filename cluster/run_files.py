@@ -199,8 +199,9 @@ class RunFiles:
 
 
 def progress_line(m: dict, elapsed_s: float) -> str:
-    acc = m.get("eval_accuracy")
-    return " | ".join([f"step {m['step']:>4}", f"reward {m.get('reward_mean') or float('nan'):+.3f}",
+    acc, reward = m.get("eval_accuracy"), m.get("reward_mean")
+    reward = float("nan") if reward is None else reward  # 0.0 is a reward, not a missing one
+    return " | ".join([f"step {m['step']:>4}", f"reward {reward:+.3f}",
                        f"acc {acc:.3f}" if acc is not None else "acc   -  ",
                        f"k {m.get('k_mean', float('nan')):4.1f}",
                        f"busy {100 * m.get('generator_busy_fraction', 0):3.0f}%",

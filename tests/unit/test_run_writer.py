@@ -62,3 +62,13 @@ def test_a_step_with_no_drops_still_leaves_an_empty_dropped_file(tmp_path):
     w.dropped([("p1", "learner_nan_skip")], step=2)
     assert [json.loads(x)["uid"] for x in
             (tmp_path / "run" / "dropped.jsonl").read_text().splitlines()] == ["p1"]
+
+
+def test_the_progress_line_prints_a_zero_reward_as_zero():
+    """A step whose mean reward is exactly 0 (as many right as wrong) printed `reward +nan`:
+    0.0 is a reward, not a missing one. A missing one still prints nan."""
+    from cluster.run_files import progress_line
+
+    line = progress_line({"step": 5, "reward_mean": 0.0, "k_mean": 4.0}, 12.0)
+    assert "reward +0.000" in line, line
+    assert "reward +nan" in progress_line({"step": 6, "k_mean": 4.0}, 13.0)
