@@ -95,9 +95,13 @@ class RunConfig(Section):
     @field_validator("name")
     @classmethod
     def _names_a_folder(cls, v: str) -> str:
-        # '' or '.' would write the run's files straight into output_dir, '..' above it.
-        if v.strip() in ("", ".", ".."):
-            raise ValueError("must name a folder under run.output_dir")
+        # '' or '.' would write the run's files straight into output_dir; an absolute name or
+        # one that climbs with '..' would write, and with run.overwrite delete, outside it. A
+        # nested name (exp1/seed0) is a folder under output_dir too.
+        parts = [p for p in v.replace("\\", "/").split("/") if p not in ("", ".")]
+        if not parts or v.strip() != v or v.startswith(("/", "~")) or ".." in parts:
+            raise ValueError(f"must name a folder under run.output_dir (a name such as try1 or "
+                             f"exp1/seed0; not absolute, no '..'), got {v!r}")
         return v
 
 

@@ -59,6 +59,11 @@ def test_dotted_overrides_are_typed(monkeypatch):
     ("optim.zero_stage=false", r"optim.zero_stage: expected a number, got the boolean false"),
     ("run.name=", r"run.name: must name a folder under run.output_dir"),
     ("run.name=..", r"run.name: must name a folder"),
+    ("run.name=/tmp/elsewhere", r"run.name: must name a folder under run.output_dir .*not "
+                                r"absolute, no '\.\.'\), got '/tmp/elsewhere'"),
+    ("run.name=../../elsewhere", r"run.name: must name a folder under run.output_dir"),
+    ("run.name=exp/../../up", r"run.name: must name a folder under run.output_dir"),
+    ("run.name=~/mine", r"run.name: must name a folder under run.output_dir"),
     # A validator's own message, without pydantic's "Value error," or the section twice.
     ("algo.k_init=32", r"^invalid config: algo: k_init \(32\) must be <= k_max \(16\)$"),
     ("prior.budget_s=20", r"^invalid config: prior.budget_s \(20.0\) must be smaller"),
@@ -207,3 +212,9 @@ def test_model_id_resolves_from_the_local_hf_cache_without_download(tmp_path, mo
         build_config({"model": {"path": "acme/missing"}}).model.resolve()
     with pytest.raises(ConfigError, match="config.json missing"):
         build_config({"model": {"path": str(tmp_path)}}).model.resolve()
+
+
+def test_a_nested_run_name_is_a_folder_under_output_dir(tmp_path):
+    cfg = load_config(ROOT / "v05.yaml", ["run.name=exp1/seed0", f"run.output_dir={tmp_path}"])
+    assert cfg.run_dir == tmp_path / "exp1" / "seed0"
+    assert tmp_path in cfg.run_dir.resolve().parents
