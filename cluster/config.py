@@ -275,9 +275,11 @@ class Config(Section):
 
     @property
     def run_dir(self) -> Path:
-        """The absolute run directory (cluster/paths.py)."""
-        from cluster.paths import output_root
-        return output_root(self.run.output_dir) / self.run.name
+        """The absolute run directory (cluster/paths.py), checked to lie under the output
+        folder with its links followed (``cluster.paths.inside``)."""
+        from cluster.paths import inside, output_root
+        root = output_root(self.run.output_dir)
+        return inside(root / self.run.name, root)
 
 
 def _model_fields(model: type[BaseModel]) -> dict[str, Any]:

@@ -81,6 +81,18 @@ class Start:
         }[self.action]
 
 
+def inside(run_dir: Path, root: Path) -> Path:
+    """``run_dir`` when, its links followed, it is a folder under ``root`` (followed too);
+    else RunDirError naming both. A run directory that is a link out of the output folder
+    (or lies under one) would have the run write there, and ``run.overwrite`` delete there."""
+    real, real_root = Path(run_dir).resolve(), Path(root).resolve()
+    if real_root not in real.parents:
+        raise RunDirError(f"the run directory {run_dir} leads to {real}, outside "
+                          f"run.output_dir ({real_root}): a link out of the output folder "
+                          "is refused before anything is written or deleted")
+    return Path(run_dir)
+
+
 def previous_results(run_dir: Path) -> tuple[str, ...]:
     """The ``RESULTS`` a previous run left in ``run_dir``."""
     return tuple(n for n in RESULTS if (Path(run_dir) / n).exists())

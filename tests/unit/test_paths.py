@@ -1,8 +1,12 @@
 """Run outputs land in an absolute, durable directory (not Ray's temporary working dir)."""
 from pathlib import Path
 
-from cluster.config import build_config
-from cluster.paths import RAY_JOB_ENV, output_root
+import pytest
+
+from cluster.config import build_config, load_config
+from cluster.paths import RAY_JOB_ENV, RunDirError, output_root
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_relative_output_dir_resolves_against_the_current_directory(tmp_path, monkeypatch):
@@ -48,3 +52,26 @@ def test_a_fresh_run_removes_every_output_of_the_previous_one(tmp_path):
     assert fresh_run_dir(run) == [LOGS]  # the launcher's, before the roles start
     assert [p.name for p in run.iterdir()] == ["notes.txt"]
     assert fresh_run_dir(run) == [] and fresh_run_dir(tmp_path / "none") == []
+
+
+def test_a_run_directory_that_links_out_of_the_output_folder_is_refused(tmp_path):
+    """run.name names a link (or a folder under a link) to somewhere else: refused before
+    anything is written or deleted, even with run.overwrite=true, and the target is intact."""
+    from cluster import launch
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "summary.json").write_text("{}")  # someone's file: must survive
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "link").symlink_to(elsewhere)
+    for name in ("link", "link/inner"):
+        cfg = load_config(ROOT / "v05.yaml", [f"run.output_dir={out}", f"run.name={name}"])
+        with pytest.raises(RunDirError, match=r"leads to .*elsewhere.*, outside run\.output_dir"):
+            cfg.run_dir
+    rc = launch.main([str(ROOT / "v05.yaml"), f"run.output_dir={out}", "run.name=link",
+                      "run.overwrite=true", "--dry-run"])
+    assert rc == 2 and (elsewhere / "summary.json").read_text() == "{}"
+    # an ordinary nested name is fine
+    cfg = load_config(ROOT / "v05.yaml", [f"run.output_dir={out}", "run.name=exp1/seed0"])
+    assert cfg.run_dir == out / "exp1" / "seed0"
