@@ -283,11 +283,21 @@ def _gantt(run: RunData) -> str:
 
 
 # -- staleness and step time ---------------------------------------------------------------
+def staleness_bound(config: dict) -> float | None:
+    """The scheduler's staleness bound as the run had it (``Config.max_staleness``: 0 in sync
+    mode, whatever ``rollout.max_staleness`` says); None for a config that no longer parses."""
+    from cluster.config import build_config
+
+    try:
+        return float(build_config(config).max_staleness)
+    except ValueError:
+        return None
+
+
 def staleness(run: RunData) -> str:
-    bound = as_float((run.config.get("rollout") or {}).get("max_staleness"))
     return figure("plot-staleness", plots.staleness(run.steps, run.col("staleness_mean"),
                                                     run.col("staleness_max"),
-                                                    None if math.isnan(bound) else bound),
+                                                    staleness_bound(run.config)),
                   "no staleness_mean / staleness_max in metrics.jsonl",
                   "Age of the trained samples in policy versions (trained version minus the "
                   "version that started the sample); dashed: the config's bound.")

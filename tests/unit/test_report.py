@@ -211,3 +211,18 @@ def test_module_entry_point_imports_no_ray_or_torch(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cluster.report", str(tmp_path / "nope")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no such run directory" in bad.stderr
+
+
+def test_the_staleness_bound_is_the_schedulers():
+    """A synchronous run's bound is 0 (its barrier), whatever rollout.max_staleness holds (the
+    report drew the raw 2); an async run's is rollout.max_staleness."""
+    from cluster.config import build_config, dump_config
+    from cluster.report_sections import staleness_bound
+
+    import yaml
+
+    for mode, bound in (("sync", 0.0), ("async", 3.0)):
+        data = yaml.safe_load(dump_config(build_config({"mode": mode,
+                                                        "rollout": {"max_staleness": 3}})))
+        assert data["rollout"]["max_staleness"] == 3 and staleness_bound(data) == bound
+    assert staleness_bound({"no_such_section": 1}) is None
