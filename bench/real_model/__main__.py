@@ -2,6 +2,7 @@
 
     python -m bench.real_model [--config configs/smollm2-135m.yaml] [--run-dir DIR]
                                [--batches 1,4,8,16,32,64] [--out FILE] [overrides ...]
+    python -m bench.real_model --prior-truth bench/results/prior_truth.json [--out FILE]
 
 1. On a quiet machine, before the run: the float32 matmul peak (1 and 2 threads) and one
    generator's engine alone at fixed batches of real prompts (``measure``), each in a
@@ -16,6 +17,10 @@
    accuracy before and after.
 
 Writes bench/results/real_model.json (with the command) and real_model.png.
+
+``--prior-truth FILE`` adds to an existing real_model.json the prior against the truth on the
+run's task, from ``python -m bench.prior_truth --task word_arithmetic``'s result (a separate
+command: its 64-sample truth takes longer than the run), with that command beside it.
 """
 from __future__ import annotations
 
@@ -66,6 +71,27 @@ def parameters(model_path: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def add_prior_truth(out_path: Path, prior_path: Path, argv: list[str]) -> int:
+    """Fold ``bench.prior_truth``'s figures for the run's task into ``out_path``; the units
+    line is rewritten from the run's config (the sampling temperature it names)."""
+    from bench.real_model import analysis
+    from cluster.config import load_config
+
+    out = json.loads(out_path.read_text())
+    cfg = load_config(out["config"], out.get("overrides", []))
+    try:
+        figures = analysis.prior_figures(json.loads(prior_path.read_text()), out["task"])
+    except ValueError as e:
+        raise SystemExit(f"{prior_path}: {e}")
+    out.update(figures, units=analysis.units(cfg.rollout.temperature),
+               prior_truth_added_by=stamp("bench.real_model", argv)["command"])
+    write_json(out_path, out)
+    log(f"added the prior's figures ({figures['prior_snapshot']} snapshot) to {out_path}")
+    print(json.dumps({k: out[k] for k in ("prior_error_sd_noise_removed",
+                                          "level_only_error_sd_noise_removed")}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m bench.real_model", description=__doc__,
@@ -77,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,4,8,16,32,64",
                     help="the engine-alone batches (comma-separated)")
     ap.add_argument("--out", type=Path, default=RESULTS / "real_model.json")
+    ap.add_argument("--prior-truth", type=Path,
+                    help="add this bench.prior_truth result's figures for the run's task to --out")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for the run")
     a = ap.parse_args(argv)
+    if a.prior_truth is not None:
+        return add_prior_truth(a.out, a.prior_truth, argv)
     from bench.real_model import analysis, measure
     from bench.real_model.plot import plot
     from cluster.config import load_config
@@ -95,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir, wall, memory = a.run_dir, float("nan"), {}
     out = {**stamp("bench.real_model", argv), "config": a.config, "overrides": a.overrides,
            "model_path": cfg.model.path, "task": cfg.task.name,
-           "units": "seconds; tokens/s (engine tokens generated, or trained prompt + response "
-                    "tokens for the learner); GFLOP/s = 1e9 FLOP/s; MiB of resident memory; "
-                    "accuracy: held-out, mean over prompts of the share of correct sampled "
-                    "answers (T = 1), one sampling seed per prompt and sample",
+           "units": analysis.units(cfg.rollout.temperature),
            "matmul_gflops_by_threads": matmul,
            **analysis.analyse(run_dir, parameters(cfg.model_path()), matmul, curve, memory,
                               wall)}

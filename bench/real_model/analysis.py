@@ -133,3 +133,43 @@ def analyse(run_dir: Path, params: int, matmul: dict, curve: list[dict],
                    "train_time_s": r["train_time_s"], "sync_time_s": r["sync_time_s"]}
                   for r in rows],
     }
+
+
+def units(temperature: float) -> str:
+    """What the numbers of real_model.json are measured in; ``temperature``: the run's
+    rollout.temperature, at which its held-out samples are drawn (cluster/evaluation.py)."""
+    return ("seconds; tokens/s (engine tokens generated, or trained prompt + response tokens "
+            "for the learner); GFLOP/s = 1e9 FLOP/s; MiB of resident memory; accuracy: "
+            "held-out, mean over prompts of the share of correct sampled answers (T = "
+            f"{temperature:g}, the run's rollout.temperature), one sampling seed per prompt "
+            "and sample")
+
+
+PRIOR_KEYS = ("snapshot", "step", "n_prompts", "samples_per_prompt", "truth_mean", "truth_sd",
+              "truth_noise_sd", "truth_by_level", "truth_within_level_sd", "error_sd",
+              "error_sd_noise_removed", "bias", "spearman")
+
+
+def prior_figures(prior_truth: dict, task: str) -> dict:
+    """The prior against the truth on the real model's task, from ``bench.prior_truth``'s
+    result: each snapshot of ``task`` side by side with the predictor told each level's true
+    mean, and the pinned pair (``prior_error_sd_noise_removed``,
+    ``level_only_error_sd_noise_removed``) at the last snapshot measured (the trained policy
+    when the end was measured)."""
+    snaps = [s for s in prior_truth["snapshots"] if s["task"] == task]
+    if not snaps:
+        raise ValueError(f"bench.prior_truth's result has no snapshot of task {task!r} "
+                         f"(it has {sorted({s['task'] for s in prior_truth['snapshots']})}); "
+                         f"run python -m bench.prior_truth --task {task} first")
+    order = {"start": 0, "middle": 1, "end": 2}
+    snaps.sort(key=lambda s: order.get(s["snapshot"], 3))
+    rows = [{**{k: s[k] for k in PRIOR_KEYS if k in s},
+             "level_only": {k: s["level_mean_predictor"][k] for k in
+                            ("error_sd", "error_sd_noise_removed", "bias", "spearman")}}
+            for s in snaps]
+    last = rows[-1]
+    return {"prior_truth": {"command": prior_truth.get("command"), "snapshots": rows},
+            "prior_error_sd_noise_removed": round(last["error_sd_noise_removed"], 4),
+            "level_only_error_sd_noise_removed":
+                round(last["level_only"]["error_sd_noise_removed"], 4),
+            "prior_snapshot": last["snapshot"]}

@@ -79,3 +79,41 @@ def test_plot(run_dir, tmp_path):
     out.update(model_path="smollm2-135m-instruct", task="word_arithmetic")
     path = plot(out, tmp_path / "real_model.png")
     assert path.stat().st_size > 10_000
+
+
+def snapshot(task, name, err, level_err):
+    return {"task": task, "snapshot": name, "step": 0 if name == "start" else 8,
+            "n_prompts": 80, "samples_per_prompt": 64, "truth_mean": 0.3, "truth_sd": 0.15,
+            "truth_noise_sd": 0.05, "truth_by_level": {"1": 0.5}, "truth_within_level_sd": 0.1,
+            "error_sd": err + 0.01, "error_sd_noise_removed": err, "bias": 0.2,
+            "spearman": 0.4, "reliability": [], "points": [],
+            "level_mean_predictor": {"error_sd": level_err + 0.01, "bias": 0.0, "mae": 0.1,
+                                     "rmse": 0.1, "spearman": 0.6,
+                                     "error_sd_noise_removed": level_err}}
+
+
+def test_prior_figures_take_the_tasks_last_snapshot_side_by_side_with_level_only():
+    """The pinned pair is the last snapshot's (end after start, whatever the file's order),
+    only the named task's snapshots are taken, and each keeps the level-only predictor."""
+    result = {"command": "python -m bench.prior_truth --task word_arithmetic",
+              "snapshots": [snapshot("word_arithmetic", "end", 0.12, 0.10),
+                            snapshot("stepwise", "end", 0.5, 0.5),
+                            snapshot("word_arithmetic", "start", 0.15, 0.14)]}
+    out = analysis.prior_figures(result, "word_arithmetic")
+    assert out["prior_snapshot"] == "end"
+    assert out["prior_error_sd_noise_removed"] == 0.12
+    assert out["level_only_error_sd_noise_removed"] == 0.10
+    rows = out["prior_truth"]["snapshots"]
+    assert [r["snapshot"] for r in rows] == ["start", "end"]
+    assert rows[0]["level_only"]["error_sd_noise_removed"] == 0.14
+    assert "points" not in rows[0]
+
+
+def test_prior_figures_name_a_missing_task():
+    with pytest.raises(ValueError, match="no snapshot of task 'word_arithmetic'.*stepwise"):
+        analysis.prior_figures({"snapshots": [snapshot("stepwise", "start", 0.1, 0.1)]},
+                               "word_arithmetic")
+
+
+def test_units_name_the_runs_sampling_temperature():
+    assert "T = 0.7" in analysis.units(0.7) and "T = 1," in analysis.units(1.0)
