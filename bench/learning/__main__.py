@@ -182,7 +182,8 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
                       "start": st.start, "model_path": base_cfg.model.path,
                       "modes": {m: MODES[m] for m in st.modes}},
            "units": "accuracy: held-out, mean over prompts of the success rate of the sampled "
-                    "answers (T = 1); train_s: training wall-clock, evaluations excluded",
+                    f"answers (T = {base_cfg.rollout.temperature:g}, the config's "
+                    "rollout.temperature); train_s: training wall-clock, evaluations excluded",
            "runs": runs,
            "curves": {m: {axis: mean_curve(r, axis) for axis in AXES} for m, r in runs.items()
                       if r},
