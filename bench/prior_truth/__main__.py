@@ -10,7 +10,7 @@
    when no snapshot was taken at its last step).
 2. At each snapshot (start: the initial weights; middle; end), ``--prompts`` train prompts
    over every difficulty level, none of them seen by the run, get ``--samples`` sampled
-   responses each (temperature 1, one sampling seed per prompt): a near-true success rate t.
+   responses each (at the run's rollout.temperature, one sampling seed per prompt): a near-true success rate t.
 3. The prior's p for each, with the context the running system would have given it then:
    the newest ``prior.window`` observations of the run's ``prompts.jsonl`` that finished
    before that version was published (at the start, the run's first ones: its prior is empty
@@ -241,21 +241,40 @@ def main(argv=None) -> int:
                          f"known: {', '.join(SNAPSHOTS)}")
     snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS,
                          args.run_variant, which)
+    from cluster.config import load_config
+
+    command = "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:])
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept = [s for s in old.get("snapshots", []) if s["task"] != args.task]
-    res = {"command": "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:]),
+    res = {"command": command,
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "units": "probabilities: p the prior's, t the share of correct sampled answers "
-                    "(T = 1) among samples_per_prompt; error = p - t over n_prompts prompts",
+                    "(at the task run's rollout.temperature: runs.<task>.temperature) among "
+                    "samples_per_prompt; error = p - t over n_prompts prompts",
            "snapshots": kept + snaps,
-           "runs": {**old.get("runs", {}), args.task: {"run_dir": str(run_dir),
-                                                       "wall_s": round(time.time() - t0)}}}
+           "runs": {**runs_with_commands(old), args.task: {
+               "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
+               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     from bench.prior_truth.plot import plot
     plot(res, args.out.with_suffix(".png"))
     log(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
+
+
+def runs_with_commands(old: dict) -> dict:
+    """The earlier result's runs, each with the command that measured it: a file written
+    before runs carried their own command names it only at its top level, for the task that
+    command measured (``--task``, stepwise by default); that task's run gets it."""
+    runs = {task: dict(r) for task, r in old.get("runs", {}).items()}
+    cmd = old.get("command", "")
+    args = cmd.split()
+    task = args[args.index("--task") + 1] if "--task" in args[:-1] else "stepwise"
+    if task in runs and "command" not in runs[task]:
+        runs[task].update(command=cmd, date=old.get("date"))
+    return runs
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ def plot(res: dict, path: Path) -> None:
                              squeeze=False)
     for row, task in zip(axes, tasks):
         mine = [s for s in snaps if s["task"] == task]
+        for ax in row[len(mine) + 1:]:  # a task with fewer snapshots than the widest row
+            ax.axis("off")
         for ax, s in zip(row, mine):
             pts = s["points"]
             ax.scatter(pts["truth"], pts["p"], c=pts["level"], s=6, cmap="viridis", alpha=0.7)
@@ -40,11 +42,12 @@ def plot(res: dict, path: Path) -> None:
                [s["level_mean_predictor"]["error_sd_noise_removed"] for s in mine], w,
                color="grey", label="level means (reference)")
         ax.axhline(0.07, color="k", ls=":", lw=0.8)
+        top = max(max(s["variants"][n]["error_sd_noise_removed"] for n in names)
+                  for s in mine)
+        ax.set_ylim(0, 1.6 * top)  # room above the bars for the legend
         ax.set_xticks([j + 0.4 for j in range(len(mine))], [s["snapshot"] for s in mine])
         ax.set_title(f"{task}: error sd, truth noise removed", fontsize=7)
-        ax.legend(fontsize=6)
-    for ax in axes.flat[len(axes.flat):]:
-        ax.axis("off")
+        ax.legend(fontsize=6, ncol=2, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

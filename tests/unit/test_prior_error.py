@@ -159,3 +159,24 @@ def test_the_tally_pools_the_run_and_a_window_and_the_summary_and_gauges_read_th
     empty = {"prompts": 16}
     t.prior_error(empty)
     assert t.totals["prior_error_n"] == 160 and "prior_bias_running" in empty
+
+
+def test_prior_truth_keeps_each_tasks_command_when_another_task_is_measured():
+    """bench.prior_truth replaces one task's snapshots at a time; the other tasks' runs keep
+    the command that measured them (an older file named it only at its top level)."""
+    from bench.prior_truth.__main__ import runs_with_commands
+
+    old = {"command": "python -m bench.prior_truth --task arithmetic --per-level 50",
+           "date": "2026-12-01", "runs": {"stepwise": {"run_dir": "a", "wall_s": 38},
+                                           "arithmetic": {"run_dir": "b", "wall_s": 32}}}
+    runs = runs_with_commands(old)
+    assert runs["arithmetic"]["command"] == old["command"]
+    assert "command" not in runs["stepwise"]  # its command was never recorded
+    assert "command" not in old["runs"]["arithmetic"]  # the old result is not changed
+    newer = {"command": "python -m bench.prior_truth --task word_arithmetic",
+             "runs": {**runs, "stepwise": {"run_dir": "a", "command": "python -m bench."
+                                           "prior_truth"}}}
+    assert runs_with_commands(newer)["arithmetic"]["command"] == old["command"]
+    assert runs_with_commands({"command": "python -m bench.prior_truth --quick",
+                               "runs": {"stepwise": {}}})["stepwise"]["command"] \
+        == "python -m bench.prior_truth --quick"
