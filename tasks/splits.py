@@ -1,13 +1,15 @@
 """Seed-independent train / held-out splits and even spreads over difficulty levels.
 
-Shared by the synthetic tasks (``tasks.arithmetic``, ``tasks.stepwise``): a problem's side of
+Shared by the generated tasks (``tasks.arithmetic``, ``tasks.stepwise``,
+``tasks.word_arithmetic``): a problem's side of
 the split is a salted hash of its prompt text, so a prompt held out under one seed is held out
 under every seed, and a warm-started policy never trains on a held-out problem.
 """
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping, Sequence
+import random
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 
 def is_heldout(prompt: str, salt: str, fraction: float) -> bool:
@@ -45,3 +47,18 @@ def check_levels(difficulties: Sequence[int], levels: Collection[int]) -> tuple[
         raise ValueError(f"difficulties must be distinct levels from {sorted(levels)}, "
                          f"got {list(chosen)}")
     return chosen
+
+
+def draw_split(key: str, n: int, pools: Mapping[int, Sequence], heldout: bool,
+               make: Callable[[object, int], object]) -> list:
+    """``n`` distinct problems spread evenly over the levels of ``pools`` (level -> that side's
+    specs, in a fixed order), each made by ``make(spec, level)``, shuffled; deterministic in
+    ``key`` (a task's name for the seed and side of the split)."""
+    rng = random.Random(key)
+    side = "held-out" if heldout else "train"
+    out = []
+    for level, q in spread_evenly(n, {lv: len(pool) for lv, pool in pools.items()},
+                                  side).items():
+        out += [make(spec, level) for spec in rng.sample(pools[level], q)]
+    rng.shuffle(out)
+    return out

@@ -179,13 +179,9 @@ def _pool(level: int, heldout: bool) -> tuple[Spec, ...]:
 def build_split(seed: int, n: int, difficulties: Sequence[int], heldout: bool) -> list[Problem]:
     """``n`` distinct problems spread evenly over ``difficulties``, shuffled (deterministic)."""
     levels = splits.check_levels(difficulties, LEVELS)
-    rng = random.Random(f"stepwise-{seed}-{'heldout' if heldout else 'train'}")
-    caps = {lv: len(_pool(lv, heldout)) for lv in levels}
-    out: list[Problem] = []
-    for level, q in splits.spread_evenly(n, caps, "held-out" if heldout else "train").items():
-        out += [make_problem(s) for s in rng.sample(_pool(level, heldout), q)]
-    rng.shuffle(out)
-    return out
+    key = f"stepwise-{seed}-{'heldout' if heldout else 'train'}"
+    return splits.draw_split(key, n, {lv: _pool(lv, heldout) for lv in levels}, heldout,
+                             lambda s, level: make_problem(s))
 
 
 def train_stream(seed: int, difficulties: Sequence[int] = tuple(LEVELS)) -> Iterator[Problem]:
