@@ -28,7 +28,6 @@ the seed, as in the other generated tasks.
 from __future__ import annotations
 
 import itertools
-import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
