@@ -16,7 +16,7 @@ The driver feeds events and carries out the actions the scheduler returns::
     acts = sched.admit(problems, priors)      # -> [Dispatch, ...]
     acts = sched.on_rollouts(request_id, [Finished(...), ...])   # rewards arrive
     acts = sched.on_request_failed(request_id, generator_lost=True)
-    acts = sched.set_version(v)               # a learner step published version v
+    sched.set_version(v)                      # a learner step published version v (no actions)
     batch = sched.take_batch(B)               # PromptInFlights to train on now, or None: wait
 
 Rules (docs/pipeline.md, "The scheduler"):
