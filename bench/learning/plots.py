@@ -40,9 +40,10 @@ def plots(out: dict, stem: Path) -> None:
             ax.axhline(target, color="grey", ls=":", lw=1)
     axes[0].set_ylabel(f"held-out accuracy ({cfg['eval_metric']}, {cfg['eval_prompts']} prompts)")
     axes[0].legend(fontsize=8, loc="lower right")
+    dotted = "; dotted: the GRPO-16 reference's final accuracy" if target is not None else ""
     fig.suptitle(f"{cfg['task']} task, {cfg['seeds']} seed(s) per mode, {cfg['budget_train_s']:.0f} s "
-                 "of training each; line: mean over seeds, band: their range, thin: each seed; "
-                 "dotted: the GRPO-16 reference's final accuracy", fontsize=9)
+                 "of training each; line: mean over seeds, band: their range, thin: each seed"
+                 + dotted, fontsize=9)
     fig.tight_layout()
     fig.savefig(f"{stem}.png", dpi=110)
     plt.close(fig)
