@@ -244,17 +244,17 @@ def main(argv=None) -> int:
     from cluster.config import load_config
 
     command = "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:])
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept = [s for s in old.get("snapshots", []) if s["task"] != args.task]
-    res = {"command": command,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    res = {"command": command, "date": date,
            "units": "probabilities: p the prior's, t the share of correct sampled answers "
                     "(at the task run's rollout.temperature: runs.<task>.temperature) among "
                     "samples_per_prompt; error = p - t over n_prompts prompts",
            "snapshots": kept + snaps,
            "runs": {**runs_with_commands(old), args.task: {
                "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "date": date,
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
