@@ -168,7 +168,12 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
     assert max(p["k"] for p in prompts) > 4 and summary["extra_rollouts_requested"] > 0
     assert max(p["rounds"] for p in prompts) <= 3  # algo.max_rounds
     assert all(r["staleness_max"] <= 1 for r in rows)
-    assert all(r["inflight_prompts"] > 0 for r in rows)  # streamed, not batch-synchronous
+    # Streamed, not batch-synchronous: prompts for the next deadline were admitted (and were
+    # generating) before the learner took the current one. ``inflight_prompts`` at a hand-over
+    # is not the test of it: the next prompts may still be waiting on the prior at that moment
+    # (CI saw a 0 once); the admitted version is what the scheduler decided, race-free.
+    assert any(p["admitted_version"] < p["deadline"] for p in prompts)
+    assert any(r["inflight_prompts"] > 0 for r in rows)
     assert_accounted(summary)
     assert summary["prompts_trained"] == 6 * 4 and summary["generator_restarts"] == 0
 
