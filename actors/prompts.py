@@ -51,10 +51,12 @@ def success_rate(pif: PromptInFlight, rewards: tuple[float, float]) -> float:
 
 
 def train_samples(pif: PromptInFlight) -> list[TrainSample]:
-    """One TrainSample per observed rollout, advantages from the estimator state."""
+    """One TrainSample per trained rollout (``pif.trained``: all observed ones, but those the
+    oracle holds out and those a full batch trimmed), the first by index; advantages from
+    the estimator state, which saw every rollout."""
     adv = pif.state.advantages()  # (k,) in pif.state.indices() order
     out = []
-    for i, a in zip(pif.state.indices(), adv):
+    for i, a in list(zip(pif.state.indices(), adv))[:pif.trained]:
         r: Rollout = pif.payloads[i]
         out.append(TrainSample(r.prompt_token_ids, r.token_ids, r.logprobs, float(a),
                                pif.start_version[i]))
@@ -76,7 +78,7 @@ def make_record(pif: PromptInFlight) -> PromptRecord:
         unparsed=sum(not r.parsed for r in rs), admitted_version=pif.admitted_version,
         deadline=pif.deadline, versions=sorted(set(pif.start_version.values())),
         generators=sorted({r.generator for r in rs}), rounds=st.rounds,
-        cancelled_rollouts=pif.cancelled_rollouts,
+        cancelled_rollouts=pif.cancelled_rollouts, trained_samples=pif.trained,
         cancelled_tokens=pif.cancelled_tokens, regenerations=pif.regenerations,
         tokens=sum(len(r.token_ids) for r in rs), lengths=[len(r.token_ids) for r in rs],
         prompt_tokens=len(rs[0].prompt_token_ids) if rs else 0,

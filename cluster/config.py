@@ -129,13 +129,16 @@ class AlgoConfig(Section):
         "Zero advantage for a group whose rewards are all equal (GRPO's mean does it by "
         "construction; v05's prior-shrunk baseline otherwise pushes down every sample of an "
         "all-fail group). docs/estimator.md, 'Uniform groups'."))
+    train_k: int | None = Field(_EST.train_k, description=(
+        "oracle only: rollouts trained per prompt; its other k_init - train_k rollouts set "
+        "the baseline and are not trained on (bench.learning's reference)."))
 
     @model_validator(mode="after")
     def _valid_for_the_estimator(self) -> "AlgoConfig":
         # The estimator owns its rules (budget, plan, cost); a bad combination fails here, at
         # parse time, with its message.
         try:
-            self.estimator_config(DEFAULT_REWARDS)
+            ESTIMATORS[self.name](self.estimator_config(DEFAULT_REWARDS))
         except ValueError as err:
             raise ValueError(f"algo: {err}") from None
         return self
@@ -146,7 +149,8 @@ class AlgoConfig(Section):
         return EstimatorConfig(k_init=self.k_init, k_max=self.k_max, cost=self.cost,
                                lookahead=self.lookahead, noise=self.noise, rewards=rewards,
                                scale_by_std=self.scale_by_std, plan=self.plan,
-                               max_rounds=self.max_rounds, zero_uniform=self.zero_uniform)
+                               max_rounds=self.max_rounds, zero_uniform=self.zero_uniform,
+                               train_k=self.train_k)
 
 
 class RolloutConfig(Section):

@@ -112,6 +112,8 @@ class PromptRecord:
     t_admit: float
     t_done: float
     spans: list[tuple[int, float, float]]  # (generator, start, end) per sample
+    trained_samples: int | None = None  # samples the learner trained of its k (None: all):
+                                        # fewer for the oracle and in a trimmed batch
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -59,6 +59,9 @@ class EstimatorConfig:
     (the baseline itself is unchanged). GRPO's group mean does this by construction; V0.5's
     prior-shrunk baseline does not: a group that fails every rollout gets a negative advantage
     on every sample, with nothing positive beside it (docs/estimator.md, "Uniform groups")."""
+    train_k: int | None = None
+    """``oracle`` only: rollouts trained per prompt (the first ``train_k`` by index); the
+    other ``k_init - train_k`` only set their baseline and are never trained on."""
 
     def __post_init__(self):
         check_rewards(self.rewards)
@@ -76,6 +79,11 @@ class EstimatorConfig:
                 isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int)
                 or self.max_rounds < 1):
             raise ValueError(f"max_rounds must be None or an integer >= 1, got {self.max_rounds!r}")
+        if self.train_k is not None and (
+                isinstance(self.train_k, bool) or not isinstance(self.train_k, int)
+                or not 1 <= self.train_k < self.k_init):
+            raise ValueError(f"train_k must be None or an integer in [1, k_init - 1] "
+                             f"(k_init {self.k_init}), got {self.train_k!r}")
 
     @property
     def scaled_cost(self) -> float:
@@ -145,6 +153,11 @@ class Estimator:
 
     def baseline(self, rewards, mask, prior, k, mean):
         return mean
+
+    def trained(self, k: int) -> int:
+        """How many of a prompt's k rollouts the learner trains on: the first ones by index
+        (all of them, but for the oracle)."""
+        return k
 
     def group(self, rewards, mask=None, prior=None) -> GroupResult:
         rewards, mask, prior = _validate(rewards, mask, prior, self.cfg.rewards)
@@ -245,8 +258,42 @@ class V05(Estimator):
         return _fuse(mean, k, prior, self._sigma2(mean, k, prior))[0]
 
 
+class Oracle(Estimator):
+    """A reference for studies, not a method: k_init rollouts per prompt, of which the first
+    ``train_k`` are trained on with their baseline taken from the other k_init - train_k,
+    which are never trained on (nearly the prompt's true success rate, at k_init / train_k
+    times the rollouts). What the best baseline buys a train_k-sample group: bench.learning's
+    upper reference for V0.5 (issue 29). No std division (Dr.GRPO's, V0.5's convention)."""
+
+    name = "oracle"
+
+    def __init__(self, cfg: EstimatorConfig | None = None):
+        super().__init__(cfg)
+        if self.cfg.train_k is None:
+            raise ValueError("estimator 'oracle' needs train_k (rollouts trained per prompt; "
+                             "the other k_init - train_k set its baseline)")
+
+    def trained(self, k: int) -> int:
+        return min(k, self.cfg.train_k)
+
+    def baseline(self, rewards, mask, prior, k, mean):
+        held = mask.copy()
+        held[:, :self.cfg.train_k] = False
+        n = held.sum(axis=1)
+        if (n < 1).any():
+            raise ValueError(f"oracle needs rewards beyond the first train_k "
+                             f"({self.cfg.train_k}) to take its baseline from")
+        return np.where(held, rewards, 0.0).sum(axis=1) / n
+
+    def group(self, rewards, mask=None, prior=None) -> GroupResult:
+        res = super().group(rewards, mask, prior)
+        adv = res.advantages.copy()
+        adv[:, self.cfg.train_k:] = 0.0  # held out: not trained on
+        return GroupResult(res.baseline, adv, res.keep)
+
+
 ESTIMATORS: dict[str, Callable[..., Estimator]] = {
-    cls.name: cls for cls in (GRPO, DrGRPO, RLOO, DAPO, PriorOnly, V05)}
+    cls.name: cls for cls in (GRPO, DrGRPO, RLOO, DAPO, PriorOnly, V05, Oracle)}
 
 
 def make_estimator(name: str, **kwargs) -> Estimator:

@@ -9,8 +9,9 @@ RECENT_K = 64  # finished prompts whose mean k sizes the quota under ``batch_sam
 class AdmissionCalendar:
     @property
     def quota_size(self) -> int:
-        """B: prompts per deadline. With ``batch_samples`` S, S over the mean k of the newest
-        finished prompts (``batch_prompts`` before any has finished)."""
+        """B: prompts per deadline. With ``batch_samples`` S, S over the mean trainable
+        samples (k, but for the oracle) of the newest finished prompts (``batch_prompts``
+        before any has finished)."""
         S = self.cfg.batch_samples
         if S is None or not self._recent_k:
             return self.cfg.batch_prompts

@@ -41,7 +41,7 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
         self._taken: int | None = None            # version whose batch the learner took
         self.paused = False
-        self._recent_k: deque[int] = deque(maxlen=RECENT_K)  # k of the newest finished prompts
+        self._recent_k: deque[int] = deque(maxlen=RECENT_K)  # newest finished's ``trainable``
 
     # -- admission (the room: ``AdmissionCalendar``) --------------------------------------
     def admit(self, problems: Sequence[Any], priors: Sequence[float | None],
@@ -235,7 +235,7 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         self.ready[pif.uid] = pif
         self.unfinished[pif.deadline] -= 1
         self._recheck.add(pif.uid)
-        self._recent_k.append(pif.state.k)
+        self._recent_k.append(pif.trainable)
 
     def drop(self, uid: str, reason: str, refill: bool = False) -> list:
         """Drop a prompt (counted under ``reason``); its place frees. Returns the
@@ -280,7 +280,8 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         """Prompts to train on at the current version, or None when the learner must wait:
         while a prompt due now is unfinished, or fewer than ``n`` are finished (with
         ``batch_samples`` S: fewer than S samples; the batch is then the earliest-due
-        prompts up to S samples, every prompt due now included). Returns (prompts, actions):
+        prompts up to S samples, every prompt due now included, trimmed to S: ``up_to_samples``).
+        Returns (prompts, actions):
         actions re-generate stale samples found on the way."""
         V = self.version
         actions = self._regenerate_stale(V) if self._recheck else []
@@ -291,7 +292,7 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
             return wait  # a prompt due now is still in its first round
         S = self.cfg.batch_samples
         if (len(self.ready) < n if S is None else
-                sum(g.state.k for g in self.ready.values()) < S):
+                sum(g.trainable for g in self.ready.values()) < S):
             # A closed deadline (see _open_deadlines) with nothing due running trains short;
             # so does a sample-counted batch that nothing more can join at this version
             # (every admitted prompt finished and no quota left: S / mean k rounds down).

@@ -673,3 +673,31 @@ def test_scale_by_std_keeps_uniform_groups_bounded(rewards_range):
     prior_only = make_estimator("prior_only", scale_by_std=True, rewards=rewards_range)
     edge = prior_only.group([[r_lo] * 4], prior=[r_hi])
     np.testing.assert_allclose(edge.advantages, -1.0, rtol=1e-5)
+
+
+# -- the oracle: bench.learning's reference baseline (issue 29) -------------------------------
+@pytest.mark.parametrize("rewards", CONVENTIONS)
+def test_the_oracle_trains_its_first_train_k_against_the_mean_of_the_rest(rewards):
+    r_lo, r_hi = rewards
+    oracle = make_estimator("oracle", k_init=16, k_max=16, train_k=4, rewards=rewards)
+    row = np.array([r_hi, r_lo, r_lo, r_lo] + [r_hi] * 3 + [r_lo] * 9)  # held out: 3 of 12
+    res = oracle.group(row[None, :])
+    held = (3 * r_hi + 9 * r_lo) / 12
+    assert res.baseline[0] == pytest.approx(held)
+    assert res.advantages[0, :4] == pytest.approx(row[:4] - held)  # no std division
+    assert (res.advantages[0, 4:] == 0).all()
+    assert oracle.trained(16) == 4 and make_estimator("dr_grpo").trained(7) == 7
+    # the same rewards in the first train_k give the same advantages whatever the held-out
+    # order: the baseline is the held-out mean, not the group's
+    assert oracle.group(np.concatenate([row[:4], row[4:][::-1]])[None, :]).advantages[0, :4] \
+        == pytest.approx(res.advantages[0, :4])
+
+
+def test_the_oracle_refuses_what_it_cannot_be():
+    with pytest.raises(ValueError, match="needs train_k"):
+        make_estimator("oracle", k_init=16, k_max=16)
+    with pytest.raises(ValueError, match="train_k must be"):
+        make_estimator("oracle", k_init=4, k_max=16, train_k=4)
+    with pytest.raises(ValueError, match="beyond the first train_k"):
+        make_estimator("oracle", k_init=16, k_max=16, train_k=4).group(
+            np.ones((1, 4)), np.ones((1, 4), bool))

@@ -60,7 +60,8 @@ def test_paper_plan_learner_on_fewest_nodes_generators_one_gpu_each(overrides):
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_a_prior_server_exactly_for_an_estimator_that_reads_a_prior(name):
-    p = plan(paper(f"algo.name={name}"))
+    needs = {"oracle": ["algo.k_init=16", "algo.train_k=4"]}  # its own required settings
+    p = plan(paper(f"algo.name={name}", *needs.get(name, [])))
     assert ("prior" in {r.role for r in p.roles}) == ESTIMATORS[name].needs_prior
     assert ESTIMATORS["v05"].needs_prior and not ESTIMATORS["grpo"].needs_prior
 

@@ -9,9 +9,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from actors.prompts import train_samples
 from actors.scheduler import core as sched_mod
 from actors.scheduler import (Cancel, Dispatch, Finished, Scheduler, SchedulerConfig,
                               priority)
+from actors.scheduler.state import cap_samples
+from common.types import Rollout
 from estimator import make_estimator
 
 
@@ -264,6 +267,7 @@ class ScriptedState:
     keep = True
 
     def __init__(self, est, prior):
+        self.est = est
         self.script = [(4, 0), (6, 0), (0, 3)]
         self.now = (0, 0)
         self.requested = 0
@@ -613,9 +617,55 @@ def test_the_quota_follows_the_mean_k_of_finished_prompts():
     assert min(ks) > 4
     assert s.quota_size == round(S / (sum(ks) / len(ks))) < 16
     batch, _ = s.take_batch(10_000)
-    total = sum(g.state.k for g in batch)
-    # Every prompt due now is taken even past S; otherwise the batch stops at S.
-    assert total >= S and all(g.deadline == 0 for g in batch)
+    # Every prompt due now is taken even past S in rollouts, and the batch trains exactly S
+    # of them: one cap on the samples trained per prompt (cap_samples).
+    assert sum(g.state.k for g in batch) > S and all(g.deadline == 0 for g in batch)
+    assert sum(g.trained for g in batch) == S
+    assert sum(len(train_samples(as_rollouts(g))) for g in batch) == S
+    trained = sorted(g.trained for g in batch)
+    assert trained[-1] - trained[0] <= 1 and all(g.trained <= g.state.k for g in batch)
+
+
+def as_rollouts(pif):
+    """The Fake's payloads (uid, index) as the Rollouts a generator returns."""
+    pif.payloads = {i: Rollout(f"{u}/{j}", u, [1], [j], [0.0], "", "stop", 0)
+                    for i, (u, j) in pif.payloads.items()}
+    return pif
+
+
+def test_cap_samples_trims_the_largest_groups_first_and_keeps_the_rest_whole():
+    class G:  # a prompt in flight, as cap_samples sees one
+        def __init__(self, n):
+            self.trainable, self.train_n = n, None
+
+    batch = [G(n) for n in (4, 16, 4, 9, 5)]  # 38 samples
+    cap_samples(batch, 30)
+    got = [g.train_n if g.train_n is not None else g.trainable for g in batch]
+    assert sum(got) == 30 and got[0] == got[2] == 4 and got[4] == 5  # under the cap: whole
+    assert sorted(got[1::2]) == [8, 9] and got[1] == 9  # the remainder goes to the first
+    short = [G(4), G(4)]
+    cap_samples(short, 10)
+    assert [g.train_n for g in short] == [None, None]  # fewer than S: nothing trimmed
+
+
+def test_the_oracle_trains_train_k_of_each_group_and_its_quota_counts_those():
+    S = 16
+    oracle = make_estimator("oracle", k_init=16, k_max=16, train_k=4)
+    s = Scheduler(cfg(batch_prompts=S // 4, batch_samples=S, max_staleness=0,
+                      slots_per_generator=1000), oracle, 2)
+    f = Fake(s, reward=lambda uid, i: float(i % 3 == 0) * 2 - 1)
+    f.admit()
+    assert s.in_flight() == S // 4
+    f.complete_all()
+    batch, _ = s.take_batch(10_000)
+    assert [g.state.k for g in batch] == [16] * 4 and s.quota_size == S // 4
+    samples = [x for g in batch for x in train_samples(as_rollouts(g))]
+    assert len(samples) == S
+    # rewards by index: +1 at 0, 3, 6, 9, 12, 15 (6 of 16); the baseline is the mean of the
+    # 12 held out (indices 4-15: 4 of 12 succeed), the advantage of sample i is r_i minus it
+    held_out_mean = (4 * 1 + 8 * -1) / 12
+    assert [x.advantage for x in samples[:4]] == pytest.approx(
+        [1 - held_out_mean, -1 - held_out_mean, -1 - held_out_mean, 1 - held_out_mean])
 
 
 def test_a_sample_counted_batch_stops_at_S_and_keeps_the_rest_for_later():
