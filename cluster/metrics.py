@@ -250,8 +250,13 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult
     step_s = t.published - t.start
     return {"step": step, "policy_version": version,
             **batch_metrics(batch.records, k_init, rewards),
+            "trained_samples": len(batch.samples),
+            # rollouts the batch did not train: cut by its cap at S samples, held out by the oracle
+            "rollouts_not_trained": sum(r.k - r.trained_samples for r in batch.records
+                                        if r.trained_samples is not None),
             "trained_tokens": sum(len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples),
-            **{k: getattr(learner, k) for k in ("loss", "grad_norm", "entropy", "clip_fraction",
+            **{k: getattr(learner, k) for k in ("loss", "grad_norm", "grad_noise_to_signal",
+                                                "entropy", "clip_fraction",
                                                 "approx_kl", "lr", "skipped", "skip_reason")},
             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
             "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,

@@ -20,6 +20,7 @@ class StepResult:
 
     loss: float = math.nan
     grad_norm: float = math.nan   # the global norm before clipping
+    grad_noise_to_signal: float = math.nan  # optim.grad_noise: two prompt halves' gradients
     clip_fraction: float = math.nan
     approx_kl: float = math.nan
     kl: float = math.nan

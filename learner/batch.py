@@ -181,3 +181,17 @@ def shard_samples(samples: Sequence[TrainSample], n_ranks: int) -> list[list[Tra
         members[r].append(i)
         heapq.heappush(heap, (load + n_tokens(samples[i]), r))
     return [[samples[i] for i in sorted(m)] for m in members]
+
+
+def prompt_halves(samples: Sequence[TrainSample]) -> tuple[list[TrainSample], list[TrainSample]]:
+    """Split samples in two by prompt for the gradient-noise measure (``optim.grad_noise``):
+    a sample goes to half A or B by the parity of a hash of its prompt's token ids, so every
+    rank puts a prompt's samples (which share the prompt and its baseline: they are not
+    independent) in the same half, with no collective. Input order is kept in each half."""
+    import zlib
+
+    halves: tuple[list[TrainSample], list[TrainSample]] = ([], [])
+    for s in samples:
+        key = ",".join(map(str, s.prompt_token_ids)).encode()
+        halves[zlib.crc32(key) & 1].append(s)
+    return halves

@@ -82,6 +82,12 @@ class LearnerConfig(BaseModel):
         "auto", description="torch.distributed backend. auto: gloo on CPU, nccl on CUDA.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (HF gradient checkpointing).")
+    grad_noise: bool = Field(False, description=(
+        "Measure the gradient's noise-to-signal every step (``grad_noise_to_signal`` in "
+        "metrics.jsonl): the batch's prompts split in two halves, each half's gradient "
+        "scaled to an estimate of the batch's, |g_A - g_B|^2 / |(g_A + g_B) / 2|^2. Costs "
+        "one copy of the gradient (and, on several ranks, one all-reduce of it) a step. "
+        "fp32 at zero_stage 0 only (ZeRO and the bf16 optimiser keep gradients elsewhere)."))
 
     @model_validator(mode="after")
     def _check(self) -> "LearnerConfig":
@@ -92,6 +98,8 @@ class LearnerConfig(BaseModel):
             raise ValueError("clip_low and clip_high are both 0: every token would be clipped")
         if self.lr_schedule == "cosine" and self.lr_decay_steps < 1:
             raise ValueError("lr_schedule 'cosine' needs lr_decay_steps >= 1")
+        if self.grad_noise and self.zero_stage != 0:
+            raise ValueError("grad_noise needs zero_stage 0 (ZeRO partitions the gradient)")
         if self.lr_min > self.lr:
             raise ValueError(f"lr_min {self.lr_min} exceeds lr {self.lr}")
         return self

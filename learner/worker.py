@@ -13,31 +13,26 @@ Micro-batches: a rank packs its shard into micro-batches by token budget (``lear
 and all ranks run the same number of them (the shortest pad with filler micro-batches that
 weigh nothing), so their collectives stay in lockstep under every ZeRO stage. DeepSpeed wraps
 a ``LogprobModel`` (``learner/logprobs``): its forward returns response-token log-probs
-computed chunk by chunk, never the batch's full-vocabulary logits.
+computed chunk by chunk, never the batch's full-vocabulary logits. What leaves the rank (its
+weights to the generators, checkpoints, an HF copy) is ``learner/state_io``'s.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import shutil
 import time
-from pathlib import Path
 
 from common.types import TrainSample
 from common.records import PER_TOKEN, StepResult
 from learner.config import LearnerConfig
+from learner.state_io import WeightsAndCheckpoints
 
-# Files of an HF checkpoint directory that are not weights: copied next to saved weights.
-_AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
-_CLIENT_KEY = "v05_client_state"
 # The all-reduced metric sums of ``train_step``, in order: the loss, each per-token metric
 # (``PER_TOKEN``, weighted by the micro-batch's tokens), the token count.
 _SUMS = ("loss", *PER_TOKEN, "n_tokens")
 
 
-class LearnerWorker:
+class LearnerWorker(WeightsAndCheckpoints):
     def __init__(self, model_path: str, cfg: LearnerConfig | dict, rank: int, world_size: int,
                  master_port: int, num_threads: int = 1, master_addr: str = "127.0.0.1",
                  log_path: str | None = None):
@@ -61,6 +56,10 @@ class LearnerWorker:
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype_name]
         self._init_dist(master_addr, master_port)
         self.engine = self._init_engine(self._load_model())
+        if self.cfg.grad_noise and hasattr(self.engine.optimizer, "overflow"):
+            raise ValueError("optim.grad_noise needs fp32 at zero_stage 0: this optimiser "
+                             f"({type(self.engine.optimizer).__name__}) keeps its gradients "
+                             "outside p.grad")
         self.model = self.engine.module.policy  # the HF model: its state dict is the policy's
         self.ref_model = self._load_ref() if self.cfg.kl_coef > 0 else None
         self.step = 0  # optimiser updates applied
@@ -173,29 +172,61 @@ class LearnerWorker:
             return self._metrics(None, math.nan, "no response tokens in the global batch", t0,
                                  n_seq)
         normalizer = n_tok if self.cfg.aggregation == "token_mean" else n_seq
-        micro = self._micro_batches(samples)
+        micro, n_first, share_a = self._micro_batches(samples, normalizer)
         lr = self._set_lr()
-        sums, loss_bad = self._forward_backward(micro, normalizer)
+        sums, loss_bad, first = self._forward_backward(micro, normalizer, n_first)
         sums = self._all_reduce(sums)  # one collective for every metric
+        noise = (self._grad_noise(first, share_a) if first is not None and not loss_bad
+                 else math.nan)
         skip_reason, grad_norm = self._apply_update(loss_bad)
-        return self._metrics(sums, grad_norm, skip_reason, t0, n_seq, lr, len(micro))
+        return self._metrics(sums, grad_norm, skip_reason, t0, n_seq, lr, len(micro), noise)
 
-    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+    def _micro_batches(self, samples: list[TrainSample], normalizer: int):
         """This rank's micro-batches by token budget, padded with fillers to the largest
-        count of any rank (a collective)."""
+        count of any rank (a collective). Returns (micro-batches, how many of them hold the
+        first prompt half, that half's global share of the normalizer): both None but with
+        ``grad_noise`` (``learner.grad_noise.plan_halves``)."""
         import torch
         import torch.distributed as dist
 
         from learner.batch import filler_sample, plan_micro_batches
+        from learner.grad_noise import plan_halves
 
-        micro = plan_micro_batches(samples, self.cfg.micro_batch_tokens,
-                                   self.cfg.micro_batch_size)
-        n = self._all_reduce(torch.tensor([len(micro)], dtype=torch.float64), dist.ReduceOp.MAX)
-        return micro + [[filler_sample(samples[0])]] * (int(n[0]) - len(micro))
+        def plan(xs):
+            return plan_micro_batches(xs, self.cfg.micro_batch_tokens, self.cfg.micro_batch_size)
 
-    def _forward_backward(self, micro: list[list[TrainSample]], normalizer: int):
+        n_first = share_a = None
+        if self.cfg.grad_noise:
+            micro, n_first, size_a = plan_halves(samples, plan, self.cfg.aggregation)
+            share_a = float(self._all_reduce(torch.tensor([float(size_a)]))[0]) / normalizer
+        else:
+            micro = plan(samples)
+        want = len(micro) + (n_first is not None)  # and a filler last: see plan_halves
+        n = self._all_reduce(torch.tensor([want], dtype=torch.float64), dist.ReduceOp.MAX)
+        return micro + [[filler_sample(samples[0])]] * (int(n[0]) - len(micro)), n_first, share_a
+
+    def _flat_grad(self):
+        from learner.grad_noise import flat_grad
+
+        return flat_grad(self.engine.module.parameters())
+
+    def _grad_noise(self, first, share_a: float) -> float:
+        """``learner.grad_noise.noise_to_signal`` of this step. ``first``: this rank's gradient
+        after the first half (local, unreduced); the whole one is in p.grad after the
+        boundary (each rank's loss was scaled by the world size and DeepSpeed averaged: the
+        sum over ranks)."""
+        from learner.grad_noise import noise_to_signal
+
+        if not 0.0 < share_a < 1.0:
+            return math.nan
+        g_a = self._all_reduce(first) / self.world_size if self.world_size > 1 else first
+        return noise_to_signal(g_a, self._flat_grad(), share_a)
+
+    def _forward_backward(self, micro: list[list[TrainSample]], normalizer: int,
+                          n_first: int | None = None):
         """Forward/backward every micro-batch. Returns (unreduced metric sums (len(_SUMS),),
-        whether any rank saw a non-finite loss)."""
+        whether any rank saw a non-finite loss, this rank's gradient after the first
+        ``n_first`` micro-batches (None: n_first None))."""
         import torch
 
         from learner.batch import pack
@@ -203,6 +234,7 @@ class LearnerWorker:
 
         sums = torch.zeros(len(_SUMS), dtype=torch.float64)
         bad = False
+        first = self._flat_grad() if n_first == 0 else None
         for i, mb in enumerate(micro):
             last = i == len(micro) - 1
             # Reduce gradients only after the last micro-batch (they accumulate locally before).
@@ -224,7 +256,9 @@ class LearnerWorker:
             n = out.n_tokens.detach()
             sums += torch.stack([out.loss.detach()] + [getattr(out, k) * n for k in PER_TOKEN]
                                 + [n]).double().cpu()  # one device-to-host copy
-        return sums, bad
+            if n_first is not None and i + 1 == n_first:
+                first = self._flat_grad()  # before the boundary: this rank's alone
+        return sums, bad, first
 
     def _apply_update(self, loss_bad: bool) -> tuple[str, float]:
         """Step the optimiser unless the gradient is non-finite (it is whenever the loss was,
@@ -265,11 +299,11 @@ class LearnerWorker:
         return reason, norm
 
     def _metrics(self, sums, grad_norm: float, skip_reason: str, t0: float, n_seq: int,
-                 lr: float = math.nan, n_micro: int = 0) -> StepResult:
+                 lr: float = math.nan, n_micro: int = 0, noise: float = math.nan) -> StepResult:
         s = dict(zip(_SUMS, [float(x) for x in sums])) if sums is not None else {}
         n = s.get("n_tokens", 0.0)
         return StepResult(
-            loss=s.get("loss", math.nan), grad_norm=grad_norm,
+            loss=s.get("loss", math.nan), grad_norm=grad_norm, grad_noise_to_signal=noise,
             **{k: s[k] / n if n else math.nan for k in PER_TOKEN},
             n_tokens=int(n), n_samples=n_seq, skipped=bool(skip_reason), skip_reason=skip_reason,
             step=self.step, consecutive_skips=self.consecutive_nan,
@@ -281,93 +315,6 @@ class LearnerWorker:
         dev = t.to(self.device) if self.cuda else t  # NCCL reduces only CUDA tensors
         dist.all_reduce(dev, op=dist.ReduceOp.SUM if op is None else op)
         return dev.cpu()
-
-    # ---------------------------------------------------------------- weights & checkpoints
-    @contextlib.contextmanager
-    def _gathered(self):
-        """Under ZeRO-3, materialise full parameters on every rank (a collective)."""
-        if self.cfg.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()),
-                                                   modifier_rank=None):
-                yield
-        else:
-            yield
-
-    def get_weights(self, all_ranks: bool = False) -> dict:
-        """Full fp32 state dict {HF parameter name: np.ndarray}; {} on ranks > 0 unless all_ranks.
-        Every rank must be called (ZeRO-3 gathers)."""
-        with self._gathered():
-            if self.rank != 0 and not all_ranks:
-                return {}
-            return {k: v.detach().float().cpu().numpy().copy()
-                    for k, v in self.model.state_dict().items()}
-
-    def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
-        """Rank 0 hosts the weight sender, next to the weights: with ``nccl``/``gloo`` it
-        builds the broadcast group with ``generators`` and broadcasts from this rank (the
-        driver needs no GPU), with ``object_store`` this rank puts the state dict into its
-        node's object store. ``transport``: a transport name or a ``WeightSyncConfig``
-        mapping. Other ranks do nothing."""
-        if self.rank != 0:
-            return
-        from common.weight_sync import make_sender
-
-        if self.sender is not None:
-            self.sender.close()
-        self.sender = make_sender(transport)
-        self.sender.connect(generators)
-
-    def publish_weights(self, generators: list, version: int) -> tuple:
-        """Send this learner's weights to ``generators`` as ``version``. Every rank must be
-        called (ZeRO-3 gathers). Returns, on rank 0, (payload, one ref per generator of its
-        ``update_weights``: seconds taken, or ``RayActorError``/pending for a generator
-        that was dead or hung and did not get them); on other ranks (None, [])."""
-        with self._gathered():
-            if self.rank != 0:
-                return None, []
-            if self.sender is None:
-                raise RuntimeError("publish_weights before connect_weight_sync")
-            # The live tensors: the object store makes its NumPy copies (bf16 widened), a
-            # broadcast sends them in the training dtype from this rank's device.
-            return self.sender.send(generators, self.model.state_dict(), version)
-
-    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
-        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
-        tag = f"step{self.step}"
-        # Under one key: DeepSpeed's load returns its own entries (optimizer, ds_config...) too.
-        state = {_CLIENT_KEY: dict(client_state), "learner_step": self.step}
-        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state)
-        return str(Path(ckpt_dir) / tag)
-
-    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
-        """Restore the latest (or ``tag``) checkpoint; returns the saved client_state."""
-        path, state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir} (tag={tag})")
-        state = state or {}
-        self.step = int(state.get("learner_step", self.step))
-        self.consecutive_nan = 0
-        return dict(state.get(_CLIENT_KEY, {}))
-
-    def save_hf(self, out_dir: str) -> str:
-        """Write the current weights as an HF checkpoint (rank 0), with the tokenizer files."""
-        import torch
-
-        with self._gathered():
-            if self.rank != 0:
-                return ""
-            out = Path(out_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            sd = {k: v.detach().to("cpu", torch.float32).contiguous()
-                  for k, v in self.model.state_dict().items()}
-            self.model.save_pretrained(out, state_dict=sd, safe_serialization=True)
-        for name in _AUX_FILES:
-            src = Path(self.model_path) / name
-            if src.exists():
-                shutil.copy(src, out / name)
-        return str(out)
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -111,3 +111,16 @@ def test_packing_without_restarting_positions_is_caught():
     ref = _reference(model, samples, cfg)
     bad, _ = _packed(model, samples, cfg, 1, packed_positions=False)
     assert abs(bad.item() - ref.item()) > 1e-3  # 1000x the tolerance above
+
+
+def test_prompt_halves_keep_a_prompts_samples_together_and_the_order():
+    from learner.batch import prompt_halves
+
+    prompts = [[i + 3, 7, i % 5 + 1] for i in range(20)]
+    samples = [TrainSample(p, [j + 1], [-0.5], 1.0, 0) for p in prompts for j in range(3)]
+    a, b = prompt_halves(samples)
+    assert len(a) + len(b) == len(samples) and a and b
+    for half in (a, b):
+        assert half == [s for s in samples if s in half]  # input order kept
+    assert not {tuple(s.prompt_token_ids) for s in a} & {tuple(s.prompt_token_ids) for s in b}
+    assert prompt_halves(samples) == (a, b)  # deterministic: every rank splits alike

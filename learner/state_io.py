@@ -1,0 +1,102 @@
+"""What leaves a learner rank: its weights (to the generators, or as a state dict), DeepSpeed
+checkpoints and a Hugging Face copy; a mixin of ``LearnerWorker`` (learner/worker.py), whose
+engine, model and rank it reads. Every method that gathers under ZeRO-3 must be called on
+every rank."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+# Files of an HF checkpoint directory that are not weights: copied next to saved weights.
+_AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
+_CLIENT_KEY = "v05_client_state"
+
+
+class WeightsAndCheckpoints:
+    @contextlib.contextmanager
+    def _gathered(self):
+        """Under ZeRO-3, materialise full parameters on every rank (a collective)."""
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()),
+                                                   modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def get_weights(self, all_ranks: bool = False) -> dict:
+        """Full fp32 state dict {HF parameter name: np.ndarray}; {} on ranks > 0 unless all_ranks.
+        Every rank must be called (ZeRO-3 gathers)."""
+        with self._gathered():
+            if self.rank != 0 and not all_ranks:
+                return {}
+            return {k: v.detach().float().cpu().numpy().copy()
+                    for k, v in self.model.state_dict().items()}
+
+    def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
+        """Rank 0 hosts the weight sender, next to the weights: with ``nccl``/``gloo`` it
+        builds the broadcast group with ``generators`` and broadcasts from this rank (the
+        driver needs no GPU), with ``object_store`` this rank puts the state dict into its
+        node's object store. ``transport``: a transport name or a ``WeightSyncConfig``
+        mapping. Other ranks do nothing."""
+        if self.rank != 0:
+            return
+        from common.weight_sync import make_sender
+
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = make_sender(transport)
+        self.sender.connect(generators)
+
+    def publish_weights(self, generators: list, version: int) -> tuple:
+        """Send this learner's weights to ``generators`` as ``version``. Every rank must be
+        called (ZeRO-3 gathers). Returns, on rank 0, (payload, one ref per generator of its
+        ``update_weights``: seconds taken, or ``RayActorError``/pending for a generator
+        that was dead or hung and did not get them); on other ranks (None, [])."""
+        with self._gathered():
+            if self.rank != 0:
+                return None, []
+            if self.sender is None:
+                raise RuntimeError("publish_weights before connect_weight_sync")
+            # The live tensors: the object store makes its NumPy copies (bf16 widened), a
+            # broadcast sends them in the training dtype from this rank's device.
+            return self.sender.send(generators, self.model.state_dict(), version)
+
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
+        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
+        tag = f"step{self.step}"
+        # Under one key: DeepSpeed's load returns its own entries (optimizer, ds_config...) too.
+        state = {_CLIENT_KEY: dict(client_state), "learner_step": self.step}
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state)
+        return str(Path(ckpt_dir) / tag)
+
+    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
+        """Restore the latest (or ``tag``) checkpoint; returns the saved client_state."""
+        path, state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir} (tag={tag})")
+        state = state or {}
+        self.step = int(state.get("learner_step", self.step))
+        self.consecutive_nan = 0
+        return dict(state.get(_CLIENT_KEY, {}))
+
+    def save_hf(self, out_dir: str) -> str:
+        """Write the current weights as an HF checkpoint (rank 0), with the tokenizer files."""
+        import torch
+
+        with self._gathered():
+            if self.rank != 0:
+                return ""
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            sd = {k: v.detach().to("cpu", torch.float32).contiguous()
+                  for k, v in self.model.state_dict().items()}
+            self.model.save_pretrained(out, state_dict=sd, safe_serialization=True)
+        for name in _AUX_FILES:
+            src = Path(self.model_path) / name
+            if src.exists():
+                shutil.copy(src, out / name)
+        return str(out)
