@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
-from bench.learning.analysis import AXES, controlled, mean_curve, read_curve, summarise
+from bench.learning.analysis import (AXES, baselines, controlled, mean_curve, read_curve,
+                                     summarise)
 from bench.learning.starts import STARTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,12 +64,21 @@ MODES = {
     # Uniform groups at zero advantage (the weak start's diagnosis: docs/benchmarks.md).
     "async_v05_zu": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
                                                "zero_uniform": True}},
+    # The baseline study (issue 29): 4 trained samples per prompt in every mode.
+    "async_drgrpo4": {"mode": "async", "algo": {"name": "dr_grpo", "k_init": 4, "k_max": 4}},
+    "async_v05_k4": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 4}},
+    "async_oracle4": {"mode": "async", "algo": {"name": "oracle", "k_init": 16, "k_max": 16,
+                                                "train_k": 4}},
 }
 # The controlled study's modes: V0.5 against async GRPO at every G (the best is the baseline
 # to beat) and the colocated synchronous GRPO-16, every update on the same S samples.
 CONTROLLED_MODES = ("async_v05", "async_grpo2", "async_grpo4", "async_grpo8", "async_grpo16",
                     "sync_grpo16")
 QUICK_MODES = ("async_v05", "sync_grpo16")
+# The baseline study (--baselines): Dr.GRPO-4 (no std division: V0.5's convention), GRPO-4,
+# V0.5 held at k = 4 (the prior's baseline alone), V0.5 adaptive, and the oracle (4 trained
+# samples per prompt against the mean of 12 more that are not trained on), at equal updates.
+BASELINE_MODES = ("async_drgrpo4", "async_oracle4", "async_v05", "async_v05_k4", "async_grpo4")
 
 
 def parse_args(argv):
@@ -77,6 +87,12 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true",
                     help=f"{', '.join(QUICK_MODES)}; one seed, 30 s each, 48 held-out prompts")
     ap.add_argument("--budget-s", type=float, help="training seconds per run (default 240)")
+    ap.add_argument("--steps", type=int,
+                    help="instead of --budget-s: this many updates per run, every mode (equal "
+                         "updates; --baselines' budget)")
+    ap.add_argument("--baselines", action="store_true",
+                    help=f"the baseline study: {', '.join(BASELINE_MODES)} at equal updates "
+                         "(--steps, default 60); summary.baselines.<start>")
     ap.add_argument("--seeds", type=int, help="seeds per mode (default 3; --quick: 1)")
     ap.add_argument("--evals", type=int, help="evaluations per run after the initial one "
                                               "(default 6; --quick: 1)")
@@ -113,14 +129,16 @@ class Settings:
     evals: int         # evaluations after the initial one (one every budget / evals seconds)
     eval_prompts: int
     modes: tuple[str, ...]
+    steps: int | None = None  # updates per run instead of budget_s (equal updates)
     start: str = "warm"       # the starting policy (bench.learning.starts)
     batch_samples: int = 64   # samples per update, every mode (0: batch_prompts)
     config: str = "v05.yaml"  # the run config the modes start from
 
     @classmethod
     def of(cls, args) -> "Settings":
-        modes = tuple(m for m in (args.modes.split(",") if args.modes else
-                                  (QUICK_MODES if args.quick else CONTROLLED_MODES)) if m)
+        default = (BASELINE_MODES if args.baselines else
+                   QUICK_MODES if args.quick else CONTROLLED_MODES)
+        modes = tuple(m for m in (args.modes.split(",") if args.modes else default) if m)
         unknown = set(modes) - set(MODES)
         if unknown:
             raise SystemExit(f"unknown modes {sorted(unknown)}; known: {sorted(MODES)}")
@@ -128,13 +146,20 @@ class Settings:
                    seeds=args.seeds or (1 if args.quick else 3),
                    evals=args.evals or (1 if args.quick else 6),
                    eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes,
+                   steps=args.steps or (60 if args.baselines else None),
                    start=args.start, batch_samples=args.batch_samples, config=args.config)
 
     def overrides(self) -> list[str]:
         n = self.eval_prompts
         samples = [f"rollout.batch_samples={self.batch_samples}"] if self.batch_samples else []
-        return [*samples, "run.max_steps=100000", f"run.max_train_s={self.budget_s}", "run.eval_every=0",
-                f"run.eval_every_s={self.budget_s / self.evals}", f"run.eval_prompts={n}",
+        if self.steps:  # equal updates: every mode stops at the same step
+            budget = [f"run.max_steps={self.steps}", "run.max_train_s=null",
+                      f"run.eval_every={max(1, self.steps // self.evals)}", "run.eval_every_s=0"]
+        else:
+            budget = ["run.max_steps=100000", f"run.max_train_s={self.budget_s}",
+                      "run.eval_every=0", f"run.eval_every_s={self.budget_s / self.evals}"]
+        # optim.grad_noise: the gradient's noise-to-signal per update (one gradient copy)
+        return [*samples, *budget, "optim.grad_noise=true", f"run.eval_prompts={n}",
                 f"task.n_heldout={n}", "run.save_final=false", "run.progress=false",
                 "cluster.address=local"]
 
@@ -151,7 +176,8 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
         for seed, mode in round_robin(st.modes, st.seeds):  # load drift spreads out
             cfg = run_config(base, mode, seed, run_dir)
             shared.reset(cfg)
-            log(f"== {mode} seed {seed}: {st.budget_s:.0f} s of training")
+            log(f"== {mode} seed {seed}: " + (f"{st.steps} updates" if st.steps else
+                                               f"{st.budget_s:.0f} s of training"))
             trainer = shared.trainer(cfg, initial_eval=initial.get(seed))
             trainer.run()
             initial[seed] = trainer.initial_eval
@@ -174,7 +200,8 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
     (with ``controlled``: this start's pinned comparison)."""
     out = {**stamp("bench.learning", argv),
            "config": {"file": st.config, "run": base_cfg.model_dump(mode="json")["run"],
-                      "budget_train_s": st.budget_s, "seeds": st.seeds, "evals": st.evals,
+                      "budget_train_s": None if st.steps else st.budget_s,
+                      "budget_steps": st.steps, "seeds": st.seeds, "evals": st.evals,
                       "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
                       "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
                       "batch_prompts": base_cfg.rollout.batch_prompts,
@@ -190,6 +217,8 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
            "summary": summarise(runs), "wall_s": wall_s}
     out["summary"].update(command=out["command"], date=out["date"],
                           controlled={st.start: controlled(runs)})
+    if any(m in BASELINE_MODES[:2] for m in runs):  # Dr.GRPO-4 or the oracle: the study
+        out["summary"]["baselines"] = {st.start: baselines(runs)}
     return out
 
 
@@ -201,9 +230,9 @@ def merge(out: dict, path: Path) -> dict:
     start = out["config"]["start"]
     studies = {**old.get("studies", {}), start: {k: v for k, v in out.items() if k != "studies"}}
     merged = {**out, "studies": studies}
-    merged["summary"] = {**out["summary"], "controlled": {
-        s: st["summary"]["controlled"][s] for s, st in studies.items()
-        if s in st["summary"].get("controlled", {})}}
+    merged["summary"] = {**out["summary"], **{key: {
+        s: st["summary"][key][s] for s, st in studies.items()
+        if s in st["summary"].get(key, {})} for key in ("controlled", "baselines")}}
     return merged
 
 

@@ -4,6 +4,7 @@ the summary figures (pure: NumPy and the standard library only).
 A curve is a list of evaluation points; each point holds the held-out accuracy with its
 standard error and where the run was when it was measured, on three axes:
 
+    step            updates applied
     train_s         training wall-clock (evaluations excluded) since the run's start
     rollouts        rollouts of the prompts trained so far
     trained_tokens  prompt + response tokens the learner trained on so far
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-AXES = ("train_s", "rollouts", "trained_tokens")
+AXES = ("step", "train_s", "rollouts", "trained_tokens")
 
 
 def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0, 1.0)) -> dict:
@@ -44,6 +45,13 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
     prompts = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
     return {"points": points,
             "grad_norms": [r["grad_norm"] for r in rows if r.get("grad_norm") is not None],
+            # per update: what the learner trained (trained_samples: rollouts less those the
+            # batch's cap or the oracle left out) and the gradient's noise-to-signal
+            "samples_per_update": [r.get("trained_samples", r["rollouts"]) for r in rows],
+            "prompts_per_update": [r.get("prompts") for r in rows],
+            "grad_noise": [r["grad_noise_to_signal"] for r in rows
+                           if r.get("grad_noise_to_signal") is not None
+                           and math.isfinite(r["grad_noise_to_signal"])],
             "zero_advantage_share": zero_advantage_share(prompts,
                                                          zero_uniform=_zero_uniform(run_dir)),
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
@@ -159,8 +167,8 @@ def summarise(runs: dict[str, list[dict]], v05: str = "async_v05",
     rollouts: V0.5's mean curve minus GRPO-4's at the rollouts both reached."""
     final = {m: final_stats(r) for m, r in runs.items() if r}
     out: dict = {"final_accuracy": final}
-    out["grad_norm_variance"] = {m: float(np.mean([np.var(x["grad_norms"]) for x in r]))
-                                 for m, r in runs.items() if r}
+    out["grad_norm_var_over_steps"] = {m: float(np.mean([np.var(x["grad_norms"]) for x in r]))
+                                       for m, r in runs.items() if r}
     out["zero_advantage_share"] = {m: float(np.mean([x["zero_advantage_share"] for x in r]))
                                    for m, r in runs.items() if r}
     out["mean_k"] = {m: float(np.mean([x["k_mean"] for x in r])) for m, r in runs.items() if r}
@@ -213,13 +221,15 @@ def controlled(runs: dict[str, list[dict]], v05: str = "async_v05") -> dict:
     ``v05_minus_best_grpo_at_equal_rollouts`` and ``..._at_equal_train_s``: V0.5 minus it,
     paired by seed, at that common point; ``v05_rollouts_to_reach_grpo16_final``: V0.5's
     rollouts to first reach the stronger GRPO-16's (sync or async) final accuracy, as a
-    fraction of that GRPO-16's rollouts; per mode: gradient-norm variance, updates and
+    fraction of that GRPO-16's rollouts; per mode: the variance over steps of the pre-clip
+    gradient norm (not the noise of the gradient: ``baselines`` has that), updates and
     samples per update."""
     runs = {m: r for m, r in runs.items() if r}
     grpo = {int(m.removeprefix("async_grpo")): m for m in runs if m.startswith("async_grpo")}
     out: dict = {"modes": sorted(runs),
-                 "grad_norm_variance": {m: float(np.mean([np.var(x["grad_norms"]) for x in r]))
-                                        for m, r in runs.items()},
+                 "grad_norm_var_over_steps": {
+                     m: float(np.mean([np.var(x["grad_norms"]) for x in r]))
+                     for m, r in runs.items()},
                  "updates": {m: float(np.mean([x["steps"] for x in r])) for m, r in runs.items()},
                  "samples_per_update": {
                      m: float(np.mean([x["points"][-1]["rollouts"] / max(1, x["steps"])
@@ -245,4 +255,67 @@ def controlled(runs: dict[str, list[dict]], v05: str = "async_v05") -> dict:
         out["grpo16_reference"] = ref
         out["v05_rollouts_to_reach_grpo16_final"] = (
             None if x is None else x / totals(runs[ref], "rollouts"))
+    return out
+
+
+# The baseline study (issue 29): every mode trains 4 samples per prompt and S per update.
+DRGRPO4, ORACLE, V05_ADAPTIVE, V05_K4, GRPO4 = ("async_drgrpo4", "async_oracle4", "async_v05",
+                                                "async_v05_k4", "async_grpo4")
+
+
+def per_update(runs: list[dict], key: str) -> dict:
+    """A per-update series (``samples_per_update``, ``prompts_per_update``) over every
+    update of every seed but each run's last (a run's last batch may be short: the budget
+    ended it): mean, min and max (None: not recorded)."""
+    xs = ([v for r in runs for v in r[key][:-1] if v is not None]
+          or [v for r in runs for v in r[key] if v is not None])
+    if not xs:
+        return None
+    return {"mean": float(np.mean(xs)), "min": float(np.min(xs)), "max": float(np.max(xs))}
+
+
+def noise_to_signal(runs: list[dict]) -> dict | None:
+    """The gradient's noise-to-signal (``optim.grad_noise``): each seed's median over its
+    updates (the per-step ratio is heavy-tailed where the mean gradient nearly cancels),
+    then the mean and standard error over seeds."""
+    meds = [float(np.median(r["grad_noise"])) for r in runs if r.get("grad_noise")]
+    if not meds:
+        return None
+    se = float(np.std(meds, ddof=1) / math.sqrt(len(meds))) if len(meds) > 1 else None
+    return {"median_mean": float(np.mean(meds)), "se": se, "seeds": meds}
+
+
+def baselines(runs: dict[str, list[dict]]) -> dict:
+    """The baseline study's pinned figures, at equal updates (the step every run of every
+    mode reached; each update trains the same S samples, 4 per prompt): each mode minus
+    Dr.GRPO-4 (``<mode>_minus_drgrpo4``: mean, se and seeds, paired by seed), with the
+    oracle's and adaptive V0.5's under the issue's names ``oracle_minus_drgrpo4`` and
+    ``v05_minus_drgrpo4``; V0.5's share of the oracle's margin; per mode: samples and
+    prompts per update, the gradient's noise-to-signal, rollouts per update."""
+    runs = {m: r for m, r in runs.items() if r}
+    out: dict = {"modes": sorted(runs),
+                 "samples_per_update": {m: per_update(r, "samples_per_update")
+                                        for m, r in runs.items()},
+                 "prompts_per_update": {m: per_update(r, "prompts_per_update")
+                                        for m, r in runs.items()},
+                 "grad_noise_to_signal": {m: noise_to_signal(r) for m, r in runs.items()},
+                 "rollouts_per_update": {
+                     m: float(np.mean([x["points"][-1]["rollouts"] / max(1, x["points"][-1]["step"])
+                                       for x in r])) for m, r in runs.items()},
+                 "final_accuracy": {m: final_stats(r) for m, r in runs.items()}}
+    if DRGRPO4 not in runs:
+        return out
+    step = min(x["points"][-1]["step"] for r in runs.values() for x in r)
+    out["at_step"] = step
+    for m in runs:
+        if m != DRGRPO4:
+            d = paired_difference(runs[m], runs[DRGRPO4], "step", step)
+            out[f"{m.removeprefix('async_')}_minus_drgrpo4"] = d
+    for m, key in ((ORACLE, "oracle_minus_drgrpo4"), (V05_ADAPTIVE, "v05_minus_drgrpo4")):
+        if m in runs:
+            out[key] = out[f"{m.removeprefix('async_')}_minus_drgrpo4"]
+    if "oracle_minus_drgrpo4" in out and "v05_minus_drgrpo4" in out:
+        margin = out["oracle_minus_drgrpo4"]["mean"]
+        out["v05_share_of_oracle_margin"] = (out["v05_minus_drgrpo4"]["mean"] / margin
+                                             if margin > 0 else None)
     return out

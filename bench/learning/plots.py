@@ -8,9 +8,11 @@ COLORS = {"async_v05": "tab:red", "sync_grpo16": "tab:blue", "async_grpo16": "ta
           "async_grpo4": "tab:green", "sync_dapo16": "tab:purple", "async_grpo2": "tab:olive",
           "async_grpo8": "tab:brown", "async_v05_cost2x": "salmon", "async_v05_cost4x": "pink",
           "async_v05_kmax8": "darkred", "async_v05_plugin": "orange",
-          "async_v05_zu": "magenta"}
+          "async_v05_zu": "magenta", "async_drgrpo4": "black", "async_oracle4": "gold",
+          "async_v05_k4": "tab:pink"}
 AXES = (("train_s", "training wall-clock (s, evaluations excluded)"),
-        ("rollouts", "rollouts trained on"), ("trained_tokens", "tokens trained on"))
+        ("rollouts", "rollouts generated"), ("trained_tokens", "tokens trained on"))
+STEPS_AXIS = ("step", "updates (each on the same number of samples)")
 
 
 def plots(out: dict, stem: Path) -> None:
@@ -21,10 +23,13 @@ def plots(out: dict, stem: Path) -> None:
 
     runs, curves, s = out["runs"], out["curves"], out["summary"]
     cfg = out["config"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharey=True)
-    for ax, (axis, label) in zip(axes, AXES):
+    panels = (STEPS_AXIS, *AXES) if cfg.get("budget_steps") else AXES
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.3 * len(panels), 4.6), sharey=True)
+    for ax, (axis, label) in zip(axes, panels):
         for mode, c in curves.items():
             color = COLORS.get(mode, "grey")
+            if axis not in c:  # a file written before the axis was added
+                continue
             cv = c[axis]
             ax.plot(cv["x"], cv["mean"], color=color, lw=2,
                     label=f"{mode} (final {s['final_accuracy'][mode]['mean']:.3f})")
@@ -41,18 +46,25 @@ def plots(out: dict, stem: Path) -> None:
     axes[0].set_ylabel(f"held-out accuracy ({cfg['eval_metric']}, {cfg['eval_prompts']} prompts)")
     axes[0].legend(fontsize=8, loc="lower right")
     dotted = "; dotted: the GRPO-16 reference's final accuracy" if target is not None else ""
-    fig.suptitle(f"{cfg['task']} task, {cfg['seeds']} seed(s) per mode, {cfg['budget_train_s']:.0f} s "
-                 "of training each; line: mean over seeds, band: their range, thin: each seed"
-                 + dotted, fontsize=9)
+    budget = (f"{cfg['budget_steps']} updates" if cfg.get("budget_steps")
+              else f"{cfg['budget_train_s']:.0f} s of training")
+    fig.suptitle(f"{cfg['task']} task, {cfg['seeds']} seed(s) per mode, {budget} each; line: "
+                 "mean over seeds, band: their range, thin: each seed" + dotted, fontsize=9)
     fig.tight_layout()
     fig.savefig(f"{stem}.png", dpi=110)
     plt.close(fig)
 
     modes = list(curves)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, key, title in ((axes[0], "grad_norm_variance", "gradient-norm variance over steps"),
+    noise = {m: (v or {}).get("median_mean") for m, v in
+             ((s.get("baselines") or {}).get(cfg["start"], {}).get("grad_noise_to_signal")
+              or {}).items()}
+    first = (("noise", "gradient noise-to-signal, median over updates") if noise else
+             ("grad_norm_var_over_steps", "variance over steps of the pre-clip gradient norm"))
+    for ax, key, title in ((axes[0], *first),
                            (axes[1], "zero_advantage_share", "share of zero-advantage prompts")):
-        ax.bar(range(len(modes)), [s[key][m] for m in modes],
+        values = noise if key == "noise" else s.get(key, s.get("grad_norm_variance", {}))
+        ax.bar(range(len(modes)), [values.get(m) or 0.0 for m in modes],
                color=[COLORS.get(m, "grey") for m in modes])
         ax.set_xticks(range(len(modes)), modes, rotation=25, ha="right", fontsize=8)
         ax.set_title(f"{title} (mean over seeds)", fontsize=9)

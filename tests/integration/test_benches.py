@@ -115,7 +115,7 @@ def test_quick_learning_bench_writes_curves_and_the_pinned_summary(lent_roles, t
     assert first["points"][0] == second["points"][0]
     s = res["summary"]
     for key in ("final_accuracy", "v05_rollouts_to_reach_grpo16_final",
-                "v05_wallclock_to_reach_grpo16_final", "grad_norm_variance",
+                "v05_wallclock_to_reach_grpo16_final", "grad_norm_var_over_steps",
                 "zero_advantage_share", "command", "date"):
         assert key in s, key
     assert set(s["final_accuracy"]) == {"async_v05", "sync_grpo16"}

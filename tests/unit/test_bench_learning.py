@@ -65,7 +65,7 @@ def test_summary_uses_the_stronger_grpo16_and_reports_fractions_of_its_totals():
     assert s["by_grpo16_mode"]["async_grpo16"]["rollouts"] == pytest.approx(50 / 500, abs=0.01)
     eq = s["v05_minus_grpo4_at_equal_rollouts"]
     assert eq["min"] > 0 and eq["rollouts"][-1] == pytest.approx(300)
-    assert s["grad_norm_variance"]["async_v05"] == pytest.approx(np.var([1.0, 2.0, 3.0]))
+    assert s["grad_norm_var_over_steps"]["async_v05"] == pytest.approx(np.var([1.0, 2.0, 3.0]))
     assert s["final_accuracy"]["async_grpo4"]["mean"] == pytest.approx(0.7)
 
 
@@ -169,7 +169,39 @@ def test_controlled_names_the_best_grpo_at_equal_rollouts_and_pairs_by_seed():
     assert c["v05_rollouts_to_reach_grpo16_final"] == pytest.approx(125 / 400, rel=0.02)
     assert c["samples_per_update"]["async_v05"] == pytest.approx(100.0)
     assert c["samples_per_update"]["sync_grpo16"] == pytest.approx(200.0)
-    assert c["grad_norm_variance"]["async_v05"] == pytest.approx(np.var([1.0, 2.0, 3.0]))
+    assert c["grad_norm_var_over_steps"]["async_v05"] == pytest.approx(np.var([1.0, 2.0, 3.0]))
+
+
+def test_baselines_pairs_each_mode_with_drgrpo4_at_the_common_update():
+    from bench.learning.analysis import baselines
+
+    def study(accs_by_seed, samples, prompts, noise):
+        out = seeded(accs_by_seed)
+        for r in out:
+            r.update(samples_per_update=list(samples), prompts_per_update=list(prompts),
+                     grad_noise=list(noise))
+        return out
+
+    runs = {
+        "async_drgrpo4": study([[0.5, 0.6, 0.7], [0.4, 0.5, 0.6]], [64, 64, 40], [16] * 3,
+                               [4.0, 6.0, 5.0]),
+        "async_oracle4": study([[0.5, 0.7, 0.8], [0.4, 0.6, 0.75]], [64] * 3, [16] * 3,
+                               [2.0, 3.0, 9.0]),
+        # V0.5 ran one update further: compared at step 2, where every mode got to.
+        "async_v05": study([[0.5, 0.65, 0.75, 0.99], [0.4, 0.5, 0.65, 0.99]], [64] * 4,
+                           [12, 11, 13, 9], []),
+    }
+    b = baselines(runs)
+    assert b["at_step"] == 2
+    o, v = b["oracle_minus_drgrpo4"], b["v05_minus_drgrpo4"]
+    assert o["seeds"] == pytest.approx([0.1, 0.15]) and o["mean"] == pytest.approx(0.125)
+    assert o["se"] == pytest.approx(0.025) and v["seeds"] == pytest.approx([0.05, 0.05])
+    assert b["v05_share_of_oracle_margin"] == pytest.approx(0.05 / 0.125)
+    # per update, each run's last (short) batch left out
+    assert b["samples_per_update"]["async_drgrpo4"] == {"mean": 64.0, "min": 64.0, "max": 64.0}
+    assert b["prompts_per_update"]["async_v05"]["mean"] == pytest.approx(12.0)
+    assert b["grad_noise_to_signal"]["async_oracle4"]["median_mean"] == pytest.approx(3.0)
+    assert b["grad_noise_to_signal"]["async_v05"] is None  # not measured
 
 
 def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path):
