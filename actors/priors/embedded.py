@@ -69,6 +69,32 @@ class SentenceEncoder:
         return np.asarray(emb, dtype=np.float32)
 
 
+NGRAM_DIM = 2048       # hashed buckets of the character n-gram view
+NGRAM_ORDERS = (1, 2, 3)
+VIEWS = ("embedding", "ngram", "both")
+
+
+def hashed_ngrams(texts: list[str], dim: int = NGRAM_DIM,
+                  orders: tuple[int, ...] = NGRAM_ORDERS) -> np.ndarray:
+    """Character n-grams of each text hashed into ``dim`` buckets (crc32), counts damped to
+    1 + log(count), rows unit-norm: a view that sees a prompt's literal tokens (its numbers,
+    operators, step counts), which a sentence embedding smooths over. Task-agnostic. (n, dim)"""
+    import zlib
+
+    out = np.zeros((len(texts), dim), dtype=np.float32)
+    for i, t in enumerate(texts):
+        counts: dict[int, int] = {}
+        for n in orders:
+            for j in range(len(t) - n + 1):
+                b = zlib.crc32(t[j:j + n].encode()) % dim
+                counts[b] = counts.get(b, 0) + 1
+        if counts:
+            idx = np.fromiter(counts, dtype=np.int64)
+            out[i, idx] = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float32))
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.maximum(norms, 1e-12)
+
+
 class EmbeddedPrior(PriorBackend):
     """Generalist in-context predictor: embeddings + kernel ridge chosen by leave-one-out.
 
@@ -76,6 +102,10 @@ class EmbeddedPrior(PriorBackend):
     kernel.py; None = off),
     ``drift`` (fit the scores' trend on age, kept when it wins leave-one-out, and predict
     ``lead`` versions past the newest observation: the policy's movement, see kernel.py),
+    ``views`` (feature views the LOO choice may pick from: "embedding" (MiniLM), "ngram"
+    (``hashed_ngrams``), "both" (concatenated); each costs its own eigendecompositions),
+    ``same_prompt`` (offer the same-prompt term when the window repeats a prompt: its own
+    earlier outcomes, see kernel.py),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -93,7 +123,8 @@ class EmbeddedPrior(PriorBackend):
                  cache_size: int = 32768, model_dir: str | None = None, device: str = "cpu",
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
-                 lead: float = 1.0, encoder=None):
+                 lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool = True,
+                 encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -110,12 +141,18 @@ class EmbeddedPrior(PriorBackend):
         self.kernels = (kernels,) if isinstance(kernels, str) else tuple(kernels)
         if not self.kernels or any(k not in BASE_KERNELS for k in self.kernels):
             raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
+        self.views = (views,) if isinstance(views, str) else tuple(views)
+        if not self.views or any(v not in VIEWS for v in self.views):
+            raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {views!r}")
+        self.same_prompt = bool(same_prompt)
+        self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
         self.encoder = encoder if encoder is not None else SentenceEncoder(
             model_dir, device=device, batch_size=batch_size, max_seq_length=max_seq_length,
             threads=threads)
         self.cache = EmbeddingCache(self.encoder.encode, cache_size)  # times the encodes
         self._context = Context.empty()
         self._fit: Fitted | None = None
+        self._id_of: dict[str, int] = {}
         self.fit_s = 0.0
         self.n_fits = 0
 
@@ -123,27 +160,49 @@ class EmbeddedPrior(PriorBackend):
         self._context = context
         self._fit = None
 
+    def _features(self, prompts: list[str], only: str | None = None) -> dict[str, np.ndarray]:
+        """{view: (n, d_view)} for the configured views (``only``: that one alone)."""
+        want = (only,) if only else self.views
+        emb = self.cache.get(prompts) if {"embedding", "both"} & set(want) else None
+        ng = self.ngram_cache.get(prompts) if {"ngram", "both"} & set(want) else None
+        out = {}
+        for v in want:
+            out[v] = emb if v == "embedding" else ng if v == "ngram" else \
+                np.concatenate([emb, ng], axis=1) / np.sqrt(2.0)
+        return out
+
+    def _ids(self, prompts) -> np.ndarray:
+        """Context ids: equal for the same prompt text (queries never seen get -1)."""
+        return np.array([self._id_of.get(p, -1) for p in prompts], dtype=np.int64)
+
     def _fitted(self) -> Fitted | None:
         ctx = self._context
         if self._fit is None and len(ctx):
             t0 = time.perf_counter()
-            X = self.cache.get(ctx.prompts)                              # (N, d)
-            loglen = log_length(list(ctx.prompts)) if self.use_length else None
-            self._fit = fit_context(X, ctx.scores, ctx.ages, self.halflife, loglen,
-                                    prior_mean=self.prior_mean,
+            prompts = list(ctx.prompts)
+            self._id_of = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+            loglen = log_length(prompts) if self.use_length else None
+            self._fit = fit_context(self._features(prompts), ctx.scores, ctx.ages,
+                                    self.halflife, loglen, prior_mean=self.prior_mean,
                                     prior_strength=self.prior_strength, kernels=self.kernels,
-                                    drift=self.drift, lead=self.lead)
+                                    drift=self.drift, lead=self.lead,
+                                    ids=self._ids(prompts) if self.same_prompt else None)
             self.fit_s += time.perf_counter() - t0
             self.n_fits += 1
         return self._fit
 
     def predict(self, prompts: Sequence[str]) -> np.ndarray:
-        Q = self.cache.get(list(prompts))                                # (M, d)
+        prompts = list(prompts)
         fit = self._fitted()
         if fit is None:
             return np.full(len(prompts), self.prior_mean)
-        loglen = log_length(list(prompts)) if fit.length_weight else None
-        return np.clip(predict_fitted(fit, Q, loglen), self.eps, 1.0 - self.eps)
+        if fit.kernel is None:
+            return np.clip(np.full(len(prompts), fit.mean + fit.lead_shift), self.eps,
+                           1.0 - self.eps)
+        Q = self._features(prompts, fit.view)[fit.view]
+        loglen = log_length(prompts) if fit.length_weight else None
+        ids = self._ids(prompts) if fit.id_weight else None
+        return np.clip(predict_fitted(fit, Q, loglen, ids), self.eps, 1.0 - self.eps)
 
     def stats(self) -> dict:
         fit = self._fit

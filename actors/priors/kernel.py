@@ -32,8 +32,16 @@ versions past the newest observation (the newest scores were generated a version
 before the version that is asked about). The constant model's candidate becomes a weighted
 linear trend on age when that wins leave-one-out.
 
-Everything here is task-agnostic: the only inputs are embeddings, the generic log length,
-scores, versions and weights.
+**Views and repeats.** ``X`` may be several feature views of the same prompts (a dict: the
+sentence embedding, hashed character n-grams that see the prompt's literal tokens, both
+concatenated); each is a candidate of the same leave-one-out choice. With ``ids`` (N,) (equal
+for the same prompt text), the kernel gains a same-prompt term, K += g_id^2 S o T with
+S_ij = [id_i = id_j]: a prompt seen before is pulled toward its own earlier outcomes, by as
+much as leave-one-out says they predict it (the earlier observations of a recurring prompt,
+discounted by the versions since, as GRESO and SPO track them; g_id = 0 among the choices).
+
+Everything here is task-agnostic: the only inputs are feature vectors of the prompt text, the
+generic log length, scores, versions and weights.
 """
 from __future__ import annotations
 
@@ -47,6 +55,8 @@ LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
 LENGTH_WEIGHTS = (0.0, 0.3, 1.0)
 # Weights g_a of the standardized age feature (drift); 0 = no drift.
 AGE_WEIGHTS = (0.0, 0.3, 1.0, 3.0)
+# Weights g_id of the same-prompt term (only offered when the context repeats a prompt).
+ID_WEIGHTS = (0.0, 1.0, 4.0)
 # Base kernels: "linear" = inner products of centered embeddings, scaled to mean diagonal 1;
 # "rbf" = exp(-|x - x'|^2 / median pairwise |x - x'|^2). Each costs one (N, N) eigh per fit.
 BASE_KERNELS = ("linear", "rbf")
@@ -89,12 +99,16 @@ class Fitted:
     age_weight: float = 0.0                  # g_a of the age feature (0: none)
     age_feat: np.ndarray | None = None       # (N,) standardized age of the context
     age_query: float = 0.0                   # standardized age of a query (-lead)
+    view: str = "embedding"                  # the feature view the kernel is on
+    id_weight: float = 0.0                   # g_id of the same-prompt term (0: none)
+    ids: np.ndarray | None = None            # (N,) prompt ids of the context
 
     def label(self) -> str:
         if self.kernel is None:
             return "constant" + (f" drift{-self.drift:+.3g}/v" if self.drift else "")
         age = f"+age{self.age_weight:g}" if self.age_weight else ""
-        return f"{self.kernel}+len{self.length_weight:g}{age}@lam{self.lam:.3g}"
+        same = f"+id{self.id_weight:g}" if self.id_weight else ""
+        return f"{self.view}:{self.kernel}+len{self.length_weight:g}{age}{same}@lam{self.lam:.3g}"
 
 
 def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
@@ -158,20 +172,24 @@ def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: flo
     return out
 
 
-def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
+def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 halflife: float | None = None, loglen: np.ndarray | None = None,
                 prior_mean: float = 0.5, prior_strength: float = 1.0,
                 kernels: tuple[str, ...] = ("linear",), drift: bool = False,
-                lead: float = 0.0) -> Fitted:
-    """Choose (kernel, length weight, lam) by weighted LOO MSE on the context and fit it.
+                lead: float = 0.0, ids: np.ndarray | None = None) -> Fitted:
+    """Choose (view, kernel, length weight, same-prompt weight, lam) by weighted LOO MSE on
+    the context and fit it.
 
-    X: (N, d), y: (N,) in [0, 1], ages: (N,) policy versions ago (None: all 0), loglen: (N,)
-    or None (no length feature). ``prior_strength`` pseudo-observations of ``prior_mean``
-    shrink the context mean, which matters only for tiny contexts. ``drift``: fit the
-    scores' trend on age and predict ``lead`` versions past the newest observation (see the
-    module docstring).
+    X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
+    (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
+    same prompt (None: no same-prompt term). ``prior_strength`` pseudo-observations of
+    ``prior_mean`` shrink the context mean, which matters only for tiny contexts. ``drift``:
+    fit the scores' trend on age and predict ``lead`` versions past the newest observation
+    (see the module docstring).
     """
-    X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    views = {k: np.asarray(v, dtype=np.float64) for k, v in
+             (X.items() if isinstance(X, dict) else (("embedding", X),))}
+    y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
     w = recency_weights(ages, halflife)
     if halflife is None:
@@ -188,7 +206,6 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
     if n < 4:
         return best
     wn = w / wsum
-    center = wn @ X                                            # (d,)
     sw = np.sqrt(w)
     yt = sw * (y - mean)
     len_feat, len_mu, len_sd = _standardised(loglen, wn) if loglen is not None else \
@@ -199,23 +216,38 @@ def fit_context(X: np.ndarray, y: np.ndarray, ages: np.ndarray | None = None,
     age_weights = AGE_WEIGHTS if drift and age_sd > 0 else (0.0,)
     age_query = (-float(lead) - age_mu) / (age_sd or 1.0)
     const_mse = best.const_loo_mse
-    for kind in kernels:
-        scale = kernel_scale(kind, X, center)
-        B = base_kernel(kind, X, X, center, scale)
-        BT = B if T is None else B * T
+    ids = None if ids is None else np.asarray(ids)
+    # The kernel models are fitted around the plain mean (the age term is theirs).
+    ym = yt if not slope else sw * (y_raw - mean_raw)
+    for base, BT in _base_kernels(views, kernels, wn, T, ids):
         for ga in age_weights:
             Kt = (BT + ga * ga * np.outer(age_feat, age_feat)) * np.outer(sw, sw)
-            # The kernel models are fitted around the plain mean (the age term is theirs).
-            ym = yt if not slope else sw * (y_raw - mean_raw)
             for mse, lam, g, m_y in loo_candidates(Kt, ym, sw * len_feat, wsum, length_weights):
                 if mse < best.loo_mse:
-                    best = Fitted(mean=mean_raw if slope else mean, kernel=kind,
-                                  halflife=halflife, lam=lam, length_weight=g, loo_mse=mse,
-                                  const_loo_mse=const_mse, alpha=sw * m_y, X=X, center=center,
-                                  scale=scale, decay=decay, len_feat=len_feat, len_mu=len_mu,
-                                  len_sd=len_sd, age_weight=ga, age_feat=age_feat,
-                                  age_query=age_query)
+                    best = Fitted(mean=mean_raw if slope else mean, halflife=halflife, lam=lam,
+                                  length_weight=g, loo_mse=mse, const_loo_mse=const_mse,
+                                  alpha=sw * m_y, decay=decay, len_feat=len_feat,
+                                  len_mu=len_mu, len_sd=len_sd, age_weight=ga,
+                                  age_feat=age_feat, age_query=age_query, ids=ids, **base)
     return best
+
+
+def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None,
+                  ids: np.ndarray | None):
+    """Every candidate base kernel of the context, time-decayed: per view, base kernel and
+    same-prompt weight (offered only when a prompt repeats), yields (its ``Fitted`` fields,
+    the (N, N) matrix)."""
+    S = None if ids is None else (ids[:, None] == ids[None, :]).astype(np.float64)
+    id_weights = ID_WEIGHTS if S is not None and S.sum() > len(ids) else (0.0,)
+    for view, Xv in views.items():
+        center = wn @ Xv                                       # (d,)
+        for kind in kernels:
+            scale = kernel_scale(kind, Xv, center)
+            B = base_kernel(kind, Xv, Xv, center, scale)
+            for gi in id_weights:
+                BI = B + gi * gi * S if gi else B
+                yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale,
+                        "id_weight": gi}, BI if T is None else BI * T)
 
 
 def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -249,13 +281,23 @@ def _constant_model(y, ages, w, halflife, prior_mean: float, prior_strength: flo
     return best, y, y_raw, mean, mean_raw, slope
 
 
-def predict_fitted(fit: Fitted, Q: np.ndarray, loglen: np.ndarray | None = None) -> np.ndarray:
-    """Predictions (M,) for query embeddings Q (M, d); not clipped. ``loglen`` (M,) is needed
-    when the fit uses the length feature."""
+def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
+                   ids: np.ndarray | None = None) -> np.ndarray:
+    """Predictions (M,) for queries Q: (M, d) in the fit's view, or {view: (M, d_view)} as
+    ``fit_context`` took; not clipped. ``loglen`` (M,) is needed when the fit uses the length
+    feature; ``ids`` (M,) (the context's ids for prompts seen, any other value for new ones)
+    when it uses the same-prompt term."""
+    if isinstance(Q, dict):
+        Q = Q[fit.view] if fit.kernel is not None else next(iter(Q.values()))
     Q = np.asarray(Q, dtype=np.float64)
     if fit.kernel is None:
         return np.full(len(Q), fit.mean + fit.lead_shift)
-    Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale) * fit.decay   # (M, N)
+    Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale)               # (M, N)
+    if fit.id_weight:
+        if ids is None:
+            raise ValueError("this fit uses the same-prompt term: pass ids for the queries")
+        Kq = Kq + fit.id_weight ** 2 * (np.asarray(ids)[:, None] == fit.ids[None, :])
+    Kq = Kq * fit.decay
     if fit.length_weight:
         if loglen is None:
             raise ValueError("this fit uses the length feature: pass loglen for the queries")

@@ -482,3 +482,54 @@ def test_drift_is_dropped_when_the_scores_do_not_move():
     p = predict_fitted(fit, X[:5])
     # Leave-one-out finds no trend worth its noise: the prediction stays near the mean.
     assert np.all(np.abs(p - 0.5) < 0.06)
+
+
+# -- views and repeats (issue 29) ---------------------------------------------------------------
+class NoiseEncoder:
+    """A sentence encoder that sees nothing: a fixed random vector per text."""
+
+    dim = 8
+
+    def encode(self, texts):
+        out = [np.random.default_rng(abs(hash(t)) % 2**32).normal(size=self.dim) for t in texts]
+        out = np.array(out, dtype=np.float32).reshape(len(texts), self.dim)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_the_signal():
+    from actors.priors.base import Context
+    from actors.priors.embedded import EmbeddedPrior
+
+    rng = np.random.default_rng(3)
+    steps = rng.integers(1, 9, size=120)
+    prompts = [f"apply the rule x{k} to {rng.integers(100, 999)}" for k in steps]
+    y = np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=120), 0, 1)
+    prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
+    prior.set_context(Context(tuple(prompts[:100]), y[:100], np.zeros(100)))
+    p = prior.predict(prompts[100:])
+    assert prior.stats()["model"].split(":")[0] in ("ngram", "both")
+    assert np.corrcoef(p, y[100:])[0, 1] > 0.8
+    blind = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False,
+                          views=("embedding",))
+    blind.set_context(Context(tuple(prompts[:100]), y[:100], np.zeros(100)))
+    assert np.abs(blind.predict(prompts[100:]) - y[100:]).mean() > \
+        2 * np.abs(p - y[100:]).mean()
+
+
+def test_a_recurring_prompt_is_pulled_toward_its_own_earlier_outcomes():
+    rng = np.random.default_rng(4)
+    n_prompts, reps = 40, 3
+    truth = rng.uniform(0.05, 0.95, size=n_prompts)
+    X0 = rng.normal(size=(n_prompts, 3))                 # features that cannot tell 40 apart
+    X0 /= np.linalg.norm(X0, axis=1, keepdims=True)
+    ids = np.tile(np.arange(n_prompts), reps)
+    y = np.clip(truth[ids] + rng.normal(0, 0.05, size=len(ids)), 0, 1)
+    fit = fit_context(X0[ids], y, ids=ids)
+    plain = fit_context(X0[ids], y)
+    assert fit.id_weight > 0 and fit.loo_mse < 0.5 * plain.loo_mse
+    seen = predict_fitted(fit, X0[:10], ids=np.arange(10))
+    assert np.abs(seen - truth[:10]).mean() < 0.08
+    with pytest.raises(ValueError, match="ids"):
+        predict_fitted(fit, X0[:2])
+    new = predict_fitted(fit, X0[:10], ids=np.full(10, -1))  # never seen: no pull of its own
+    assert np.abs(new - fit.mean).mean() < 0.5 * np.abs(seen - fit.mean).mean()
