@@ -52,17 +52,22 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "drift_lead1": {"drift": True, "lead": 1.0},
             "drift_lead2": {"drift": True, "lead": 2.0},
             "drift_lead1_halflife16": {"drift": True, "lead": 1.0, "halflife": 16.0},
-            "halflife4": {"halflife": 4.0}}
+            "halflife4": {"halflife": 4.0},
+            # the prior before issue 29: the sentence embedding alone, no same-prompt term
+            "embedding_only": {"views": ["embedding"], "same_prompt": False}}
 
 
 def log(msg: str) -> None:
     print(f"[prior_truth {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def make_run(task: str, out_dir: Path, steps: int) -> Path:
-    """A default run of ``task`` with snapshots at its middle and end; its directory."""
-    name = f"prior-truth-{task}"
+def make_run(task: str, out_dir: Path, steps: int, recurring: int | None = None) -> Path:
+    """A default run of ``task`` with snapshots at its middle and end; its directory.
+    ``recurring``: its train split cut to that many prompts (``task.n_train``), so that the
+    run trains each several times, as a fixed training set swept for epochs is."""
+    name = f"prior-truth-{task}" + (f"-recurring{recurring}" if recurring else "")
     config, overrides = TASK_RUNS[task]
+    overrides = [*overrides, *([f"task.n_train={recurring}"] if recurring else [])]
     cmd = [sys.executable, "-m", "cluster.launch", str(REPO / config), *overrides,
            f"run.name={name}", f"run.output_dir={out_dir}", f"run.max_steps={steps}",
            f"run.snapshot_every={steps // 2}", "run.eval_every=0", "run.save_final=false",
@@ -77,13 +82,22 @@ def make_run(task: str, out_dir: Path, steps: int) -> Path:
     return out_dir / name
 
 
-def queries(task, seen: set[str], per_level: int) -> list:
-    """``per_level`` train prompts of each difficulty level that the run never trained on."""
+def queries(task, seen: set[str], per_level: int, recurring: bool = False) -> list:
+    """``per_level`` train prompts of each difficulty level that the run never trained on;
+    ``recurring``: of those it did train on (every prompt of a small split recurs)."""
     by: dict[int, list] = {}
     for p in reversed(task.train()):  # from the end: the run reads the split from its start
-        if p.prompt not in seen and len(by.setdefault(p.difficulty, [])) < per_level:
+        if (p.prompt in seen) == recurring and len(by.setdefault(p.difficulty, [])) < per_level:
             by[p.difficulty].append(p)
     return [p for d in sorted(by) for p in by[d]]
+
+
+def times_trained(rows: list[dict]) -> float:
+    """How many times the run trained each prompt it trained, on average (1: none recurs)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["prompt"]] = counts.get(r["prompt"], 0) + 1
+    return float(np.mean(list(counts.values()))) if counts else 0.0
 
 
 def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray:
@@ -122,7 +136,8 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
     obs = observations(rows, task.rewards)
     steps = max(r["step"] for r in rows)
     snaps = [s for s in snapshots_of(run_dir, cfg.model_path(), steps) if s[0] in which]
-    probs = queries(task, {r["prompt"] for r in rows}, per_level)
+    recurring = times_trained(rows) > 1.5  # a small split: the run saw its prompts again
+    probs = queries(task, {r["prompt"] for r in rows}, per_level, recurring)
     levels = np.array([p.difficulty for p in probs])
     texts = [p.prompt for p in probs]
     out = []
@@ -135,6 +150,8 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
         ctx = context_at(obs, published_at(rows, step), cfg.prior.window,
                          min_items=min(64, len(obs)))
         entry = {"task": task_name, "snapshot": name, "step": step, "weights": path,
+                 "recurring": recurring, "times_trained": times_trained(rows),
+                 "n_train": cfg.task.n_train,
                  "n_prompts": len(probs), "samples_per_prompt": samples,
                  "levels": sorted(int(v) for v in set(levels)),
                  "context_size": len(ctx),
@@ -148,6 +165,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                  "timing": timing}
         lm = error_stats(level_mean_predictor(truth, levels), truth, samples)
         entry["level_mean_predictor"] = lm
+        entry["level_error_sd_noise_removed"] = lm["error_sd_noise_removed"]
         entry["variants"], preds = {}, {}
         for vname, opts in variants.items():
             p = preds[vname] = prior_predictions(cfg, ctx, texts, opts)
@@ -220,6 +238,9 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="stepwise", choices=sorted(TASK_RUNS))
     ap.add_argument("--run-dir", type=Path, help="a run with snapshots/ (default: make one)")
+    ap.add_argument("--recurring", type=int, metavar="N_TRAIN",
+                    help="the run's train split cut to N_TRAIN prompts (task.n_train), so its "
+                         "prompts recur; the truth is measured on prompts it trained")
     ap.add_argument("--steps", type=int, default=40, help="the default run's steps (40)")
     ap.add_argument("--per-level", type=int, default=50, help="prompts per difficulty level")
     ap.add_argument("--samples", type=int, default=64, help="sampled responses per prompt")
@@ -234,7 +255,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.steps, args.per_level, args.samples = 6, 8, 16
     t0 = time.time()
-    run_dir = args.run_dir or make_run(args.task, args.work_dir, args.steps)
+    run_dir = args.run_dir or make_run(args.task, args.work_dir, args.steps, args.recurring)
     which = tuple(x for x in args.snapshots.split(",") if x)
     if set(which) - set(SNAPSHOTS):
         raise SystemExit(f"--snapshots: unknown {sorted(set(which) - set(SNAPSHOTS))}; "
@@ -246,13 +267,15 @@ def main(argv=None) -> int:
     command = "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:])
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    kept = [s for s in old.get("snapshots", []) if s["task"] != args.task]
+    recurring = bool(snaps and snaps[0]["recurring"])
+    kept = [s for s in old.get("snapshots", [])  # this task's entries of the same setting go
+            if (s["task"], bool(s.get("recurring"))) != (args.task, recurring)]
     res = {"command": command, "date": date,
            "units": "probabilities: p the prior's, t the share of correct sampled answers "
                     "(at the task run's rollout.temperature: runs.<task>.temperature) among "
                     "samples_per_prompt; error = p - t over n_prompts prompts",
            "snapshots": kept + snaps,
-           "runs": {**runs_with_commands(old), args.task: {
+           "runs": {**runs_with_commands(old), args.task + ("_recurring" if recurring else ""): {
                "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
                "date": date,
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}

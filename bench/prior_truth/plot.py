@@ -12,13 +12,14 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    snaps = res["snapshots"]
-    tasks = sorted({s["task"] for s in snaps})
-    cols = max(len([s for s in snaps if s["task"] == t]) for t in tasks) + 1
+    snaps = [{**s, "row": s["task"] + (" recurring" if s.get("recurring") else "")}
+             for s in res["snapshots"]]  # a row per task and setting (prompts recurring or not)
+    tasks = sorted({s["row"] for s in snaps})
+    cols = max(len([s for s in snaps if s["row"] == t]) for t in tasks) + 1
     fig, axes = plt.subplots(len(tasks), cols, figsize=(3.6 * cols, 3.4 * len(tasks)),
                              squeeze=False)
     for row, task in zip(axes, tasks):
-        mine = [s for s in snaps if s["task"] == task]
+        mine = [s for s in snaps if s["row"] == task]
         for ax in row[len(mine) + 1:]:  # a task with fewer snapshots than the widest row
             ax.axis("off")
         for ax, s in zip(row, mine):

@@ -180,3 +180,21 @@ def test_prior_truth_keeps_each_tasks_command_when_another_task_is_measured():
     assert runs_with_commands({"command": "python -m bench.prior_truth --quick",
                                "runs": {"stepwise": {}}})["stepwise"]["command"] \
         == "python -m bench.prior_truth --quick"
+
+
+def test_prior_truth_asks_about_prompts_the_run_trained_when_they_recur():
+    """--recurring: the truth is measured on train prompts the run saw (they recur in its
+    window); otherwise on train prompts it never saw. ``times_trained`` tells the two apart."""
+    from types import SimpleNamespace as NS
+
+    from bench.prior_truth.__main__ import queries, times_trained
+
+    train = [NS(prompt=f"q{i}", difficulty=1 + i % 2) for i in range(12)]
+    task = NS(train=lambda: train)
+    seen = {f"q{i}" for i in range(6)}
+    fresh = queries(task, seen, per_level=2)
+    again = queries(task, seen, per_level=2, recurring=True)
+    assert {p.prompt for p in fresh}.isdisjoint(seen) and len(fresh) == 4
+    assert {p.prompt for p in again} <= seen and {p.difficulty for p in again} == {1, 2}
+    assert times_trained([{"prompt": "a"}, {"prompt": "b"}]) == 1.0
+    assert times_trained([{"prompt": "a"}] * 3 + [{"prompt": "b"}]) == 2.0
