@@ -1,0 +1,92 @@
+"""Every figure in bench/results/ is written by the code that computes it (issue 29, item 6):
+for the analyses that are cheap to recompute, the committed figures must equal what the
+code computes again from the runs stored in the same file. A hand-edited number, or an
+analysis changed without its results being recomputed, fails here.
+
+- bench.learning files: each study's ``summary`` (``summarise``), ``summary.controlled``,
+  ``summary.baselines`` and the budget sweep's ``sweep`` block, from the study's ``runs``;
+- bench/results/prior_truth.json: each snapshot's error figures (the shipped prior and the
+  level-mean reference) from its stored points (rounded to 4 decimals when written: the
+  tolerance is that rounding's).
+
+Figures compared on the keys both sides hold: a key renamed since a file was written is not
+in the committed file (its old name is left alone, as that file's code wrote it).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.learning.analysis import baselines, controlled, summarise
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+LEARNING = sorted(p.name for p in RESULTS.glob("*.json")
+                  if (json.loads(p.read_text()).get("command") or "").startswith(
+                      "python -m bench.learning"))
+
+
+def differences(stored, computed, tol: float, path: str = "") -> list[str]:
+    """Where ``stored`` and ``computed`` differ, on the keys both hold."""
+    if isinstance(stored, dict) and isinstance(computed, dict):
+        return [d for k in set(stored) & set(computed)
+                for d in differences(stored[k], computed[k], tol, f"{path}.{k}")]
+    if isinstance(stored, list) and isinstance(computed, list):
+        if len(stored) != len(computed):
+            return [f"{path}: {len(stored)} items, computed {len(computed)}"]
+        return [d for i, (a, b) in enumerate(zip(stored, computed))
+                for d in differences(a, b, tol, f"{path}[{i}]")]
+    if isinstance(stored, (int, float)) and isinstance(computed, (int, float)) \
+            and not isinstance(stored, bool):
+        a, b = float(stored), float(computed)
+        if (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tol * max(1.0, abs(a)):
+            return []
+        return [f"{path}: {stored} stored, {computed} computed"]
+    return [] if stored == computed else [f"{path}: {stored!r} stored, {computed!r} computed"]
+
+
+def studies(res: dict) -> dict:
+    return res.get("studies") or {res["config"]["start"]: res}
+
+
+def test_the_learning_results_hold_files():
+    assert "learning.json" in LEARNING and "budget_learning.json" in LEARNING
+
+
+@pytest.mark.parametrize("name", LEARNING)
+def test_a_learning_result_is_what_its_runs_give(name):
+    res = json.loads((RESULTS / name).read_text())
+    for start, st in studies(res).items():
+        s, runs = st["summary"], st["runs"]
+        own = {k: v for k, v in s.items() if k not in ("controlled", "baselines", "command",
+                                                       "date")}
+        assert differences(own, summarise(runs), 1e-9) == [], (name, start)
+        if start in s.get("controlled", {}):
+            assert differences(s["controlled"][start], controlled(runs), 1e-9) == []
+        if start in s.get("baselines", {}):
+            assert differences(s["baselines"][start], baselines(runs), 1e-9) == []
+    if "sweep" in res:
+        from bench.learning.sweep import sweep
+
+        assert differences(res["sweep"], sweep(res["runs"], res["summary"]["mean_k"]),
+                           1e-9) == []
+
+
+def test_the_prior_truth_figures_are_what_their_points_give():
+    from bench.prior_truth.analysis import error_stats, level_mean_predictor
+
+    res = json.loads((RESULTS / "prior_truth.json").read_text())
+    assert res["snapshots"]
+    for s in res["snapshots"]:
+        pts, n = s["points"], s["samples_per_prompt"]
+        truth, p, level = (np.array(pts[k]) for k in ("truth", "p", "level"))
+        shipped = error_stats(p, truth, n)
+        for k in ("error_sd", "bias", "mae", "rmse", "error_sd_noise_removed"):
+            assert s[k] == pytest.approx(shipped[k], abs=2e-4), (s["task"], s["snapshot"], k)
+        lm = error_stats(level_mean_predictor(truth, level), truth, n)
+        assert s["level_mean_predictor"]["error_sd_noise_removed"] == pytest.approx(
+            lm["error_sd_noise_removed"], abs=2e-4)
+        assert s["truth_mean"] == pytest.approx(truth.mean(), abs=1e-4)
