@@ -104,8 +104,8 @@ class EmbeddedPrior(PriorBackend):
     ``lead`` versions past the newest observation: the policy's movement, see kernel.py),
     ``views`` (feature views the LOO choice may pick from: "embedding" (MiniLM), "ngram"
     (``hashed_ngrams``), "both" (concatenated); each costs its own eigendecompositions),
-    ``same_prompt`` (offer the same-prompt term when the window repeats a prompt: its own
-    earlier outcomes, see kernel.py),
+    ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
+    much as leave-one-out says they predict it: kernel.py, "A prompt seen before"),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -196,12 +196,11 @@ class EmbeddedPrior(PriorBackend):
         fit = self._fitted()
         if fit is None:
             return np.full(len(prompts), self.prior_mean)
-        if fit.kernel is None:
-            return np.clip(np.full(len(prompts), fit.mean + fit.lead_shift), self.eps,
-                           1.0 - self.eps)
-        Q = self._features(prompts, fit.view)[fit.view]
+        # The constant model needs no features (nothing to encode): any (M, 0) array.
+        Q = (self._features(prompts, fit.view)[fit.view] if fit.kernel is not None
+             else np.zeros((len(prompts), 0)))
         loglen = log_length(prompts) if fit.length_weight else None
-        ids = self._ids(prompts) if fit.id_weight else None
+        ids = self._ids(prompts) if fit.kappa is not None else None
         return np.clip(predict_fitted(fit, Q, loglen, ids), self.eps, 1.0 - self.eps)
 
     def stats(self) -> dict:

@@ -32,13 +32,19 @@ versions past the newest observation (the newest scores were generated a version
 before the version that is asked about). The constant model's candidate becomes a weighted
 linear trend on age when that wins leave-one-out.
 
-**Views and repeats.** ``X`` may be several feature views of the same prompts (a dict: the
-sentence embedding, hashed character n-grams that see the prompt's literal tokens, both
-concatenated); each is a candidate of the same leave-one-out choice. With ``ids`` (N,) (equal
-for the same prompt text), the kernel gains a same-prompt term, K += g_id^2 S o T with
-S_ij = [id_i = id_j]: a prompt seen before is pulled toward its own earlier outcomes, by as
-much as leave-one-out says they predict it (the earlier observations of a recurring prompt,
-discounted by the versions since, as GRESO and SPO track them; g_id = 0 among the choices).
+**Views.** ``X`` may be several feature views of the same prompts (a dict: the sentence
+embedding, hashed character n-grams that see the prompt's literal tokens, both
+concatenated). The choice is made in two stages to keep the cost near one view's: every view
+and base kernel without the age term, then the age weights on the best of them.
+
+**A prompt seen before.** With ``ids`` (N,) (equal for the same prompt text), the chosen
+model's prediction for a prompt that is in the window is fused with that prompt's own earlier
+outcomes by shrinkage (as GRESO and SPO track a prompt's history across epochs):
+p = (n h + kappa f) / (n + kappa), h the prompt's mean observed score and n its observation
+count, each observation discounted by ``0.5 ** (age / halflife)``, f the model's prediction;
+kappa (pseudo-observations of f) is chosen by leave-one-out on the window's repeated prompts
+(each point's model prediction without it against its other observations), or no history
+when that predicts worse. A prompt never seen gets f alone (its cold start).
 
 Everything here is task-agnostic: the only inputs are feature vectors of the prompt text, the
 generic log length, scores, versions and weights.
@@ -55,8 +61,8 @@ LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
 LENGTH_WEIGHTS = (0.0, 0.3, 1.0)
 # Weights g_a of the standardized age feature (drift); 0 = no drift.
 AGE_WEIGHTS = (0.0, 0.3, 1.0, 3.0)
-# Weights g_id of the same-prompt term (only offered when the context repeats a prompt).
-ID_WEIGHTS = (0.0, 1.0, 4.0)
+# kappa of the history fusion: pseudo-observations of the model's prediction.
+KAPPAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 # Base kernels: "linear" = inner products of centered embeddings, scaled to mean diagonal 1;
 # "rbf" = exp(-|x - x'|^2 / median pairwise |x - x'|^2). Each costs one (N, N) eigh per fit.
 BASE_KERNELS = ("linear", "rbf")
@@ -100,15 +106,17 @@ class Fitted:
     age_feat: np.ndarray | None = None       # (N,) standardized age of the context
     age_query: float = 0.0                   # standardized age of a query (-lead)
     view: str = "embedding"                  # the feature view the kernel is on
-    id_weight: float = 0.0                   # g_id of the same-prompt term (0: none)
-    ids: np.ndarray | None = None            # (N,) prompt ids of the context
+    kappa: float | None = None               # history fusion (None: no history used)
+    ids: np.ndarray | None = None            # (N,) prompt ids of the context (history)
+    y: np.ndarray | None = None              # (N,) its observed scores (history)
 
     def label(self) -> str:
         if self.kernel is None:
-            return "constant" + (f" drift{-self.drift:+.3g}/v" if self.drift else "")
+            return "constant" + (f" drift{-self.drift:+.3g}/v" if self.drift else "") + (
+                f" hist{self.kappa:g}" if self.kappa is not None else "")
         age = f"+age{self.age_weight:g}" if self.age_weight else ""
-        same = f"+id{self.id_weight:g}" if self.id_weight else ""
-        return f"{self.view}:{self.kernel}+len{self.length_weight:g}{age}{same}@lam{self.lam:.3g}"
+        hist = f" hist{self.kappa:g}" if self.kappa is not None else ""
+        return f"{self.view}:{self.kernel}+len{self.length_weight:g}{age}@lam{self.lam:.3g}{hist}"
 
 
 def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
@@ -148,7 +156,8 @@ def kernel_scale(kind: str, X: np.ndarray, center: np.ndarray) -> float:
 
 def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
                    length_weights) -> list[tuple[float, float, float, np.ndarray]]:
-    """(loo_mse, lam, g, alpha_tilde) for every (lam, g) from one eigh of Kt (N, N)."""
+    """(loo_mse, lam, g, alpha_tilde, the sqrt(w)-scaled LOO residuals (N,)) for every
+    (lam, g) from one eigh of Kt (N, N)."""
     s, U = np.linalg.eigh(Kt)
     s = np.maximum(s, 0.0)
     ut = U.T @ yt                                             # (N,)
@@ -168,7 +177,7 @@ def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: flo
             m_y = a_y - a_g * (g * g * float(g_unit @ a_y) / denom)
             m_diag = a_diag - (g * a_g) ** 2 / denom
             loo = m_y / np.maximum(m_diag, 1e-12)
-            out.append((float(loo @ loo) / wsum, lam, g, m_y))
+            out.append((float(loo @ loo) / wsum, lam, g, m_y, loo))
     return out
 
 
@@ -216,38 +225,75 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     age_weights = AGE_WEIGHTS if drift and age_sd > 0 else (0.0,)
     age_query = (-float(lead) - age_mu) / (age_sd or 1.0)
     const_mse = best.const_loo_mse
-    ids = None if ids is None else np.asarray(ids)
     # The kernel models are fitted around the plain mean (the age term is theirs).
     ym = yt if not slope else sw * (y_raw - mean_raw)
-    for base, BT in _base_kernels(views, kernels, wn, T, ids):
-        for ga in age_weights:
+    loo_pred = (w @ y_raw - w * y_raw) / np.maximum(wsum - w, 1e-12)  # the mean without i
+    top: list = [float("inf"), None]  # the best kernel candidate of stage 1, even if it lost
+
+    def search(base, BT, gas):
+        nonlocal best, loo_pred
+        for ga in gas:
             Kt = (BT + ga * ga * np.outer(age_feat, age_feat)) * np.outer(sw, sw)
-            for mse, lam, g, m_y in loo_candidates(Kt, ym, sw * len_feat, wsum, length_weights):
+            for mse, lam, g, m_y, loo in loo_candidates(Kt, ym, sw * len_feat, wsum,
+                                                        length_weights):
+                if ga == 0.0 and mse < top[0]:
+                    top[:] = [mse, (base, BT)]
                 if mse < best.loo_mse:
                     best = Fitted(mean=mean_raw if slope else mean, halflife=halflife, lam=lam,
                                   length_weight=g, loo_mse=mse, const_loo_mse=const_mse,
                                   alpha=sw * m_y, decay=decay, len_feat=len_feat,
                                   len_mu=len_mu, len_sd=len_sd, age_weight=ga,
-                                  age_feat=age_feat, age_query=age_query, ids=ids, **base)
+                                  age_feat=age_feat, age_query=age_query, **base)
+                    loo_pred = y_raw - loo / sw
+
+    for base, BT in _base_kernels(views, kernels, wn, T):  # stage 1: views, no age term
+        search(base, BT, (0.0,))
+    if len(age_weights) > 1 and top[1] is not None:       # stage 2: age on the best of them
+        search(*top[1], age_weights[1:])
+    if ids is not None:
+        best.decay = decay  # the constant model's too: the history discounts by it
+        _fit_history(best, np.asarray(ids), y_raw, loo_pred, ages, halflife, w)
     return best
 
 
-def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None,
-                  ids: np.ndarray | None):
-    """Every candidate base kernel of the context, time-decayed: per view, base kernel and
-    same-prompt weight (offered only when a prompt repeats), yields (its ``Fitted`` fields,
-    the (N, N) matrix)."""
-    S = None if ids is None else (ids[:, None] == ids[None, :]).astype(np.float64)
-    id_weights = ID_WEIGHTS if S is not None and S.sum() > len(ids) else (0.0,)
+def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None):
+    """Every candidate base kernel of the context, time-decayed: per view and base kernel,
+    yields (its ``Fitted`` fields, the (N, N) matrix)."""
     for view, Xv in views.items():
         center = wn @ Xv                                       # (d,)
         for kind in kernels:
             scale = kernel_scale(kind, Xv, center)
             B = base_kernel(kind, Xv, Xv, center, scale)
-            for gi in id_weights:
-                BI = B + gi * gi * S if gi else B
-                yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale,
-                        "id_weight": gi}, BI if T is None else BI * T)
+            yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale},
+                   B if T is None else B * T)
+
+
+def _history_weights(ages_a: np.ndarray, ages_b: np.ndarray, halflife: float | None):
+    """T between two sets of ages: 0.5 ** (|a - b| / halflife) (ones without a halflife)."""
+    if halflife is None:
+        return np.ones((len(ages_a), len(ages_b)))
+    return np.power(0.5, np.abs(ages_a[:, None] - ages_b[None, :]) / halflife)
+
+
+def _fit_history(fit: Fitted, ids, y, loo_pred, ages, halflife, w) -> None:
+    """Choose kappa of the history fusion (module docstring) by weighted leave-one-out on
+    the window's repeated prompts: point i's model prediction without it (``loo_pred``)
+    fused with its prompt's other observations, against its score. Sets ``fit.kappa`` (None
+    where no kappa beats the model alone), ``fit.ids``, ``fit.y``."""
+    same = ids[:, None] == ids[None, :]
+    np.fill_diagonal(same, False)
+    if not same.any():
+        return
+    Tm = same * _history_weights(ages, ages, halflife)
+    n = Tm.sum(axis=1)
+    has = n > 0
+    n, h, f, yy, ww = n[has], (Tm @ y)[has] / n[has], loo_pred[has], y[has], w[has]
+    best_k, best_e = None, float(ww @ (yy - f) ** 2)
+    for k in KAPPAS:
+        e = float(ww @ (yy - (n * h + k * f) / (n + k)) ** 2)
+        if e < best_e * (1.0 - 1e-9):  # strictly better: a tie keeps the model alone
+            best_k, best_e = k, e
+    fit.kappa, fit.ids, fit.y = best_k, ids, y
 
 
 def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -286,23 +332,28 @@ def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
     """Predictions (M,) for queries Q: (M, d) in the fit's view, or {view: (M, d_view)} as
     ``fit_context`` took; not clipped. ``loglen`` (M,) is needed when the fit uses the length
     feature; ``ids`` (M,) (the context's ids for prompts seen, any other value for new ones)
-    when it uses the same-prompt term."""
+    when it uses the history."""
     if isinstance(Q, dict):
         Q = Q[fit.view] if fit.kernel is not None else next(iter(Q.values()))
     Q = np.asarray(Q, dtype=np.float64)
     if fit.kernel is None:
-        return np.full(len(Q), fit.mean + fit.lead_shift)
-    Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale)               # (M, N)
-    if fit.id_weight:
-        if ids is None:
-            raise ValueError("this fit uses the same-prompt term: pass ids for the queries")
-        Kq = Kq + fit.id_weight ** 2 * (np.asarray(ids)[:, None] == fit.ids[None, :])
-    Kq = Kq * fit.decay
-    if fit.length_weight:
-        if loglen is None:
-            raise ValueError("this fit uses the length feature: pass loglen for the queries")
-        lq = (np.asarray(loglen, dtype=np.float64) - fit.len_mu) / fit.len_sd
-        Kq = Kq + fit.length_weight ** 2 * np.outer(lq, fit.len_feat)
-    if fit.age_weight:
-        Kq = Kq + fit.age_weight ** 2 * fit.age_query * fit.age_feat[None, :]
-    return fit.mean + Kq @ fit.alpha
+        f = np.full(len(Q), fit.mean + fit.lead_shift)
+    else:
+        Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale) * fit.decay   # (M, N)
+        if fit.length_weight:
+            if loglen is None:
+                raise ValueError("this fit uses the length feature: pass loglen for the queries")
+            lq = (np.asarray(loglen, dtype=np.float64) - fit.len_mu) / fit.len_sd
+            Kq = Kq + fit.length_weight ** 2 * np.outer(lq, fit.len_feat)
+        if fit.age_weight:
+            Kq = Kq + fit.age_weight ** 2 * fit.age_query * fit.age_feat[None, :]
+        f = fit.mean + Kq @ fit.alpha
+    if fit.kappa is None:
+        return f
+    if ids is None:
+        raise ValueError("this fit uses the prompts' history: pass ids for the queries")
+    # A query is at age 0: each earlier observation of it counts 0.5 ** (age / halflife).
+    S = (np.asarray(ids)[:, None] == fit.ids[None, :]) * fit.decay[None, :]
+    n = S.sum(axis=1)
+    h = (S @ fit.y) / np.maximum(n, 1e-12)
+    return (n * h + fit.kappa * f) / (n + fit.kappa)
