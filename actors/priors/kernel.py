@@ -186,16 +186,14 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 prior_mean: float = 0.5, prior_strength: float = 1.0,
                 kernels: tuple[str, ...] = ("linear",), drift: bool = False,
                 lead: float = 0.0, ids: np.ndarray | None = None) -> Fitted:
-    """Choose (view, kernel, length weight, same-prompt weight, lam) by weighted LOO MSE on
-    the context and fit it.
+    """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
+    fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
     X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
-    same prompt (None: no same-prompt term). ``prior_strength`` pseudo-observations of
-    ``prior_mean`` shrink the context mean, which matters only for tiny contexts. ``drift``:
-    fit the scores' trend on age and predict ``lead`` versions past the newest observation
-    (see the module docstring).
-    """
+    same prompt (None: no history). ``prior_strength`` pseudo-observations of ``prior_mean``
+    shrink the context mean (tiny contexts). ``drift``: fit the scores' trend on age and
+    predict ``lead`` versions past the newest observation."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
@@ -224,36 +222,59 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     age_feat, age_mu, age_sd = _standardised(ages, wn)
     age_weights = AGE_WEIGHTS if drift and age_sd > 0 else (0.0,)
     age_query = (-float(lead) - age_mu) / (age_sd or 1.0)
-    const_mse = best.const_loo_mse
     # The kernel models are fitted around the plain mean (the age term is theirs).
-    ym = yt if not slope else sw * (y_raw - mean_raw)
-    loo_pred = (w @ y_raw - w * y_raw) / np.maximum(wsum - w, 1e-12)  # the mean without i
-    top: list = [float("inf"), None]  # the best kernel candidate of stage 1, even if it lost
-
-    def search(base, BT, gas):
-        nonlocal best, loo_pred
-        for ga in gas:
-            Kt = (BT + ga * ga * np.outer(age_feat, age_feat)) * np.outer(sw, sw)
-            for mse, lam, g, m_y, loo in loo_candidates(Kt, ym, sw * len_feat, wsum,
-                                                        length_weights):
-                if ga == 0.0 and mse < top[0]:
-                    top[:] = [mse, (base, BT)]
-                if mse < best.loo_mse:
-                    best = Fitted(mean=mean_raw if slope else mean, halflife=halflife, lam=lam,
-                                  length_weight=g, loo_mse=mse, const_loo_mse=const_mse,
-                                  alpha=sw * m_y, decay=decay, len_feat=len_feat,
-                                  len_mu=len_mu, len_sd=len_sd, age_weight=ga,
-                                  age_feat=age_feat, age_query=age_query, **base)
-                    loo_pred = y_raw - loo / sw
-
+    search = _Search(best=best, y_raw=y_raw, sw=sw, wsum=wsum, len_feat=len_feat,
+                     length_weights=length_weights, age_feat=age_feat,
+                     ym=yt if not slope else sw * (y_raw - mean_raw),
+                     loo_pred=(w @ y_raw - w * y_raw) / np.maximum(wsum - w, 1e-12),
+                     fields=dict(mean=mean_raw if slope else mean, halflife=halflife,
+                                 const_loo_mse=best.const_loo_mse, decay=decay,
+                                 len_feat=len_feat, len_mu=len_mu, len_sd=len_sd,
+                                 age_feat=age_feat, age_query=age_query))
     for base, BT in _base_kernels(views, kernels, wn, T):  # stage 1: views, no age term
-        search(base, BT, (0.0,))
-    if len(age_weights) > 1 and top[1] is not None:       # stage 2: age on the best of them
-        search(*top[1], age_weights[1:])
+        search.over(base, BT, (0.0,))
+    if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
+        search.over(*search.top, age_weights[1:])
+    best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        _fit_history(best, np.asarray(ids), y_raw, loo_pred, ages, halflife, w)
+        _fit_history(best, np.asarray(ids), y_raw, search.loo_pred, ages, halflife, w)
     return best
+
+
+@dataclass
+class _Search:
+    """``fit_context``'s leave-one-out search over the kernel models of one context: the best
+    model so far (the constant one to start with) and its leave-one-out predictions, and the
+    best candidate without the age term (``top``: its base kernel, for stage 2), even if it
+    lost to the constant."""
+
+    best: Fitted
+    loo_pred: np.ndarray       # (N,) the best model's prediction of each point without it
+    y_raw: np.ndarray
+    sw: np.ndarray             # sqrt of the recency weights
+    wsum: float
+    ym: np.ndarray             # the targets, sqrt(w)-scaled, around the mean
+    len_feat: np.ndarray
+    length_weights: tuple
+    age_feat: np.ndarray
+    fields: dict               # the Fitted fields every kernel model shares
+    top: tuple | None = None
+    top_mse: float = float("inf")
+
+    def over(self, base: dict, BT: np.ndarray, age_weights) -> None:
+        """Every (age weight, lam, length weight) on one base kernel matrix."""
+        sw = self.sw
+        for ga in age_weights:
+            Kt = (BT + ga * ga * np.outer(self.age_feat, self.age_feat)) * np.outer(sw, sw)
+            for mse, lam, g, m_y, loo in loo_candidates(Kt, self.ym, sw * self.len_feat,
+                                                        self.wsum, self.length_weights):
+                if ga == 0.0 and mse < self.top_mse:
+                    self.top, self.top_mse = (base, BT), mse
+                if mse < self.best.loo_mse:
+                    self.best = Fitted(lam=lam, length_weight=g, loo_mse=mse, alpha=sw * m_y,
+                                       age_weight=ga, **self.fields, **base)
+                    self.loo_pred = self.y_raw - loo / sw
 
 
 def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None):
