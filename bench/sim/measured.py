@@ -22,8 +22,9 @@ DEFAULT_BEST_GRPO_G = 4
 PRIOR_TASK = "stepwise"
 
 
-def prior_error_from_truth(data: dict, task: str = PRIOR_TASK) -> dict:
-    """The conservative prior error of ``task`` in a prior_truth.json document.
+def prior_error_from_truth(data: dict, task: str = PRIOR_TASK, recurring: bool = False) -> dict:
+    """The conservative prior error of ``task`` in a prior_truth.json document, in the setting
+    where train prompts recur (``recurring``) or not (the default: prompts never seen).
 
     Per snapshot, the prior's own error is sqrt(error_sd^2 - truth_noise_sd^2): the measured
     error against a k-sample truth holds the truth's sampling noise too (independent of the
@@ -33,7 +34,8 @@ def prior_error_from_truth(data: dict, task: str = PRIOR_TASK) -> dict:
     training and the prior's worst moment is the one to plan for.
     -> {"error_sd", "snapshot", "per_snapshot": [{snapshot, error_sd, noise_removed, bias,
     prior_error_sd}, ...]}"""
-    snaps = [s for s in data.get("snapshots", []) if s.get("task") == task]
+    snaps = [s for s in data.get("snapshots", []) if s.get("task") == task
+             and bool(s.get("recurring")) == recurring]
     if not snaps:
         raise ValueError(f"prior_truth has no snapshot of task {task!r} "
                          f"(tasks: {sorted({s.get('task') for s in data.get('snapshots', [])})})")
