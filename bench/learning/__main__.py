@@ -11,6 +11,14 @@ default task, each for several seeds on the same wall-clock budget:
     async_grpo4   GRPO, G = 4, asynchronous: V0.5's starting budget without the prior
     sync_dapo16   DAPO, G = 16 (all-equal groups dropped and refilled), synchronous
 
+``--baselines`` runs the baseline study instead (issue 29): Dr.GRPO-4, the oracle (4 trained
+samples per prompt against the mean of 12 more, not trained on), V0.5 adaptive, V0.5 held at
+k = 4 and GRPO-4, every update on the same 64 samples (16 prompts of 4 trained samples; V0.5's
+batch trimmed to 64 by the scheduler) for ``--steps`` updates (default 60): accuracy at equal
+updates, each mode minus Dr.GRPO-4 paired by seed (``summary.baselines.<start>``), with each
+mode's samples and prompts per update and its gradient noise-to-signal (``optim.grad_noise``).
+Add ``task.n_train=64`` to run it where train prompts recur.
+
 ``--config`` runs the study on another run config than v05.yaml (configs/smollm2-135m.yaml:
 the pretrained SmolLM2 on word_arithmetic), with that config's own model and task.
 
