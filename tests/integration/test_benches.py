@@ -88,8 +88,10 @@ def test_quick_learning_bench_writes_curves_and_the_pinned_summary(lent_roles, t
     from bench.learning.__main__ import main
 
     out = tmp_path / "learning.json"
+    # optim.grad_noise off: the lent roles are v05.yaml's, whose learner does not measure it
+    # (bench.learning turns it on for its own roles; tests/integration/test_grad_noise.py)
     assert main(["--quick", "--budget-s", str(BUDGET_S), "--eval-prompts", "16",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "optim.grad_noise=false"]) == 0
     res = json.loads(out.read_text())
     assert res["command"].startswith("python -m bench.learning --quick")
     assert set(res["runs"]) == {"async_v05", "sync_grpo16"}
