@@ -238,7 +238,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        _fit_history(best, np.asarray(ids), y_raw, search.loo_pred, ages, halflife, w)
+        _fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w)
     return best
 
 
@@ -289,14 +289,7 @@ def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None):
                    B if T is None else B * T)
 
 
-def _history_weights(ages_a: np.ndarray, ages_b: np.ndarray, halflife: float | None):
-    """T between two sets of ages: 0.5 ** (|a - b| / halflife) (ones without a halflife)."""
-    if halflife is None:
-        return np.ones((len(ages_a), len(ages_b)))
-    return np.power(0.5, np.abs(ages_a[:, None] - ages_b[None, :]) / halflife)
-
-
-def _fit_history(fit: Fitted, ids, y, loo_pred, ages, halflife, w) -> None:
+def _fit_history(fit: Fitted, ids, y, loo_pred, T: np.ndarray | None, w) -> None:
     """Choose kappa of the history fusion (module docstring) by weighted leave-one-out on
     the window's repeated prompts: point i's model prediction without it (``loo_pred``)
     fused with its prompt's other observations, against its score. Sets ``fit.kappa`` (None
@@ -305,7 +298,7 @@ def _fit_history(fit: Fitted, ids, y, loo_pred, ages, halflife, w) -> None:
     np.fill_diagonal(same, False)
     if not same.any():
         return
-    Tm = same * _history_weights(ages, ages, halflife)
+    Tm = same if T is None else same * T  # the kernel's own time decay between observations
     n = Tm.sum(axis=1)
     has = n > 0
     n, h, f, yy, ww = n[has], (Tm @ y)[has] / n[has], loo_pred[has], y[has], w[has]
