@@ -118,6 +118,8 @@ def parse_args(argv):
                     help="samples per learner update for every mode (rollout.batch_samples; "
                          "default 64; 0: v05.yaml's batch of prompts, the old uncontrolled study)")
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
+    ap.add_argument("--merge-from", metavar="FILE",
+                    help="fold a study written with --out FILE into --out (no runs)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     return ap.parse_args(argv)
 
@@ -230,18 +232,52 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
     return out
 
 
-def merge(out: dict, path: Path) -> dict:
-    """``out`` as the file's top level, with every start's latest invocation kept under
-    ``studies.<start>`` and ``summary.controlled`` gathering each start's pinned figures: the
-    warm and the weak start run as separate invocations (each well under a session)."""
-    old = json.loads(path.read_text()) if path.is_file() else {}
+def is_baselines(out: dict) -> bool:
+    """Whether an invocation is the baseline study (``--baselines``: its own modes)."""
+    return "baselines" in out["summary"]
+
+
+def study_key(out: dict) -> str:
+    """``studies.<key>``: the start, ``<start>-baselines`` for the baseline study."""
     start = out["config"]["start"]
-    studies = {**old.get("studies", {}), start: {k: v for k, v in out.items() if k != "studies"}}
-    merged = {**out, "studies": studies}
-    merged["summary"] = {**out["summary"], **{key: {
-        s: st["summary"][key][s] for s, st in studies.items()
-        if s in st["summary"].get(key, {})} for key in ("controlled", "baselines")}}
+    return f"{start}-baselines" if is_baselines(out) else start
+
+
+def merge(out: dict, path: Path) -> dict:
+    """``out`` merged into the file at ``path``: every start's latest invocation of each study
+    (the controlled one, the baseline one) kept under ``studies.<key>``, ``summary.controlled``
+    and ``summary.baselines`` gathering each start's pinned figures. The warm and the weak start
+    run as separate invocations (each well under a session). The top level is the latest
+    controlled invocation (a baseline study lives under ``studies`` beside it)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    kept = old.get("studies") or ({study_key(old): old} if old else {})  # an older file: one
+    studies = {**kept, study_key(out): {k: v for k, v in out.items() if k != "studies"}}
+    top = old if is_baselines(out) and old else out
+    merged = {**{k: v for k, v in top.items() if k != "studies"}, "studies": studies}
+    merged["summary"] = {**top["summary"], **{key: {
+        st["config"]["start"]: st["summary"][key][st["config"]["start"]]
+        for st in studies.values() if st["config"]["start"] in st["summary"].get(key, {})
+        and (key == "baselines") == is_baselines(st)} for key in ("controlled", "baselines")}}
     return merged
+
+
+def plot_stem(out: dict, path: Path) -> Path:
+    """learning.png for the controlled study, learning_baselines.png for the baseline one."""
+    return path.with_name(path.stem + "_baselines") if is_baselines(out) else \
+        path.with_suffix("")
+
+
+def merge_from(src: Path, path: Path) -> int:
+    """``--merge-from FILE``: a study written to a file of its own (``--out FILE``) folded into
+    ``--out`` as the bench would have written it there; its figures unchanged."""
+    from bench.learning.plots import plots
+
+    res = json.loads(src.read_text())
+    for study in (res.get("studies") or {study_key(res): res}).values():
+        write_json(path, merge(study, path))
+        plots(study, plot_stem(study, path))
+    print(f"merged {src} into {path}: studies {sorted(json.loads(path.read_text())['studies'])}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -253,6 +289,8 @@ def main(argv=None) -> int:
     from bench.learning.plots import plots
     from cluster.config import load_config
 
+    if args.merge_from:
+        return merge_from(Path(args.merge_from), Path(args.out))
     st = Settings.of(args)
     if st.config != "v05.yaml" and st.start != "warm":
         raise SystemExit("--start picks a policy for v05.yaml; another --config has its own model")
@@ -261,10 +299,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
-    out = merge(report(st, base_cfg, runs, argv, time.time() - t0), Path(args.out))
+    one = report(st, base_cfg, runs, argv, time.time() - t0)
+    out = merge(one, Path(args.out))
     write_json(args.out, out)
-    plots(out, Path(args.out).with_suffix(""))
-    print(json.dumps(out["summary"]["controlled"], indent=1))
+    plots(one, plot_stem(one, Path(args.out)))
+    print(json.dumps(one["summary"].get("baselines") or one["summary"]["controlled"], indent=1))
     return 0
 
 

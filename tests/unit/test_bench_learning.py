@@ -215,6 +215,37 @@ def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path)
     assert set(got["studies"]) == {"warm", "weak"}
     assert got["summary"]["controlled"] == {"warm": {"x": 1}, "weak": {"x": 2}}
     assert got["config"]["start"] == "weak"  # the top level is the latest invocation
+    # The baseline study of a start sits beside its controlled study, not over it, and the
+    # top level stays the latest controlled invocation.
+    path.write_text(json.dumps(got))
+    base = {"config": {"start": "warm"}, "runs": {"async_oracle4": []},
+            "summary": {"controlled": {"warm": {"x": 3}}, "baselines": {"warm": {"y": 4}}}}
+    got = merge(base, path)
+    assert set(got["studies"]) == {"warm", "weak", "warm-baselines"}
+    assert got["summary"]["controlled"] == {"warm": {"x": 1}, "weak": {"x": 2}}
+    assert got["summary"]["baselines"] == {"warm": {"y": 4}}
+    assert got["config"]["start"] == "weak" and "async_oracle4" not in got["runs"]
+
+
+def test_merge_from_folds_a_separate_study_file_in_unchanged(tmp_path):
+    from bench.learning.__main__ import main
+
+    runs = {"async_drgrpo4": seeded([[0.2, 0.3]]), "async_oracle4": seeded([[0.2, 0.4]])}
+    study = {"config": {"start": "warm", "budget_steps": 2, "budget_train_s": None,
+                        "seeds": 1, "task": "stepwise", "eval_metric": "sampled",
+                        "eval_prompts": 8}, "runs": runs, "curves": {},
+             "summary": {"controlled": {"warm": {}}, "baselines": {"warm": {"z": 1}},
+                         "final_accuracy": {}}}
+    (tmp_path / "b.json").write_text(json.dumps(study))
+    (tmp_path / "learning.json").write_text(json.dumps(
+        {"config": {"start": "warm"}, "runs": {}, "summary": {"controlled": {"warm": {"x": 1}}}}))
+    assert main(["--merge-from", str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "learning.json")]) == 0
+    got = json.loads((tmp_path / "learning.json").read_text())
+    assert got["studies"]["warm-baselines"]["runs"] == runs
+    assert got["summary"]["baselines"] == {"warm": {"z": 1}}
+    assert got["summary"]["controlled"] == {"warm": {"x": 1}}
+    assert (tmp_path / "learning_baselines.png").is_file()
 
 
 def test_versus_puts_a_variant_in_v05s_place_and_refuses_unlike_studies(tmp_path):

@@ -59,11 +59,11 @@ def test_the_learning_results_hold_files():
 @pytest.mark.parametrize("name", LEARNING)
 def test_a_learning_result_is_what_its_runs_give(name):
     res = json.loads((RESULTS / name).read_text())
-    for start, st in studies(res).items():
-        s, runs = st["summary"], st["runs"]
+    for key, st in studies(res).items():
+        s, runs, start = st["summary"], st["runs"], st["config"]["start"]
         own = {k: v for k, v in s.items() if k not in ("controlled", "baselines", "command",
                                                        "date")}
-        assert differences(own, summarise(runs), 1e-9) == [], (name, start)
+        assert differences(own, summarise(runs), 1e-9) == [], (name, key)
         if start in s.get("controlled", {}):
             assert differences(s["controlled"][start], controlled(runs), 1e-9) == []
         if start in s.get("baselines", {}):
