@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.prior_truth.analysis import (context_at, error_stats, level_mean_predictor,
-                                        observations, published_at, reliability)
+                                        level_window_predictor, observations, published_at,
+                                        reliability)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -139,6 +140,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
     recurring = times_trained(rows) > 1.5  # a small split: the run saw its prompts again
     probs = queries(task, {r["prompt"] for r in rows}, per_level, recurring)
     levels = np.array([p.difficulty for p in probs])
+    level_of = {p.prompt: p.difficulty for p in task.train()}  # the window's prompts' levels
     texts = [p.prompt for p in probs]
     out = []
     for name, step, path in snaps:
@@ -166,6 +168,10 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
         lm = error_stats(level_mean_predictor(truth, levels), truth, samples)
         entry["level_mean_predictor"] = lm
         entry["level_error_sd_noise_removed"] = lm["error_sd_noise_removed"]
+        lw = error_stats(level_window_predictor(levels, [level_of.get(o.prompt) for o in ctx],
+                                                [o.score for o in ctx]), truth, samples)
+        entry["level_window_predictor"] = lw
+        entry["level_window_error_sd_noise_removed"] = lw["error_sd_noise_removed"]
         entry["variants"], preds = {}, {}
         for vname, opts in variants.items():
             p = preds[vname] = prior_predictions(cfg, ctx, texts, opts)
@@ -188,7 +194,8 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                 f"{v}: sd {s['error_sd']:.3f} (noise removed {s['error_sd_noise_removed']:.3f})"
                 f" bias {s['bias']:+.3f} rho {s['spearman']:.3f}"
                 for v, s in entry["variants"].items())
-            + f"; level means: sd {lm['error_sd']:.3f}")
+            + f"; level means: sd {lm['error_sd']:.3f}; the window's level means: noise removed "
+              f"{lw['error_sd_noise_removed']:.3f}")
         out.append(entry)
     return out
 

@@ -64,6 +64,20 @@ def level_mean_predictor(truth: np.ndarray, levels: np.ndarray) -> np.ndarray:
     return out
 
 
+def level_window_predictor(levels: np.ndarray, ctx_levels: list, ctx_scores: list) -> np.ndarray:
+    """What a prior that reads each prompt's level perfectly can learn from its window: each
+    prompt predicted by the mean observed score of the window's prompts of its level (the
+    window's mean where it holds none of that level). The level-told predictor above knows
+    the truth's level means; this one only the window's noisy, older observations, so it
+    says how much of a prior's gap to the level-told one any window-fitted predictor keeps."""
+    lv = np.asarray(levels)
+    by: dict = {}
+    for level, score in zip(ctx_levels, ctx_scores):
+        by.setdefault(level, []).append(float(score))
+    overall = float(np.mean(ctx_scores)) if len(ctx_scores) else 0.5
+    return np.array([np.mean(by[v]) if v in by else overall for v in lv.tolist()])
+
+
 def reliability(p: np.ndarray, truth: np.ndarray, bins: int = 5) -> list[dict]:
     """Mean p and mean truth per bin of p (equal-width bins on [0, 1]), with counts."""
     p, t = np.asarray(p, dtype=float), np.asarray(truth, dtype=float)

@@ -30,7 +30,7 @@ LOGPROB_ATOL = 2e-3  # tests/integration/test_generator.py: float32 engine vs tr
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A two-step run of the shipped config, small: 4 prompts a step, k from 4 to 8,
+    """A two-step run of the shipped config, small: 2 prompts a step, k from 4 to 8,
     24-token answers, 8 held-out prompts with one sample each."""
     out = tmp_path_factory.mktemp("real")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -39,7 +39,7 @@ def run_dir(tmp_path_factory):
            "run.name=smol", f"run.output_dir={out}", "run.max_steps=2", "run.max_train_s=null",
            "run.eval_prompts=8", "task.n_heldout=8", "run.eval_samples=1",
            "run.snapshot_every=1", "run.record_rollouts=true", "run.save_final=false",
-           "rollout.batch_prompts=4", "rollout.max_tokens=24", "rollout.max_staleness=0",
+           "rollout.batch_prompts=2", "rollout.max_tokens=24", "rollout.max_staleness=0",
            "algo.k_max=8", "optim.lr=5.0e-5", "cluster.address=local"]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
@@ -49,7 +49,7 @@ def run_dir(tmp_path_factory):
 
 def test_two_steps_of_the_real_model_config(run_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["prompts_trained"] == 2 * 4
+    assert summary["steps"] == 2 and summary["prompts_trained"] == 2 * 2
     assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
                                            + summary["prompts_in_flight_at_end"])
     assert summary["generator_restarts"] == 0 and summary["run_file_failures"] == 0
@@ -113,7 +113,7 @@ def test_generators_sample_from_the_learners_weights(run_dir):
               for v, p in weights.items()}
     for v, samples in by_version.items():
         errs = []
-        for s in samples[:6]:
+        for s in samples[:4]:
             own = _logprobs(models[v], s.prompt_token_ids, s.token_ids, T)
             errs.append(float(np.max(np.abs(np.asarray(s.logprobs) - own))))
             if v == 1:  # the same sequence under the weights before the update

@@ -198,3 +198,11 @@ def test_prior_truth_asks_about_prompts_the_run_trained_when_they_recur():
     assert {p.prompt for p in again} <= seen and {p.difficulty for p in again} == {1, 2}
     assert times_trained([{"prompt": "a"}, {"prompt": "b"}]) == 1.0
     assert times_trained([{"prompt": "a"}] * 3 + [{"prompt": "b"}]) == 2.0
+
+
+def test_the_windows_level_means_predict_by_level_and_fall_back_to_the_window_mean():
+    from bench.prior_truth.analysis import level_window_predictor
+
+    got = level_window_predictor(np.array([1, 2, 3, 1]), [1, 1, 2, None], [1.0, 0.5, 0.25, 0.0])
+    # level 1: (1 + 0.5) / 2; level 2: 0.25; level 3 is not in the window: its mean, 1.75 / 4
+    assert got.tolist() == pytest.approx([0.75, 0.25, 0.4375, 0.75])
