@@ -277,6 +277,79 @@ def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
     assert fates["trained"] == 8 * 4 and fates["admitted"] == summary["prompts_admitted"]
 
 
+def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(fresh,
+                                                                             monkeypatch):
+    """Synchronous GRPO, stopped as a signal stops it while the driver waits for step 3's
+    batch (synchronous: the batch is generated after the publish, so a preemption between
+    steps lands in that wait, the path only this mode takes): the flag the SIGTERM handler
+    sets (``Preemption.handle``, cluster/preempt.py) is set 0.3 s into the wait, while the
+    generators are held busy (so that the wait cannot end first on this fast policy). The wait is
+    cancelled and hands nothing over; a checkpoint of step 2, with no periodic one, holds
+    step 3's prompts in flight; summary.json says preempted. The resume trains to the end,
+    and by prompt uid nothing admitted is lost or trained twice, and every prompt the
+    checkpoint held is trained after it. The launcher's part (the handler, the line, exit 4)
+    is checked under ``ray job stop`` in test_two_jobs.py, and the whole under SIGTERM by
+    ``python -m bench.chaos --scenarios sigterm_then_resume``."""
+    import signal
+    import threading
+    import time
+
+    import msgpack
+
+    import cluster.trainer as trainer_mod
+    from cluster.checkpoints import RUN_STATE, Checkpoints
+    from cluster.preempt import Preempted
+    from cluster.run_files import read_lines
+    from cluster.trainer import Trainer
+
+    sections = dict(mode="sync", algo={"name": "grpo", "k_init": 8, "k_max": 8},
+                    rollout={"batch_prompts": 8, "max_tokens": 32})
+    cfg = make_cfg(fresh["tmp"], "preempt", **sections,
+                   run={"max_steps": 4, "eval_every": 0, "checkpoint_every": 0})
+    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"])
+    real_wait = trainer_mod.wait_batch
+
+    def wait_then_signal(dog, coord, n, stop):
+        if trainer.step == 3:  # step 3's wait: the signal lands in it
+            # The generators busy for 1.5 s first (their event loops blocked, as by slow
+            # engines): the coordinator admits step 3's prompts and asks for their rollouts
+            # in the wait, and none can come back before the flag is set 0.3 s into it,
+            # however fast this tiny policy generates.
+            for g in fresh["roles"].generators:
+                g.__ray_call__.remote(lambda self: time.sleep(1.5))
+            threading.Timer(0.3, stop.handle, (signal.SIGTERM,)).start()
+        return real_wait(dog, coord, n, stop)
+
+    monkeypatch.setattr(trainer_mod, "wait_batch", wait_then_signal)
+    with pytest.raises(Preempted) as got:
+        trainer.run()
+    monkeypatch.undo()
+    assert got.value.step == 2 and trainer.stop.cancelled_wait is True
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["steps"] == 2
+    assert summary["batch_wait_cancelled"] is True and summary["signal"] == "SIGTERM"
+    ck = Checkpoints(cfg.run_dir / "checkpoints")
+    assert ck.latest() == "step2" and ck.tags() == ["step2"]
+    snap = msgpack.unpackb((ck.root / "step2" / RUN_STATE).read_bytes(), raw=False,
+                           strict_map_key=False)
+    held = {p["uid"] for p in snap["scheduler"]["inflight"]}
+    assert held, "step 3's prompts, in flight in the cancelled wait"
+
+    cfg2 = make_cfg(fresh["tmp"], "preempt", **sections,
+                    run={"max_steps": 4, "eval_every": 0, "resume": True})
+    summary = run(fresh, cfg2)
+    assert summary["resumed_from"] == "step2" and summary["steps"] == 4
+    fates = prompt_fates(cfg2.run_dir)
+    assert fates["lost"] == fates["trained_twice"] == fates["unknown"] == []
+    assert fates["trained_and_dropped"] == []
+    assert fates["admitted"] == fates["trained"] + fates["dropped"] + fates["in_flight"]
+    after = {r["uid"] for r in read_lines(cfg2.run_dir / "prompts.jsonl") if r["step"] > 2} | \
+        {r["uid"] for r in read_lines(cfg2.run_dir / "dropped.jsonl") if r["step"] > 2} | \
+        set(json.loads((cfg2.run_dir / "inflight_at_end.json").read_text())["uids"])
+    assert held <= after  # every prompt the checkpoint held: trained, dropped or still going
+    assert_accounted(summary)
+
+
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
     from cluster.checkpoints import RUN_STATE, Checkpoints
 
