@@ -277,14 +277,15 @@ def main(argv=None) -> int:
     recurring = bool(snaps and snaps[0]["recurring"])
     kept = [s for s in old.get("snapshots", [])  # this task's entries of the same setting go
             if (s["task"], bool(s.get("recurring"))) != (args.task, recurring)]
+    key = args.task + ("_recurring" if recurring else "")
     res = {"command": command, "date": date,
            "units": "probabilities: p the prior's, t the share of correct sampled answers "
                     "(at the task run's rollout.temperature: runs.<task>.temperature) among "
                     "samples_per_prompt; error = p - t over n_prompts prompts",
            "snapshots": kept + snaps,
-           "runs": {**runs_with_commands(old), args.task + ("_recurring" if recurring else ""): {
+           "runs": {**runs_with_commands(old), key: {
                "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
-               "date": date,
+               "date": date, **made_by(runs_with_commands(old).get(key, {}), run_dir),
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
@@ -292,6 +293,15 @@ def main(argv=None) -> int:
     plot(res, args.out.with_suffix(".png"))
     log(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
+
+
+def made_by(old_run: dict, run_dir: Path) -> dict:
+    """``run_made_by``: the command that made the run a ``--run-dir`` measures again (the
+    earlier entry's, when it measured the same run directory), so that re-measuring a cached
+    truth keeps the record of where the run came from."""
+    if old_run.get("run_dir") != str(run_dir):
+        return {}
+    return {"run_made_by": old_run.get("run_made_by") or old_run.get("command")}
 
 
 def runs_with_commands(old: dict) -> dict:

@@ -1,6 +1,6 @@
 """prior_truth.png: per task and snapshot, the prior's p against the truth (each prompt a
 point, coloured by level) with the reliability curve; a bar panel of error sd (noise removed)
-per variant against the level-mean reference."""
+per variant against the level-mean reference and the window's level means."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,6 +42,11 @@ def plot(res: dict, path: Path) -> None:
         ax.bar([j + len(names) * w for j in range(len(mine))],
                [s["level_mean_predictor"]["error_sd_noise_removed"] for s in mine], w,
                color="grey", label="level means (reference)")
+        window = [(j, s["level_window_error_sd_noise_removed"]) for j, s in enumerate(mine)
+                  if s.get("level_window_error_sd_noise_removed") is not None]
+        if window:  # what a prior reading each level perfectly learns from its window
+            ax.scatter([j + 0.4 for j, _ in window], [v for _, v in window], marker="_", s=400,
+                       color="k", zorder=3, label="the window's level means")
         ax.axhline(0.07, color="k", ls=":", lw=0.8)
         top = max(max(s["variants"][n]["error_sd_noise_removed"] for n in names)
                   for s in mine)
