@@ -31,7 +31,7 @@ LOGPROB_ATOL = 2e-3  # tests/integration/test_generator.py: float32 engine vs tr
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A two-step run of the shipped config, small: 2 prompts a step, k from 4 to 8,
-    24-token answers, 8 held-out prompts with one sample each."""
+    16-token answers, 8 held-out prompts with one sample each."""
     out = tmp_path_factory.mktemp("real")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
@@ -39,7 +39,7 @@ def run_dir(tmp_path_factory):
            "run.name=smol", f"run.output_dir={out}", "run.max_steps=2", "run.max_train_s=null",
            "run.eval_prompts=8", "task.n_heldout=8", "run.eval_samples=1",
            "run.snapshot_every=1", "run.record_rollouts=true", "run.save_final=false",
-           "rollout.batch_prompts=2", "rollout.max_tokens=24", "rollout.max_staleness=0",
+           "rollout.batch_prompts=2", "rollout.max_tokens=16", "rollout.max_staleness=0",
            "algo.k_max=8", "optim.lr=5.0e-5", "cluster.address=local"]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
