@@ -125,7 +125,8 @@ def main(argv=None) -> dict:
     out = Path(args.out or ("bench/results/sim_calibrated" if args.calibrate else "bench/results/sim"))
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    per, results = run_modes(cfg, [m for m in args.modes.split(",") if m], keep=True)
+    per, results = run_modes(cfg, [m for m in args.modes.split(",") if m], keep=True,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
     rat = ratios(per)
     for m, s in per.items():
         print(f"{m:22s} prompts/h {s['prompts_per_hour']:7.0f}  limit {s['fraction_of_limit']:5.1%}"

@@ -5,6 +5,7 @@ size comes from V0.5's measured baseline MSE in the same run (same prompts, same
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from bench.sim.core import MODES, simulate
@@ -31,10 +32,13 @@ def ordered(modes) -> list[str]:
     return modes
 
 
-def run_modes(cfg: SimConfig, modes=tuple(MODES), keep: bool = False):
-    """-> ({mode: summary}, {mode: SimResult} if keep else {})."""
+def run_modes(cfg: SimConfig, modes=tuple(MODES), keep: bool = False, progress=None):
+    """-> ({mode: summary}, {mode: SimResult} if keep else {}). ``progress(line)``, if given,
+    hears of each mode as it ends (a mode of the full benchmark takes minutes)."""
     summaries, results = {}, {}
-    for m in ordered(modes):
+    todo = ordered(modes)
+    t0 = time.time()
+    for i, m in enumerate(todo, 1):
         c = cfg
         if m == "async_grpo_equal_mse" and cfg.equal_mse_group is None:
             if "async_v05" not in summaries:
@@ -54,6 +58,8 @@ def run_modes(cfg: SimConfig, modes=tuple(MODES), keep: bool = False):
         summaries[m] = s
         if keep:
             results[m] = res
+        if progress is not None:
+            progress(f"[sim] {i}/{len(todo)} {m} done, {time.time() - t0:.0f} s so far")
     return summaries, results
 
 

@@ -180,7 +180,11 @@ def test_async_fills_engines_that_the_barrier_leaves_idle():
 
 
 def test_equal_mse_mode_takes_its_group_from_the_v05_run():
-    per, _ = run_modes(toy(), ["async_v05", "async_grpo_equal_mse"])
+    heard: list[str] = []
+    per, _ = run_modes(toy(), ["async_grpo_equal_mse", "async_v05"], progress=heard.append)
+    # V0.5 runs first (the equal-MSE mode needs its group), each mode told as it ends
+    assert [line.split()[1:3] for line in heard] == [["1/2", "async_v05"],
+                                                     ["2/2", "async_grpo_equal_mse"]]
     g = per["async_v05"]["equal_mse_group"]
     assert 2 <= g <= 64 and per["async_grpo_equal_mse"]["group_size"] == g
     assert per["async_grpo_equal_mse"]["mean_k"] == g
