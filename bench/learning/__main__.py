@@ -254,11 +254,20 @@ def merge(out: dict, path: Path) -> dict:
     studies = {**kept, study_key(out): {k: v for k, v in out.items() if k != "studies"}}
     top = old if is_baselines(out) and old else out
     merged = {**{k: v for k, v in top.items() if k != "studies"}, "studies": studies}
-    merged["summary"] = {**top["summary"], **{key: {
-        st["config"]["start"]: st["summary"][key][st["config"]["start"]]
-        for st in studies.values() if st["config"]["start"] in st["summary"].get(key, {})
-        and (key == "baselines") == is_baselines(st)} for key in ("controlled", "baselines")}}
+    merged["summary"] = {**top["summary"],
+                         "controlled": pinned(studies, "controlled", baseline_studies=False),
+                         "baselines": pinned(studies, "baselines", baseline_studies=True)}
     return merged
+
+
+def pinned(studies: dict, key: str, baseline_studies: bool) -> dict:
+    """{start: that study's ``summary.<key>.<start>``} over the studies of one kind."""
+    out = {}
+    for st in studies.values():
+        start = st["config"]["start"]
+        if is_baselines(st) == baseline_studies and start in st["summary"].get(key, {}):
+            out[start] = st["summary"][key][start]
+    return out
 
 
 def plot_stem(out: dict, path: Path) -> Path:

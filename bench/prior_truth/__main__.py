@@ -278,14 +278,15 @@ def main(argv=None) -> int:
     kept = [s for s in old.get("snapshots", [])  # this task's entries of the same setting go
             if (s["task"], bool(s.get("recurring"))) != (args.task, recurring)]
     key = args.task + ("_recurring" if recurring else "")
+    runs = runs_with_commands(old)
     res = {"command": command, "date": date,
            "units": "probabilities: p the prior's, t the share of correct sampled answers "
                     "(at the task run's rollout.temperature: runs.<task>.temperature) among "
                     "samples_per_prompt; error = p - t over n_prompts prompts",
            "snapshots": kept + snaps,
-           "runs": {**runs_with_commands(old), key: {
+           "runs": {**runs, key: {
                "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
-               "date": date, **made_by(runs_with_commands(old).get(key, {}), run_dir),
+               "date": date, **made_by(runs.get(key, {}), run_dir),
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
