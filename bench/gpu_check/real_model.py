@@ -342,7 +342,7 @@ def train_run(w, spec: dict, vocab: int, params: int, steps: int, seed: int,
         run["warmup_s"] = time.perf_counter() - t0
         rest = _reset_peak()
         times, m = timed_steps(w, samples, steps)
-        peak = _peak()
+        peak = _peak(rest)
         mean = sum(times) / len(times)
         flops = 6 * params * tokens / mean
         run.update(step_s=times, mean_step_s=mean, tokens_per_s=tokens / mean,
