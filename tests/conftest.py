@@ -56,8 +56,8 @@ def pytest_report_header(config):
 # 2026-12-03 runs; the real model's and the benches' modules, the hungriest for CPU, do not
 # start side by side (the suite took 890 s and 922 s in this order, 1,041 s with the two
 # first; runs of one order may differ by about that much too).
-LONGEST_FIRST = ("test_pipeline.py", "test_real_model.py", "test_two_jobs.py", "test_benches.py",
-                 "test_gpu_learner_bench.py", "test_placement_cluster.py", "test_job_submit.py",
+LONGEST_FIRST = ("test_pipeline.py", "test_real_model.py", "test_job_submit.py", "test_benches.py",
+                 "test_gpu_learner_bench.py", "test_placement_cluster.py",
                  "test_weight_sync_vllm.py", "test_learner.py", "test_generator.py")
 
 

@@ -1,7 +1,16 @@
 """`ray job submit -- python -m cluster.launch v05.yaml` against a `ray start --head` cluster:
 the job's outputs land where it says and survive the cluster, and while it runs every role's
 actor is named by run and role, in Ray's state API and on the dashboard's Actors page as
-headless Chromium renders it (one job, one cluster: the suite's time is tight).
+headless Chromium renders it (one cluster for the whole module: the suite's time is tight).
+
+A second job runs beside it on the same cluster, under the same run.name in another
+run.output_dir (the harder case: anything keyed by the run's name alone, an actor name, a
+metric, a cache, would collide; bench.chaos's ``second_job_killed`` runs two differently
+named jobs), and is stopped mid-run with `ray job stop`: the first trains to its end with
+exact accounting, each job writes only its own run directory, neither job's actors are the
+other's, and the stopped one is preempted as `ray job stop` preempts a job: SIGTERM, a
+whole checkpoint of its last step with the prompts in flight, one line saying so, and
+nothing it admitted lost.
 
 The job trains on a verl-layout Parquet dataset (``task.name=math task.path=train.parquet``),
 so the same launch shows that a verl user's files train end to end: prompts from the file,
@@ -16,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import shutil
 import subprocess
@@ -26,9 +36,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from chromium import NO_CHROMIUM, Browser, chromium_binary, evaluate, open_page, screenshot
+from cluster.checkpoints import RUN_STATE, Checkpoints
+from cluster.run_files import prompt_fates, read_lines
 from learner.ranks import free_port
 
 pytestmark = pytest.mark.integration
@@ -40,6 +53,11 @@ NAMES = {f"{RUN}/{role}": cls for role, cls in ROLES.items()}
 # The run trains this long (run.max_train_s; a step takes about a second here), so that its
 # coordinator is alive long enough for a browser to open the dashboard and read it.
 TRAIN_S = 15  # the page was read 1.3-1.7 s after the roles were up
+# The second job, stopped mid-run: the default task, as small as a run gets.
+TWIN = ["generators.count=1", "rollout.batch_prompts=2", "algo.k_init=2", "algo.k_max=2",
+        "run.eval_every=0", "run.save_final=false", "run.progress=false",
+        "generators.measure_peak=false", f"run.name={RUN}", "run.max_steps=500",
+        "run.checkpoint_every=2"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +71,7 @@ def head(tmp_path_factory):
     env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test cluster; no token to hand around
     # `ray job stop` sends SIGTERM, then SIGKILL this long after (Ray's default 3 s, read by
     # the job supervisor, so set before the head starts): time for a stopped run to write its
-    # preemption checkpoint (test_two_jobs).
+    # preemption checkpoint (the second job).
     env["RAY_JOB_STOP_WAIT_TIME_S"] = "90"
     proc = subprocess.Popen(
         ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
@@ -100,18 +118,47 @@ def get_json(url: str):
         return json.loads(r.read())
 
 
-def named_actors(url: str) -> dict[str, tuple[str, str]]:
-    """Every actor of the cluster: name (or "" for none) -> (class, state), from Ray's
-    state API (the REST endpoint behind ``ray list actors``)."""
-    rows = get_json(f"{url}/api/v0/actors?detail=1&limit=1000")["data"]["result"]["result"]
+def all_actors(url: str) -> list[dict]:
+    """Every actor of the cluster, from Ray's state API (the REST endpoint behind
+    ``ray list actors``)."""
+    return get_json(f"{url}/api/v0/actors?detail=1&limit=1000")["data"]["result"]["result"]
+
+
+def ray_job_id(url: str, submission_id: str) -> str | None:
+    """The Ray job id (what each actor records) of a submitted job, once it has one."""
+    return next((j.get("job_id") for j in get_json(f"{url}/api/jobs/")
+                 if j.get("submission_id") == submission_id), None)
+
+
+def named_actors(url: str, job_id: str | None) -> dict[str, tuple[str, str]]:
+    """The actors of one Ray job: name (or "" for none) -> (class, state)."""
     return {a.get("name") or f"<anonymous {a['actor_id'][:8]}>": (a["class_name"], a["state"])
-            for a in rows}
+            for a in all_actors(url) if a.get("job_id") == job_id}
 
 
-def launch_running(url: str) -> bool:
-    """Whether the cluster.launch job is RUNNING now (Ray's job API)."""
-    return any("cluster.launch" in j["entrypoint"] and j["status"] == "RUNNING"
-               for j in get_json(f"{url}/api/jobs/"))
+def job_status(url: str, submission_id: str) -> str:
+    """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
+    return next(j["status"] for j in get_json(f"{url}/api/jobs/")
+                if j.get("submission_id") == submission_id)
+
+
+def steps_done(run_dir: Path) -> int:
+    f = run_dir / "metrics.jsonl"
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+def wait_for(pred, timeout_s: float) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(1)
+    return False
+
+
+def launch_running(url: str, submission_id: str) -> bool:
+    """Whether that cluster.launch job is RUNNING now (Ray's job API)."""
+    return job_status(url, submission_id) == "RUNNING"
 
 
 # The Actors page's table rows (Material UI) that name a role of the run, as rendered text.
@@ -123,8 +170,26 @@ ROWS = """JSON.stringify({
 
 
 @dataclass
+class Twin:
+    """The second job: same run.name, another output folder, stopped mid-run."""
+    out: Path                      # its run.output_dir
+    job_ids: dict = field(default_factory=dict)  # submission id -> Ray job id, both jobs
+    actors: list = field(default_factory=list)   # every actor alive while both jobs ran
+    steps_at_stop: int = 0
+    main_running_at_stop: bool = False
+    status: str = ""               # after the stop
+    logs: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / RUN
+
+
+@dataclass
 class Job:
     root: Path                     # the durable output root the job was given
+    twin: Twin
+    job_id: str | None = None      # its Ray job id
     logs: str = ""
     returncode: int | None = None
     actors: dict = field(default_factory=dict)   # state API while every role was alive
@@ -133,15 +198,42 @@ class Job:
     screenshot: Path | None = None
 
 
-def watch_until_named(url: str, proc, timeout_s: float = 900) -> dict:
-    """The state API's actors once every role's name is ALIVE (or the job ended first)."""
+def watch_until_named(url: str, proc, submission_id: str, timeout_s: float = 900) -> dict:
+    """One job's actors (state API) once every role's name is ALIVE (or the job ended)."""
     deadline, actors = time.time() + timeout_s, {}
     while time.time() < deadline and proc.poll() is None:
-        actors = named_actors(url)
+        actors = named_actors(url, ray_job_id(url, submission_id))
         if all(actors.get(n, ("", ""))[1] == "ALIVE" for n in NAMES):
             break
         time.sleep(1)
     return actors
+
+
+def submit_twin(url: str, env: dict, twin: Twin) -> None:
+    cmd = ["ray", "job", "submit", "--address", url, "--no-wait", "--submission-id", "twin",
+           "--working-dir", str(ROOT), "--", sys.executable, "-m", "cluster.launch",
+           "v05.yaml", *TWIN, f"run.output_dir={twin.out}"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def stop_twin(url: str, env: dict, twin: Twin, main_proc) -> None:
+    """While the first job runs: both jobs' actors, then `ray job stop` of the second once it
+    has a step behind it, and its end (its log's lines, its status)."""
+    both = lambda: all(named_actors(url, ray_job_id(url, j)).get(n, ("", ""))[1] == "ALIVE"  # noqa: E731
+                       for j in ("main", "twin") for n in NAMES)
+    if wait_for(lambda: main_proc.poll() is not None or both(), 300) and main_proc.poll() is None:
+        twin.actors = [a for a in all_actors(url) if a["state"] == "ALIVE"]
+        twin.job_ids = {j: ray_job_id(url, j) for j in ("main", "twin")}
+    wait_for(lambda: steps_done(twin.run_dir) >= 1, 300)
+    twin.main_running_at_stop = main_proc.poll() is None
+    subprocess.run(["ray", "job", "stop", "--address", url, "twin"], env=env,
+                   capture_output=True, timeout=120)
+    twin.steps_at_stop = steps_done(twin.run_dir)
+    wait_for(lambda: job_status(url, "twin") in ("STOPPED", "FAILED", "SUCCEEDED"), 120)
+    twin.status = job_status(url, "twin")
+    twin.logs = subprocess.run(["ray", "job", "logs", "--address", url, "twin"], env=env,
+                               capture_output=True, text=True, timeout=60).stdout
 
 
 def read_actors_page(browser: Browser, url: str, shot: Path, timeout_s: float = 60) -> dict:
@@ -197,8 +289,9 @@ def verl_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def job(head, verl_files, tmp_path_factory, request):
-    """One tiny run on the verl files submitted as a job; while it runs, its actors as the
-    state API lists them and (with Chromium) as the dashboard's Actors page shows them."""
+    """One tiny run on the verl files submitted as a job, beside a second job of the same
+    run.name that is stopped mid-run; while the first runs, its actors as the state API
+    lists them and (with Chromium) as the dashboard's Actors page shows them."""
     from tasks.policy import ensure_default_policy
 
     url, env, stop = head
@@ -206,8 +299,8 @@ def job(head, verl_files, tmp_path_factory, request):
     root = tmp / "outputs"
     runtime_env = json.dumps({"env_vars": {"V05_OUTPUT_ROOT": str(root)}})
     model = ensure_default_policy(task="stepwise")  # cached: built by the install
-    cmd = ["ray", "job", "submit", "--address", url, "--working-dir", str(ROOT),
-           "--runtime-env-json", runtime_env, "--",
+    cmd = ["ray", "job", "submit", "--address", url, "--submission-id", "main",
+           "--working-dir", str(ROOT), "--runtime-env-json", runtime_env, "--",
            sys.executable, "-m", "cluster.launch", "v05.yaml", "run.max_steps=100000",
            f"run.max_train_s={TRAIN_S}", f"run.name={RUN}",
            "task.name=math", f"task.path={verl_files / 'train.parquet'}",
@@ -216,7 +309,8 @@ def job(head, verl_files, tmp_path_factory, request):
            # evaluated at the start and after the last step only, 4 prompts
            "run.eval_every=100000", "run.eval_prompts=4", "run.eval_samples=1",
            "generators.count=1", "rollout.batch_prompts=4", "algo.k_init=2", "algo.k_max=4"]
-    out, log = Job(root), tmp / "submit.log"
+    out, log = Job(root, Twin(tmp / "twin-out")), tmp / "submit.log"
+    submit_twin(url, env, out.twin)  # first: it is surely still training when the other is
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -224,14 +318,16 @@ def job(head, verl_files, tmp_path_factory, request):
     browser = None if chromium_binary() is None else Browser(
         chromium_binary(), tmp / "chromium-profile", tmp / "chromium.log")
     try:
-        out.actors = watch_until_named(url, proc)
+        out.actors = watch_until_named(url, proc, "main")
+        out.job_id = ray_job_id(url, "main")
         if browser is not None and proc.poll() is None:
-            out.running_at_open = launch_running(url)
+            out.running_at_open = launch_running(url, "main")
             out.screenshot = Path(os.environ.get("V05RL_DASHBOARD_SCREENSHOT")
                                   or tmp / "ray-dashboard-actors.png")
             out.page = read_actors_page(browser, url, out.screenshot)
             say(request, f"Ray dashboard Actors page read in {out.page['read_s']:.1f}s, "
                          f"screenshot: {out.screenshot}")
+        stop_twin(url, env, out.twin, proc)
         out.returncode = proc.wait(timeout=900)
     finally:
         if browser is not None:
@@ -297,9 +393,12 @@ def test_the_dashboard_actors_page_shows_each_role_by_run_and_name(job):
     path is printed)."""
     assert job.running_at_open, "the job had ended before the page was opened"
     assert "Name" in job.page["header"] and "Class" in job.page["header"], job.page["header"]
+    assert job.job_id, "no Ray job id for the job"
     for name, cls in NAMES.items():
-        rows = [row.split() for row in job.page["rows"] if name in row.split()]
-        assert len(rows) == 1, (name, job.page["rows"])
+        # the second job's role of the same name may be listed too, under its own job id
+        rows = [row.split() for row in job.page["rows"]
+                if name in row.split() and job.job_id in row.split()]
+        assert len(rows) == 1, (name, job.job_id, job.page["rows"])
         assert cls in rows[0] and "ALIVE" in rows[0], (name, rows[0])
     assert job.screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert job.screenshot.stat().st_size > 20_000
@@ -332,3 +431,61 @@ def test_a_verl_parquet_dataset_trains_through_the_job(job):
     assert summary["eval_prompts"] == 4
     assert summary["eval_accuracy_initial"] is not None
     assert summary["eval_accuracy_final"] is not None and 0 <= summary["eval_accuracy_final"] <= 1
+
+
+def test_a_second_job_of_the_same_name_is_stopped_and_the_first_ends_with_exact_accounting(
+        job):
+    """Two jobs of one run.name at once, in different output folders; `ray job stop` of the
+    second while the first runs: the first trains to its end with exact accounting, the
+    second is preempted (its checkpoint, its line, nothing it admitted lost or repeated), no
+    process serves both, and each writes only its own run directory."""
+    twin = job.twin
+    assert job.returncode == 0, job.logs[-3000:]
+    # Both ran at once: each role of each job alive in its own process.
+    assert twin.actors, "the two jobs' roles were never alive at once"
+    roles = set(ROLES.values())
+    jobs = {c: {a["job_id"] for a in twin.actors if a["class_name"] == c} for c in roles}
+    assert all(j == set(twin.job_ids.values()) and len(j) == 2 for j in jobs.values()), jobs
+    pids = [a["pid"] for a in twin.actors if a["class_name"] in roles]
+    assert len(pids) == len(set(pids))  # no process serves both jobs
+    assert twin.main_running_at_stop and twin.steps_at_stop >= 1
+
+    # The first: every step its own, every admitted prompt trained, dropped or in flight.
+    main_dir = job.root / "runs" / RUN
+    s = json.loads((main_dir / "summary.json").read_text())
+    assert s.get("status") not in ("stalled", "preempted")
+    fates = prompt_fates(main_dir)
+    assert fates["lost"] == [] and fates["trained_twice"] == [] and fates["unknown"] == []
+    rows = [json.loads(x) for x in (main_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, s["steps"] + 1))  # none of the other's
+
+    # The second stopped: no step after the stop. `ray job stop` is a preemption: the driver
+    # got SIGTERM, checkpointed its last step with the prompts in flight and said so, within
+    # the supervisor's wait (else Ray's SIGKILL would have left no such line); by uid,
+    # nothing it admitted is lost or trained twice.
+    assert twin.status in ("STOPPED", "FAILED"), twin.status
+    assert steps_done(twin.run_dir) <= twin.steps_at_stop + 1
+    assert "preempting: SIGTERM received" in twin.logs, twin.logs[-3000:]
+    said = re.search(r"^preempted: checkpoint step (\d+) written in ([\d.]+) s", twin.logs,
+                     re.M)
+    assert said, twin.logs[-3000:]
+    step = int(said.group(1))
+    assert Checkpoints(twin.run_dir / "checkpoints").latest() == f"step{step}"
+    st = json.loads((twin.run_dir / "summary.json").read_text())
+    assert st["status"] == "preempted" and st["steps"] == step == steps_done(twin.run_dir)
+    snap = msgpack.unpackb((twin.run_dir / "checkpoints" / f"step{step}" / RUN_STATE
+                            ).read_bytes(), raw=False, strict_map_key=False)
+    held = [p["uid"] for p in snap["scheduler"]["inflight"]]  # a resume would train these
+    trained = [r["uid"] for r in read_lines(twin.run_dir / "prompts.jsonl")]
+    dropped = [r["uid"] for r in read_lines(twin.run_dir / "dropped.jsonl")]
+    every = trained + dropped + held
+    assert len(every) == len(set(every)) == snap["data_pos"]  # each admitted prompt once
+    assert set(every) == {f"s{i}" for i in range(snap["data_pos"])}
+
+    # Each wrote only its own run directory, under its own output folder.
+    assert sorted(p.name for p in twin.out.iterdir()) == [RUN]
+    assert sorted(p.name for p in (job.root / "runs").iterdir()) == [RUN]
+    cfg = (twin.run_dir / "config.yaml").read_text()
+    assert str(twin.out) in cfg and str(job.root) not in cfg
+    assert str(twin.out) not in (main_dir / "config.yaml").read_text()
+    assert (twin.run_dir / "logs" / "coordinator.log").exists()

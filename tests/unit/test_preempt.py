@@ -3,7 +3,7 @@ signal and the grace period that end the process at once with the right status, 
 installed and restored. The process's real exit is replaced by a recorder (``hard_exit``);
 the real signal is sent to this process with ``os.kill``. The step loop's side is in
 test_trainer_loop.py; a real run stopped in its batch wait, then resumed, in
-tests/integration/test_pipeline.py; a real launch under ``ray job stop`` in test_two_jobs.py."""
+tests/integration/test_pipeline.py; a real launch under ``ray job stop`` in test_job_submit.py."""
 from __future__ import annotations
 
 import io
