@@ -104,6 +104,9 @@ class EmbeddedPrior(PriorBackend):
     ``lead`` versions past the newest observation: the policy's movement, see kernel.py),
     ``views`` (feature views the LOO choice may pick from: "embedding" (MiniLM), "ngram"
     (``hashed_ngrams``), "both" (concatenated); each costs its own eigendecompositions),
+    ``reselect`` (the share of the window that must be new since the last choice among the
+    views before they are all searched again; in between, a refit searches the chosen view
+    alone, at one view's cost: 0 = every view at every fit),
     ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
     much as leave-one-out says they predict it: kernel.py, "A prompt seen before"),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
@@ -124,7 +127,7 @@ class EmbeddedPrior(PriorBackend):
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool = True,
-                 encoder=None):
+                 reselect: float = 0.25, encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -145,6 +148,10 @@ class EmbeddedPrior(PriorBackend):
         if not self.views or any(v not in VIEWS for v in self.views):
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {views!r}")
         self.same_prompt = bool(same_prompt)
+        if not 0.0 <= float(reselect) <= 1.0:
+            raise ValueError(f"reselect must lie in [0, 1], got {reselect!r}")
+        self.reselect = float(reselect)
+        self._chosen: tuple[str, frozenset] | None = None  # (view, the window it was chosen on)
         self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
         self.encoder = encoder if encoder is not None else SentenceEncoder(
             model_dir, device=device, batch_size=batch_size, max_seq_length=max_seq_length,
@@ -155,6 +162,7 @@ class EmbeddedPrior(PriorBackend):
         self._id_of: dict[str, int] = {}
         self.fit_s = 0.0
         self.n_fits = 0
+        self.n_view_searches = 0  # fits that searched every view
 
     def set_context(self, context: Context) -> None:
         self._context = context
@@ -175,6 +183,15 @@ class EmbeddedPrior(PriorBackend):
         """Context ids: equal for the same prompt text (queries never seen get -1)."""
         return np.array([self._id_of.get(p, -1) for p in prompts], dtype=np.int64)
 
+    def _view_to_search(self, prompts: list[str]) -> str | None:
+        """The view chosen at the last full search while less than ``reselect`` of the window
+        is new since then (None: search every view)."""
+        if self._chosen is None or len(self.views) == 1:
+            return None
+        view, seen = self._chosen
+        new = sum(p not in seen for p in prompts)
+        return view if new < self.reselect * len(prompts) else None
+
     def _fitted(self) -> Fitted | None:
         ctx = self._context
         if self._fit is None and len(ctx):
@@ -182,11 +199,16 @@ class EmbeddedPrior(PriorBackend):
             prompts = list(ctx.prompts)
             self._id_of = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
             loglen = log_length(prompts) if self.use_length else None
-            self._fit = fit_context(self._features(prompts), ctx.scores, ctx.ages,
+            only = self._view_to_search(prompts)
+            self._fit = fit_context(self._features(prompts, only), ctx.scores, ctx.ages,
                                     self.halflife, loglen, prior_mean=self.prior_mean,
                                     prior_strength=self.prior_strength, kernels=self.kernels,
                                     drift=self.drift, lead=self.lead,
                                     ids=self._ids(prompts) if self.same_prompt else None)
+            if only is None:  # a full search: its choice stands for the window it saw
+                self._chosen = (None if self._fit.kernel is None else
+                                (self._fit.view, frozenset(prompts)))
+                self.n_view_searches += 1
             self.fit_s += time.perf_counter() - t0
             self.n_fits += 1
         return self._fit
@@ -206,6 +228,7 @@ class EmbeddedPrior(PriorBackend):
     def stats(self) -> dict:
         fit = self._fit
         return {**self.cache.stats(), "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
+                "n_view_searches": self.n_view_searches,
                 "model": fit.label() if fit else None,
                 "loo_mse": _finite(fit.loo_mse) if fit else None,
                 "const_loo_mse": _finite(fit.const_loo_mse) if fit else None}

@@ -519,6 +519,40 @@ def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_th
         2 * np.abs(p - y[100:]).mean()
 
 
+def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is_new():
+    from actors.priors.base import Context
+    from actors.priors.embedded import EmbeddedPrior
+
+    rng = np.random.default_rng(5)
+    steps = rng.integers(1, 9, size=200)
+    prompts = [f"apply the rule x{k} to {rng.integers(100, 999)}" for k in steps]
+    y = np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=200), 0, 1)
+    prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
+    seen = []
+
+    def fit_on(lo, hi):
+        prior.set_context(Context(tuple(prompts[lo:hi]), y[lo:hi], np.zeros(hi - lo)))
+        p = prior.predict(prompts[180:])
+        seen.append((prior.stats()["n_view_searches"], prior.stats()["model"].split(":")[0]))
+        return p
+
+    fit_on(0, 100)
+    assert seen[-1][0] == 1 and seen[-1][1] in ("ngram", "both")
+    chosen = seen[-1][1]
+    p = fit_on(10, 110)                   # 10% new: the chosen view alone
+    assert seen[-1] == (1, chosen)
+    full = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False, reselect=0.0)
+    full.set_context(Context(tuple(prompts[10:110]), y[10:110], np.zeros(100)))
+    p_full = full.predict(prompts[180:])
+    if full.stats()["model"].split(":")[0] == chosen:   # the same choice: the same fit
+        assert p == pytest.approx(p_full)
+    fit_on(30, 130)                       # 30% new since the search: every view again
+    assert seen[-1][0] == 2
+    assert full.stats()["n_view_searches"] == full.stats()["n_fits"] == 1
+    with pytest.raises(ValueError, match="reselect"):
+        EmbeddedPrior(encoder=NoiseEncoder(), reselect=1.5)
+
+
 def test_a_recurring_prompt_is_pulled_toward_its_own_earlier_outcomes():
     rng = np.random.default_rng(4)
     n_prompts, reps = 40, 3
