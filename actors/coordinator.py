@@ -10,7 +10,7 @@ back. Both training modes run through it: ``mode: sync`` is the same coordinator
     coord = ray.remote(Coordinator).options(max_concurrency=1000).remote(
         generators, prior, estimator, CoordinatorConfig(task_cfg, sched_cfg, ...))
     coord.start.remote()
-    batch = ray.get(coord.next_batch.remote(B))        # TrainBatch
+    batch = ray.get(coord.next_batch.remote(B))        # TrainBatch, samples by reference
     coord.set_version.remote(v, payload)               # after each weight publish
 
 Faults: a generator whose calls raise ``RayActorError`` (dead or restarting) is taken out of
@@ -31,7 +31,7 @@ import time
 from collections import Counter
 
 from actors.coordinator_checkpoint import CoordinatorCheckpoint
-from actors.prompts import PromptSampler, checked_priors, make_record, success_rate, train_samples
+from actors.prompts import PromptSampler, checked_priors, hand_over, success_rate
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
 from actors.scoring import Overlong, Scorer
 from common.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
@@ -58,6 +58,9 @@ class CoordinatorConfig:
     restore: str | None = None     # a checkpoint's run_state.msgpack to continue from
     score_fault: tuple[str, int] = ("none", 0)
     log_path: str | None = None
+    # The learner's ranks: each batch's samples go to them by reference, one shard each,
+    # put in the object store here (common.sharding); 0: inline in the batch (in-process use)
+    learner_ranks: int = 0
 
 
 class Coordinator(CoordinatorCheckpoint):
@@ -76,6 +79,7 @@ class Coordinator(CoordinatorCheckpoint):
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.sched = Scheduler(cfg.sched, estimator, len(self.gens), cfg.version, clock=time.time)
         self.needs_prior = estimator.needs_prior
+        self.learner_ranks = cfg.learner_ranks
         self.payload = None
         self.incarnations: list[str | None] = [None] * len(self.gens)
         self.last_heard = [time.time()] * len(self.gens)  # last answer from each generator
@@ -118,10 +122,8 @@ class Coordinator(CoordinatorCheckpoint):
             await self._wake.wait()
         self._kick()
         dropped, self.sched.dropped = self.sched.dropped, []
-        return TrainBatch(records=[make_record(p) for p in prompts],
-                          samples=[s for p in prompts for s in train_samples(p)],
-                          version=self.sched.version, inflight_prompts=self.sched.in_flight(),
-                          dropped=dropped)
+        return hand_over(prompts, self.sched.version, self.sched.in_flight(), dropped,
+                         self.learner_ranks)
 
     async def set_version(self, version: int, payload=None) -> None:
         """Learner published ``version`` (every live generator loaded it)."""

@@ -1,14 +1,17 @@
 """Prompt-side plumbing of the coordinator: the training-prompt stream, the prior's answer
-checked, and a finished prompt turned into its record and its training samples.
+checked, a finished prompt turned into its record and its training samples, and finished
+prompts into a batch.
 
-Pure Python (no Ray, no asyncio): the coordinator, the tests and the simulator share it.
+Pure Python (no Ray, no asyncio): the coordinator, the tests and the simulator share it
+(``hand_over`` imports Ray only to put a batch's shards in the object store).
 """
 from __future__ import annotations
 
 import random
 
 from actors.scheduler import PromptInFlight
-from common.types import PromptRecord, Rollout, TrainSample
+from common.sharding import make_shards
+from common.types import PromptRecord, Rollout, TrainBatch, TrainSample
 from estimator.core import reward_to_prob
 
 
@@ -84,3 +87,21 @@ def make_record(pif: PromptInFlight) -> PromptRecord:
         prompt_tokens=len(rs[0].prompt_token_ids) if rs else 0,
         t_admit=pif.t_admit, t_done=pif.t_done,
         spans=[(r.generator, r.t_start, r.t_end) for r in rs])
+
+
+def hand_over(prompts: list[PromptInFlight], version: int, inflight: int, dropped: list,
+              learner_ranks: int = 0, put=None) -> TrainBatch:
+    """The batch of finished ``prompts``: their records, and their samples split over
+    ``learner_ranks`` ranks and ``put`` (default ``ray.put``: the calling actor's object
+    store) one shard each (``common.sharding``), or inline with no ranks given."""
+    samples = [s for p in prompts for s in train_samples(p)]
+    shards = None
+    if learner_ranks:  # by reference: the driver passes the shards on unread
+        if put is None:
+            import ray
+
+            put = ray.put
+        shards, samples = make_shards(samples, learner_ranks, put), []
+    return TrainBatch(records=[make_record(p) for p in prompts], samples=samples,
+                      version=version, inflight_prompts=inflight, dropped=dropped,
+                      shards=shards)

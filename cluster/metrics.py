@@ -246,15 +246,16 @@ def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
                  generators: dict, k_init: int, rewards: tuple[float, float]) -> dict:
     """One line of metrics.jsonl (``rewards``: the task's range, see ``batch_metrics``)."""
-    staleness = np.array([batch.version - s.version for s in batch.samples] or [0])
+    staleness = np.array([batch.version - v for v in batch.sample_versions()] or [0])
+    tokens = batch.sample_tokens()
     step_s = t.published - t.start
     return {"step": step, "policy_version": version,
             **batch_metrics(batch.records, k_init, rewards),
-            "trained_samples": len(batch.samples),
+            "trained_samples": len(tokens),
             # rollouts the batch did not train: cut by its cap at S samples, held out by the oracle
             "rollouts_not_trained": sum(r.k - r.trained_samples for r in batch.records
                                         if r.trained_samples is not None),
-            "trained_tokens": sum(len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples),
+            "trained_tokens": sum(tokens),
             **{k: getattr(learner, k) for k in ("loss", "grad_norm", "grad_noise_to_signal",
                                                 "entropy", "clip_fraction",
                                                 "approx_kl", "lr", "skipped", "skip_reason")},

@@ -45,12 +45,13 @@ def _clean(v):
 class RunFiles:
     def __init__(self, run_dir: Path, config_yaml: str, resume_step: int | None = None,
                  tensorboard: bool = False, progress: bool = True, record_rollouts: bool = False,
-                 wandb=None):
+                 wandb=None, fetch=None):
         """``resume_step``: continuing from the checkpoint of that step: lines of later steps
         (written after it by a run that then crashed) are dropped, so that every step and every
         prompt appears once. None: a fresh run, earlier outputs are replaced. ``wandb``: a
         started ``cluster.wandb_log.WandbLog`` that gets every step's metrics, and the summary
-        and report at the end (``report``)."""
+        and report at the end (``report``). ``fetch``: what turns a batch's shard references
+        into their samples when recording rollouts (default ``ray.get``)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.yaml").write_text(config_yaml)
@@ -66,6 +67,7 @@ class RunFiles:
         self.t0 = time.time()
         self.write_failures = 0
         self._recorder = self._rollouts(resume_step, record_rollouts)
+        self._fetch = fetch
         self._tb, self._wandb, self._summary = None, wandb, None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -106,10 +108,11 @@ class RunFiles:
         rollouts.msgpack: every prompt's samples, when recording."""
         self.dropped(batch.dropped, step)
         if self._recorder is not None:
-            it = iter(batch.samples)
-            for r in batch.records:
-                self._recorder.append(r.prompt_id, r.prompt, r.rewards, r.baseline, version,
-                                      [next(it) for _ in range(r.k)], step=step)
+            it = iter(ordered_samples(batch, self._fetch))
+            for r in batch.records:  # its trained samples: its first n, fewer than k when
+                n = r.k if r.trained_samples is None else r.trained_samples  # trimmed
+                self._recorder.append(r.prompt_id, r.prompt, r.rewards[:n], r.baseline, version,
+                                      [next(it) for _ in range(n)], step=step)
         if skipped:
             self.dropped([(r.uid, NAN_SKIP) for r in batch.records], step)
             return
@@ -196,6 +199,19 @@ class RunFiles:
             self._recorder.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def ordered_samples(batch, fetch=None) -> list:
+    """A batch's samples in order: inline, or fetched (``fetch``, default ``ray.get``) from
+    its shards' references: the one place the driver reads them (rollouts.msgpack, when
+    ``run.record_rollouts``)."""
+    if batch.shards is None:
+        return batch.samples
+    if fetch is None:
+        import ray
+
+        fetch = ray.get
+    return batch.shards.ordered(fetch(batch.shards.refs))
 
 
 def progress_line(m: dict, elapsed_s: float) -> str:

@@ -81,7 +81,7 @@ def coordinator_config(cfg, task, state: RunState):
         request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
         score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state,
         score_fault=(cfg.reward.inject_fault, cfg.reward.inject_every),
-        log_path=log_path(cfg, "coordinator"))
+        log_path=log_path(cfg, "coordinator"), learner_ranks=cfg.learner.ranks)
 
 
 def start_run_roles(cfg, roles, task, state: RunState):

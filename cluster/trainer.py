@@ -1,8 +1,9 @@
 """The driver of a run: the step loop over a started run's roles (``cluster.run_start``).
 
     for step in steps:
-        batch  = coordinator.next_batch(B)       # the scheduler's hand-over (sync: a barrier)
-        result = learner.train_step(batch.samples)
+        batch  = coordinator.next_batch(B)       # the scheduler's hand-over (sync: a barrier),
+                                                 # its samples by reference
+        result = learner.train_batch(batch)      # each rank fetches its own shard
         publish(v + 1): learner -> generators, then coordinator.set_version(v + 1)
         evaluate when due (admission paused, timed apart); record; checkpoint when due
 
@@ -108,7 +109,7 @@ class Trainer:
         self.step += 1
         get, t0, g0 = self.dog.get, time.time(), generator_stats(self.roles.generators)
         batch, t1 = timed(wait_batch, self.dog, self.coord, self.batch_prompts, self.stop)
-        result, t2 = timed(self.dog.call, "learner (train)", self.learner.train_step, batch.samples)
+        result, t2 = timed(self.dog.call, "learner (train)", self.learner.train_batch, batch)
         last, eval_due = self.due(self.clock.tick(t2))
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
             get("coordinator", self.coord.pause.remote())

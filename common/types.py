@@ -121,10 +121,24 @@ class PromptRecord:
 
 @dataclass
 class TrainBatch:
-    """What the coordinator hands the learner for one step."""
+    """What the coordinator hands the learner for one step. In a run the samples travel by
+    reference (``shards``: a ``common.sharding.Shards``, ``samples`` empty), so the driver
+    holds only the records and the samples' metadata; inline ``samples`` serve in-process
+    callers (a coordinator told of no learner ranks)."""
 
     records: list[PromptRecord]
     samples: list[TrainSample]
     version: int               # policy version the learner is at when it takes the batch
     inflight_prompts: int      # admitted, not yet handed, after this hand-over
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (uid, reason) since the last
+    shards: object | None = None   # common.sharding.Shards: the samples by reference
+
+    def sample_versions(self) -> list[int]:
+        """Each sample's policy version, in the batch's order."""
+        return self.shards.versions if self.shards is not None else \
+            [s.version for s in self.samples]
+
+    def sample_tokens(self) -> list[int]:
+        """Each sample's prompt + response tokens, in the batch's order."""
+        return self.shards.tokens if self.shards is not None else \
+            [len(s.prompt_token_ids) + len(s.token_ids) for s in self.samples]

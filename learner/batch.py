@@ -12,16 +12,16 @@ then attends within each sample only), and the per-token tensors list the respon
 alone, with the row position that predicts each. ``collate`` (padded, one row per sample)
 stays as the plain reference that tests compare the packed path against.
 
-Who goes where: ``shard_samples`` balances ranks by tokens (longest first onto the lightest
+Who goes where: ``common.sharding.shard_samples`` balances ranks by tokens (longest first onto the lightest
 rank), ``plan_micro_batches`` fills each rank's micro-batches up to a token budget (first fit,
 longest first); ranks then pad to the same micro-batch count (``filler_sample``).
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from common.sharding import n_tokens
 from common.types import TrainSample
 
 
@@ -68,11 +68,6 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict:
         "advantages": torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32),
         "versions": torch.tensor([int(s.version) for s in samples], dtype=torch.long),
     }
-
-
-def n_tokens(s: TrainSample) -> int:
-    """Positions the sample occupies in a forward pass (prompt + response)."""
-    return len(s.prompt_token_ids) + len(s.token_ids)
 
 
 @dataclass
@@ -157,30 +152,6 @@ def filler_sample(like: TrainSample) -> TrainSample:
     to the loss, the gradient or any count."""
     return replace(like, prompt_token_ids=list(like.prompt_token_ids[:1]), token_ids=[],
                    logprobs=[], advantage=0.0)
-
-
-def shard_samples(samples: Sequence[TrainSample], n_ranks: int) -> list[list[TrainSample]]:
-    """Split a global batch across ``n_ranks`` ranks with balanced token counts.
-
-    Longest sample first, each onto the rank with the fewest tokens so far (ties: lower
-    rank), so the largest shard exceeds the mean by at most one sample's tokens; each shard keeps
-    its samples in input order. Deterministic. Every rank gets at least one sample (a
-    sample has at least one prompt token, so an empty rank is always the lightest). Shards
-    may differ in sample count: ranks equalise their micro-batch counts themselves.
-    """
-    if n_ranks < 1:
-        raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
-    B = len(samples)
-    if B < n_ranks:
-        raise ValueError(f"{B} samples cannot feed {n_ranks} learner ranks: "
-                         "pass at least one sample per rank")
-    heap = [(0, r) for r in range(n_ranks)]  # (tokens so far, rank)
-    members: list[list[int]] = [[] for _ in range(n_ranks)]
-    for i in sorted(range(B), key=lambda i: (-n_tokens(samples[i]), i)):
-        load, r = heapq.heappop(heap)
-        members[r].append(i)
-        heapq.heappush(heap, (load + n_tokens(samples[i]), r))
-    return [[samples[i] for i in sorted(m)] for m in members]
 
 
 def prompt_halves(samples: Sequence[TrainSample]) -> tuple[list[TrainSample], list[TrainSample]]:

@@ -10,7 +10,7 @@ from common.threads import threads_for
 from common.types import TrainSample
 from common.records import StepResult
 from learner.bundles import fill_bundles
-from learner.batch import shard_samples
+from common.sharding import shard_samples
 from learner.config import LearnerConfig
 
 
@@ -129,6 +129,20 @@ class Learner:
         shards = shard_samples(samples, self.n_ranks)
         return self._every_rank([w.train_step.remote(shard)
                                  for w, shard in zip(self.workers, shards)])[0]
+
+    def train_batch(self, batch) -> StepResult:
+        """One optimiser step on a coordinator's ``TrainBatch``: each rank is handed its
+        shard's object reference (Ray resolves it in the rank: the samples go from the
+        coordinator's object store to the rank, not through this process), or, for a batch
+        with inline samples, its share of them split here."""
+        if batch.shards is None:
+            return self.train_step(batch.samples)
+        refs = batch.shards.refs
+        if len(refs) != self.n_ranks:
+            raise ValueError(f"the batch has {len(refs)} shards for {self.n_ranks} learner ranks "
+                             "(the coordinator's learner_ranks must be learner.ranks)")
+        return self._every_rank([w.train_step.remote(ref)
+                                 for w, ref in zip(self.workers, refs)])[0]
 
     def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
         """Rank 0 becomes the weight sender to ``generators`` (see ``common/weight_sync``)."""

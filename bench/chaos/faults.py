@@ -28,7 +28,8 @@ def wait_for(pred, timeout_s: float, every_s: float = 0.1) -> bool:
 
 class FaultyLearner:
     """The learner group with faults on its driver-facing calls; everything else passes
-    through. ``nan_at``: the n-th ``train_step`` (1-based) gets NaN advantages.
+    through. ``nan_at``: the n-th step (1-based) gets NaN advantages (its samples fetched
+    here from their shards and sent to the ranks inline: a fault's path, not a run's).
     ``on_publish(version, refs)``: called right after ``publish_weights`` asked every
     generator for the update (the refs of their ``update_weights``), before the trainer waits
     on them."""
@@ -41,11 +42,14 @@ class FaultyLearner:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def train_step(self, samples):
+    def train_batch(self, batch):
+        from cluster.run_files import ordered_samples
+
         self.train_calls += 1
-        if self.train_calls == self.nan_at:
-            samples = [dataclasses.replace(s, advantage=math.nan) for s in samples]
-            self.nan_injected_at = time.time()
+        if self.train_calls != self.nan_at:
+            return self.inner.train_batch(batch)
+        samples = [dataclasses.replace(s, advantage=math.nan) for s in ordered_samples(batch)]
+        self.nan_injected_at = time.time()
         return self.inner.train_step(samples)
 
     def publish_weights(self, generators, version):

@@ -296,7 +296,7 @@ def nan_loss(b: Bench) -> Outcome:
             f"{s.get('prompts_skipped_nan')} prompts were dropped as learner_nan_skip, the "
             f"version stayed, admission reopened and the next step trained.")
     return _outcome(b, "nan_loss", "NaN advantages for every sample of step 2's batch "
-                    "(a wrapper around the learner group's train_step)", cfg, ran, t0,
+                    "(a wrapper around the learner group's train_batch)", cfg, ran, t0,
                     recovery_time_s=rec, t_fault=faulty.nan_injected_at,
                     t_recovered=nxt and nxt["t_step_end"],
                     recovery="from the NaN step's train call to the end of the next step "

@@ -127,7 +127,8 @@ def reset(learners):
 
 def micro_counts(batch, n_ranks, cfg) -> list[int]:
     """Each rank's own micro-batch count (before the ranks pad to the largest)."""
-    from learner.batch import plan_micro_batches, shard_samples
+    from common.sharding import shard_samples
+    from learner.batch import plan_micro_batches
 
     return [len(plan_micro_batches(s, cfg.micro_batch_tokens, cfg.micro_batch_size))
             for s in shard_samples(batch, n_ranks)]
@@ -173,7 +174,7 @@ def test_non_finite_step_is_skipped_then_raises(learners, poison):
     reset(learners)
 
     def poisoned(seed):
-        from learner.batch import shard_samples
+        from common.sharding import shard_samples
 
         b = make_samples(5, seed)
         victim = shard_samples(b, 2)[1][-1]  # a sample of rank 1 only (rank 0 reports)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from common.types import TrainSample
-from learner.batch import (collate, filler_sample, n_tokens, pack, plan_micro_batches,
-                           shard_samples)
+from common.sharding import n_tokens, shard_samples
+from learner.batch import collate, filler_sample, pack, plan_micro_batches
 
 PAD = 0
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from common.types import TrainSample
-from learner.batch import collate, pack, plan_micro_batches, shard_samples
+from common.sharding import shard_samples
+from learner.batch import collate, pack, plan_micro_batches
 from learner.config import LearnerConfig
 from learner.logprobs import LogprobModel, token_logprobs
 from learner.loss import LossInputs, policy_loss

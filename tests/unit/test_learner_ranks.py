@@ -64,3 +64,26 @@ def test_per_rank_weights_connect_and_sharded_steps():
     assert lrn.train_step(samples)["rank"] == 0
     shards = [args[0] for _, name, args, _ in log if name == "train_step"]
     assert len(shards) == 2 and sum(len(s) for s in shards) == 3
+
+
+def test_a_batch_by_reference_hands_each_rank_its_own_shard():
+    """The coordinator's shard references go to the ranks as they are (Ray resolves each in
+    its rank); a batch with inline samples is split here as ``train_step`` splits it."""
+    from common.sharding import Shards
+    from common.types import TrainBatch
+
+    lrn, log = learner(2)
+    shards = Shards(refs=["ref-0", "ref-1"], members=[[0], [1]], versions=[0, 0], tokens=[3, 3])
+    batch = TrainBatch(records=[], samples=[], version=0, inflight_prompts=0, shards=shards)
+    assert lrn.train_batch(batch)["rank"] == 0
+    assert [(r, name, args) for r, name, args, _ in log] == [
+        (0, "train_step", ("ref-0",)), (1, "train_step", ("ref-1",))]
+    with pytest.raises(ValueError, match="3 shards for 2 learner ranks"):
+        lrn.train_batch(TrainBatch(records=[], samples=[], version=0, inflight_prompts=0,
+                                   shards=Shards(["a", "b", "c"], [[0], [1], [2]], [0] * 3,
+                                                 [3] * 3)))
+    log.clear()
+    samples = [TrainSample(prompt_token_ids=[1], token_ids=[2], logprobs=[-0.1], advantage=1.0,
+                           version=0) for _ in range(3)]
+    lrn.train_batch(TrainBatch(records=[], samples=samples, version=0, inflight_prompts=0))
+    assert sorted(len(args[0]) for _, _, args, _ in log) == [1, 2]

@@ -7,7 +7,10 @@ analysis changed without its results being recomputed, fails here.
   ``summary.baselines`` and the budget sweep's ``sweep`` block, from the study's ``runs``;
 - bench/results/prior_truth.json: each snapshot's error figures (the shipped prior and the
   level-mean reference) from its stored points (rounded to 4 decimals when written: the
-  tolerance is that rounding's).
+  tolerance is that rounding's);
+- bench/results/driver_bytes.json: each config's totals from their parts and its batch's
+  shape from the config (the bytes themselves need Ray's serializer: measured again on the
+  default batch by tests/integration/test_pipeline.py).
 
 Figures compared on the keys both sides hold: a key renamed since a file was written is not
 in the committed file (its old name is left alone, as that file's code wrote it).
@@ -90,3 +93,19 @@ def test_the_prior_truth_figures_are_what_their_points_give():
         assert s["level_mean_predictor"]["error_sd_noise_removed"] == pytest.approx(
             lm["error_sd_noise_removed"], abs=2e-4)
         assert s["truth_mean"] == pytest.approx(truth.mean(), abs=1e-4)
+
+
+def test_the_driver_bytes_figures_add_up_at_each_configs_batch():
+    from cluster.config import load_config
+
+    res = json.loads((RESULTS / "driver_bytes.json").read_text())
+    assert res["command"].startswith("python -m bench.driver_bytes")
+    for r in res["configs"]:
+        cfg = load_config(Path(__file__).resolve().parents[2] / r["config"])
+        assert r["batch_prompts"] == cfg.scheduler_batch_prompts()
+        assert r["samples"] == r["batch_prompts"] * cfg.algo.k_init
+        assert (r["learner_ranks"], r["max_tokens"]) == (cfg.learner.ranks, cfg.rollout.max_tokens)
+        for when in ("before", "after"):
+            parts = r[f"{when}_received_bytes"] + r[f"{when}_sent_bytes"]
+            assert abs(r[f"{when}_bytes_per_step"] - parts) <= 1, (r["config"], when)
+        assert r["after_bytes_per_step"] < r["before_bytes_per_step"] / 10

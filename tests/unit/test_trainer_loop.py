@@ -66,7 +66,7 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
     each next_batch)."""
     log, saves, left = [], [], []
     dog = Dog(cfg.run.stall_timeout_s, lambda role, waited, step: (role, {}))
-    learner = SimpleNamespace(train_step=lambda samples: clock.advance(STEP_S) or StepResult())
+    learner = SimpleNamespace(train_batch=lambda batch: clock.advance(STEP_S) or StepResult())
 
     def evaluate(generators):
         clock.advance(EVAL_S)
