@@ -72,6 +72,9 @@ class SentenceEncoder:
 NGRAM_DIM = 2048       # hashed buckets of the character n-gram view
 NGRAM_ORDERS = (1, 2, 3)
 VIEWS = ("embedding", "ngram", "both")
+# A window smaller than this is searched over every view at every fit (``reselect``): its
+# eigendecompositions are cheap (N^3), and a small window's best view moves most.
+FULL_SEARCH_BELOW = 128
 
 
 def hashed_ngrams(texts: list[str], dim: int = NGRAM_DIM,
@@ -106,7 +109,8 @@ class EmbeddedPrior(PriorBackend):
     (``hashed_ngrams``), "both" (concatenated); each costs its own eigendecompositions),
     ``reselect`` (the share of the window that must be new since the last choice among the
     views before they are all searched again; in between, a refit searches the chosen view
-    alone, at one view's cost: 0 = every view at every fit),
+    alone, at one view's cost: 0 = every view at every fit; a window of fewer than
+    ``FULL_SEARCH_BELOW`` prompts is searched in full at every fit),
     ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
     much as leave-one-out says they predict it: kernel.py, "A prompt seen before"),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
@@ -186,7 +190,7 @@ class EmbeddedPrior(PriorBackend):
     def _view_to_search(self, prompts: list[str]) -> str | None:
         """The view chosen at the last full search while less than ``reselect`` of the window
         is new since then (None: search every view)."""
-        if self._chosen is None or len(self.views) == 1:
+        if self._chosen is None or len(self.views) == 1 or len(prompts) < FULL_SEARCH_BELOW:
             return None
         view, seen = self._chosen
         new = sum(p not in seen for p in prompts)

@@ -521,33 +521,36 @@ def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_th
 
 def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is_new():
     from actors.priors.base import Context
-    from actors.priors.embedded import EmbeddedPrior
+    from actors.priors.embedded import FULL_SEARCH_BELOW, EmbeddedPrior
 
     rng = np.random.default_rng(5)
-    steps = rng.integers(1, 9, size=200)
+    steps = rng.integers(1, 9, size=420)
     prompts = [f"apply the rule x{k} to {rng.integers(100, 999)}" for k in steps]
-    y = np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=200), 0, 1)
+    y = np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=420), 0, 1)
     prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
     seen = []
 
     def fit_on(lo, hi):
         prior.set_context(Context(tuple(prompts[lo:hi]), y[lo:hi], np.zeros(hi - lo)))
-        p = prior.predict(prompts[180:])
+        p = prior.predict(prompts[400:])
         seen.append((prior.stats()["n_view_searches"], prior.stats()["model"].split(":")[0]))
         return p
 
-    fit_on(0, 100)
+    fit_on(0, 200)
     assert seen[-1][0] == 1 and seen[-1][1] in ("ngram", "both")
     chosen = seen[-1][1]
-    p = fit_on(10, 110)                   # 10% new: the chosen view alone
+    p = fit_on(20, 220)                   # 10% new: the chosen view alone
     assert seen[-1] == (1, chosen)
     full = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False, reselect=0.0)
-    full.set_context(Context(tuple(prompts[10:110]), y[10:110], np.zeros(100)))
-    p_full = full.predict(prompts[180:])
+    full.set_context(Context(tuple(prompts[20:220]), y[20:220], np.zeros(200)))
+    p_full = full.predict(prompts[400:])
     if full.stats()["model"].split(":")[0] == chosen:   # the same choice: the same fit
         assert p == pytest.approx(p_full)
-    fit_on(30, 130)                       # 30% new since the search: every view again
+    fit_on(60, 260)                       # 30% new since the search: every view again
     assert seen[-1][0] == 2
+    fit_on(60, 60 + FULL_SEARCH_BELOW - 1)  # a small window: every view at every fit
+    fit_on(61, 60 + FULL_SEARCH_BELOW)
+    assert seen[-1][0] == 4
     assert full.stats()["n_view_searches"] == full.stats()["n_fits"] == 1
     with pytest.raises(ValueError, match="reselect"):
         EmbeddedPrior(encoder=NoiseEncoder(), reselect=1.5)
