@@ -48,7 +48,13 @@ def resume_state(cfg, roles, start: Start) -> RunState:
 
     from cluster.checkpoints import resumable
 
-    served = max(max(ray.get([g.version.remote() for g in roles.generators])), roles.published)
+    try:  # before the run's watchdog exists: bounded by the run's call timeout instead
+        versions = ray.get([g.version.remote() for g in roles.generators],
+                           timeout=cfg.run.call_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(f"the generators did not say which weights they serve within "
+                           f"run.call_timeout_s = {cfg.run.call_timeout_s:g} s") from None
+    served = max(max(versions), roles.published)
     if start.action != "resume":
         return RunState(version=served)
     ckpts = resumable(cfg.run_dir, cfg.run.keep_checkpoints)
@@ -136,6 +142,8 @@ def start_run(cfg, roles, task) -> Run:
     if start.line():
         print(start.line(), file=sys.stderr, flush=True)
     state = resume_state(cfg, roles, start)
+    if not state.resumed:  # the generators serve this version already: nothing to publish
+        roles.published = state.version
     coord, telemetry = start_run_roles(cfg, roles, task, state)
     files = RunFiles(cfg.run_dir, dump_config(cfg), state.step if state.resumed else None,
                      tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress,

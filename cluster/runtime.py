@@ -99,7 +99,11 @@ class Roles:
     learner: object
     prior: object | None = None
     placement_groups: dict = field(default_factory=dict)  # role -> Ray placement group
-    published: int = 0   # the newest weight version the learner published to the generators
+    # The policy version: the newest weights the learner published to the generators. Its one
+    # owner: only a publish (run_start.publish, reset_roles) advances it, and a fresh run
+    # takes what the generators serve; the trainer reads it, the coordinator's scheduler and
+    # each generator hold a copy they are told about (set_version, update_weights).
+    published: int = 0
     startup: dict = field(default_factory=dict)  # seconds from the start to each role's ready
 
     def shutdown(self) -> None:

@@ -57,11 +57,16 @@ class Trainer:
     def __init__(self, run: Run, after_step=None, initial_eval: dict | None = None):
         self.r, self.cfg, self.roles, self.coord, self.dog = run, run.cfg, run.roles, run.coord, run.dog
         self.learner, self.batch_prompts = run.roles.learner, run.cfg.rollout.batch_prompts
-        self.step, self.version, self.totals = run.state.step, run.state.version, run.tally.totals
+        self.step, self.totals = run.state.step, run.tally.totals
         self.after_step = after_step or (lambda step, metrics: None)
         self.initial_eval = initial_eval
         self.reused, self.final = initial_eval is not None, {}
         self.clock, self.stop = TrainClock(self.totals, time.time()), installed()
+
+    @property
+    def version(self) -> int:
+        """The policy version the generators serve (``Roles.published`` owns it)."""
+        return self.roles.published
 
     @classmethod
     def start(cls, cfg, roles, task, after_step=None, initial_eval: dict | None = None):
@@ -116,8 +121,7 @@ class Trainer:
         if result.skipped:  # the same version: the coordinator reopens its admission for it
             get("coordinator", self.coord.set_version.remote(self.version))
         else:
-            self.version += 1
-            publish(self.r, self.version)
+            publish(self.r, self.version + 1)
         t3 = self.clock.tick_at(self.dog.progress(self.step))
         ev = self.evaluate() if eval_due else {}
         if ev and not last:

@@ -78,7 +78,7 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
         saves.append(step)
         run.ckpts.saved_step = step
 
-    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}),
+    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}, published=0),
               SimpleNamespace(rewards=(-1.0, 1.0)), RunState(version=0, step=step),
               FakeCoordinator(log, lambda: left.append(dog.time_left())),
               SimpleNamespace(report=_Remote(lambda *a: None)), dog,
@@ -109,8 +109,11 @@ def loop(tmp_path, monkeypatch):
         for mod in (trainer_mod, watchdog_mod):
             monkeypatch.setattr(mod, "time", clock)
         monkeypatch.setattr(trainer_mod, "generator_stats", lambda generators: [])
-        monkeypatch.setattr(trainer_mod, "publish",
-                            lambda r, version: r.coord.set_version.remote(version))
+        def publish(r, version):  # as run_start.publish: the owner advances, the coordinator told
+            r.roles.published = version
+            r.coord.set_version.remote(version)
+
+        monkeypatch.setattr(trainer_mod, "publish", publish)
         cfg = build_config({"run": {"name": "r", "output_dir": str(tmp_path), "progress": False,
                                     "stall_timeout_s": 100.0, **run}})
         r, log, saves, left = fake_run(cfg, clock, totals or {}, step)
