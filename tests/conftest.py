@@ -54,8 +54,9 @@ def pytest_report_header(config):
 # addopts: -n 2, a module to each) do not end with one of them alone on a long module: the
 # longest-first order of list scheduling. Every other module keeps its place after them. By the
 # 2026-12-03 runs; the real model's and the benches' modules, the hungriest for CPU, do not
-# start side by side (the suite took 890 s and 922 s in this order, 1,041 s with the two
-# first; runs of one order may differ by about that much too).
+# start side by side (890 s and 922 s in this order, 1,041 s with the two first; runs of one
+# order may differ by about that much too). The suite is CPU-bound on 2 cores: only less work
+# shortens it (773 s and 867 s after the two-jobs test moved into test_job_submit).
 LONGEST_FIRST = ("test_pipeline.py", "test_real_model.py", "test_job_submit.py", "test_benches.py",
                  "test_gpu_learner_bench.py", "test_placement_cluster.py",
                  "test_weight_sync_vllm.py", "test_learner.py", "test_generator.py")
