@@ -70,7 +70,7 @@ def run(cfg, checked=None) -> dict:
     p, task, start, model_path = checked or (*preflight(cfg), cfg.model_path())
     if start.action in ("fresh", "overwrite"):  # before the roles open logs/
         fresh_run_dir(cfg.run_dir)
-    if start.action == "overwrite":  # the trainer then finds it empty; it says a resume
+    if start.line():  # decided once (preflight), said once: the trainer is handed it
         print(start.line(), file=sys.stderr, flush=True)
     started = connect(cfg, p)
     stop = Preemption(cfg.run.preempt_grace_s)
@@ -84,7 +84,7 @@ def run(cfg, checked=None) -> dict:
         print(f"actors up in {time.time() - t0:.0f}s (learner {up['learner_s']:.0f}s, generators "
               f"{up['generators_s']:.0f}s" + (f", prior {up['prior_s']:.0f}s" if "prior_s" in up
                                               else "") + ")", file=sys.stderr, flush=True)
-        return Trainer.start(cfg, roles, task).run()
+        return Trainer.start(cfg, roles, task, start=start).run()
     finally:
         if roles is not None:
             roles.shutdown()

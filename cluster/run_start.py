@@ -128,19 +128,22 @@ class Run:
     update_failed: list = field(default_factory=list)  # (version, generator, why)
 
 
-def start_run(cfg, roles, task) -> Run:
-    """Everything a run needs before its first step, on roles already up. A previous run in
-    its directory is continued, refused (``RunDirError``), or deleted with
-    ``run.overwrite=true`` only (``plan_start``)."""
-    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
-    if start.action == "done":
-        raise RunDirError(start.line())
-    # A fresh run: nothing of an older run's in its directory (the launcher has cleared
-    # logs/ before the roles started; roles that outlive a run keep writing theirs).
-    if start.action in ("fresh", "overwrite"):
-        fresh_run_dir(cfg.run_dir, logs=False)
-    if start.line():
-        print(start.line(), file=sys.stderr, flush=True)
+def start_run(cfg, roles, task, start=None) -> Run:
+    """Everything a run needs before its first step, on roles already up. ``start``: how the
+    run starts in its directory, as the launcher decided it (``plan_start``) and prepared the
+    directory before the roles started; None (an in-process caller on running roles:
+    benchmarks, tests): decided here. A previous run in its directory is continued, refused
+    (``RunDirError``), or deleted with ``run.overwrite=true`` only."""
+    if start is None:
+        start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
+        if start.action == "done":
+            raise RunDirError(start.line())
+        # A fresh run: nothing of an older run's in its directory (logs/ stays: roles that
+        # outlive a run keep writing theirs).
+        if start.action in ("fresh", "overwrite"):
+            fresh_run_dir(cfg.run_dir, logs=False)
+        if start.line():
+            print(start.line(), file=sys.stderr, flush=True)
     state = resume_state(cfg, roles, start)
     if not state.resumed:  # the generators serve this version already: nothing to publish
         roles.published = state.version

@@ -69,8 +69,10 @@ class Trainer:
         return self.roles.published
 
     @classmethod
-    def start(cls, cfg, roles, task, after_step=None, initial_eval: dict | None = None):
-        return cls(start_run(cfg, roles, task), after_step, initial_eval)
+    def start(cls, cfg, roles, task, after_step=None, initial_eval: dict | None = None,
+              start=None):
+        """On running roles; ``start``: the launcher's decision (``run_start.start_run``)."""
+        return cls(start_run(cfg, roles, task, start), after_step, initial_eval)
 
     def run(self) -> dict:
         """Every step, then the coordinator's accounting, the last checkpoint, the trained policy
