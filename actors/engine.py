@@ -109,6 +109,9 @@ def build_engine(model_path: str, cfg: GeneratorConfig, env: dict[str, str] | No
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # The core in a process of its own, whatever this process inherited (a driver that ran
+        # an in-process engine has it at "0": seen in the suite in shuffled order)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
     except Exception as e:
         raise RuntimeError(f"vLLM engine failed to start for {model_path}: "
