@@ -499,14 +499,20 @@ class NoiseEncoder:
         return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
+def rule_prompts(n: int, seed: int):
+    """Prompts whose success rate follows the step count they spell out ("x3") and nothing
+    a sentence embedding would see: (prompts, their noisy rates)."""
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(1, 9, size=n)
+    prompts = [f"apply the rule x{k} to {rng.integers(100, 999)}" for k in steps]
+    return prompts, np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=n), 0, 1)
+
+
 def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_the_signal():
     from actors.priors.base import Context
     from actors.priors.embedded import EmbeddedPrior
 
-    rng = np.random.default_rng(3)
-    steps = rng.integers(1, 9, size=120)
-    prompts = [f"apply the rule x{k} to {rng.integers(100, 999)}" for k in steps]
-    y = np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=120), 0, 1)
+    prompts, y = rule_prompts(120, seed=3)
     prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
     prior.set_context(Context(tuple(prompts[:100]), y[:100], np.zeros(100)))
     p = prior.predict(prompts[100:])
@@ -523,10 +529,7 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
     from actors.priors.base import Context
     from actors.priors.embedded import FULL_SEARCH_BELOW, EmbeddedPrior
 
-    rng = np.random.default_rng(5)
-    steps = rng.integers(1, 9, size=420)
-    prompts = [f"apply the rule x{k} to {rng.integers(100, 999)}" for k in steps]
-    y = np.clip(0.92 ** (3 * steps) + rng.normal(0, 0.03, size=420), 0, 1)
+    prompts, y = rule_prompts(420, seed=5)
     prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
     seen = []
 
