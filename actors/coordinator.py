@@ -43,7 +43,7 @@ MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it i
 @dataclasses.dataclass(frozen=True)
 class CoordinatorConfig:
     """What a run's coordinator is told besides its peers (generators, prior) and its
-    estimator: built from the run's config by ``cluster.run_start.coordinator_config``."""
+    estimator: built from the run's config by ``cluster.run.start.coordinator_config``."""
 
     task: object                   # tasks.TaskConfig: each side builds the task from it
     sched: SchedulerConfig

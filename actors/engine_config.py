@@ -1,5 +1,5 @@
 """The engine settings of one generator (one vLLM engine), ``GeneratorConfig``. Pure pydantic:
-no vLLM, Ray or torch import, so the run's config (``cluster/config.py``) validates them on a
+no vLLM, Ray or torch import, so the run's config (``cluster/config/schema.py``) validates them on a
 machine without vLLM; ``actors/engine.py`` turns them into an engine.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ GAUGES = {  # name -> (description, key in the step metrics)
     "v05_inflight_prompts": ("Prompts admitted and not yet handed to the learner", "inflight_prompts"),
     "v05_prior_accept_rate": ("Fraction of prompts whose prior passed the test", "prior_accept_rate"),
     # The prior's error against the truth, noise-corrected, from each prompt's first k_init
-    # rewards, pooled over the last 20 steps (cluster.metrics.PRIOR_WINDOW_STEPS): one step's
+    # rewards, pooled over the last 20 steps (cluster.records.metrics.PRIOR_WINDOW_STEPS): one step's
     # 16 prompts are too few for a steady series.
     "v05_prior_error_sd": ("Prior's noise-corrected error sd, sqrt E[(p - mu)^2], recent steps",
                            "prior_error_sd_corrected_window"),

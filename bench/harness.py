@@ -2,7 +2,7 @@
 
 Engine start dominates on a CPU, so a bench starts the roles once (``shared_roles``) and runs
 every mode on them, each from the same state (``Shared.reset``: the learner's initial
-weights, served by every generator, and an empty prior; ``cluster.runtime.reset_roles``).
+weights, served by every generator, and an empty prior; ``cluster.nodes.roles.reset_roles``).
 ``lend_roles`` goes one further: inside it, every bench of the process runs on roles already
 started (the test suite runs two benches on one start: tests/integration/test_benches.py).
 ``round_robin`` interleaves the modes so that drift in the machine's load spreads over them;
@@ -30,7 +30,7 @@ def config_for(base: dict, name: str, run_dir: str | Path, **sections):
     measurement made from the start: it replaces what an earlier run of that name left there
     (``run.overwrite=true``; a bench runs a mode's name once per round), unless it asks for
     ``run.resume=true``."""
-    from cluster.config import build_config
+    from cluster.config.schema import build_config
 
     data = json.loads(json.dumps(base))
     for key, value in sections.items():
@@ -44,21 +44,21 @@ def config_for(base: dict, name: str, run_dir: str | Path, **sections):
 class Shared:
     """The long-lived roles of one bench invocation and the state every run starts from."""
 
-    roles: object     # cluster.runtime.Roles
+    roles: object     # cluster.nodes.roles.Roles
     task: object      # the task of the config the roles were started with
     init_dir: str     # the learner's initial state (``reset`` loads it)
     setup_s: float    # from the placement to the initial state saved
 
     def reset(self, cfg) -> None:
         """Back to the initial weights (learner and every generator) and an empty prior."""
-        from cluster.runtime import reset_roles
+        from cluster.nodes.roles import reset_roles
 
         reset_roles(cfg, self.roles, self.init_dir)
 
     def trainer(self, cfg, **kw):
         """A ``Trainer`` of ``cfg`` on the shared roles (``kw``: ``after_step``,
         ``initial_eval``)."""
-        from cluster.trainer import Trainer
+        from cluster.run.trainer import Trainer
 
         return Trainer.start(cfg, self.roles, self.task, **kw)
 
@@ -96,8 +96,8 @@ def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
     lent roles, with this config's task, left running."""
     import ray
 
-    from cluster.placement import plan
-    from cluster.runtime import connect, start_roles
+    from cluster.nodes.placement import plan
+    from cluster.nodes.roles import connect, start_roles
     from tasks import make_task_from_config
 
     if _lent:

@@ -4,11 +4,11 @@ Starts a local Ray cluster on 127.0.0.1 when none is running, joins the running 
 (so ``ray job submit -- python -m cluster.launch v05.yaml`` works against ``ray start --head``).
 The config is parsed and checked (keys, model path, dataset file, placement) before any actor
 starts (the model loads, the tokenizer encodes the prompts). Outputs go to the absolute run
-directory ``<run.output_dir>/<run.name>/`` (cluster/paths.py), printed at the start and end.
+directory ``<run.output_dir>/<run.name>/`` (cluster/config/paths.py), printed at the start and end.
 A launch never deletes a previous run unless asked (``run.overwrite=true``): where the
 directory holds one it continues from its newest whole checkpoint (``run.resume=auto``, the
 default), says so and exits 0 when that checkpoint is at ``run.max_steps`` already, or
-refuses (exit 2) when there is no whole checkpoint (``cluster.paths.plan_start``).
+refuses (exit 2) when there is no whole checkpoint (``cluster.run.directory.plan_start``).
 Exit status: 0 done (or nothing to do), 2 a bad request (config, model, data, placement, a
 previous run in the way), 3 the watchdog stopped a stalled run, 4 preempted, resumable
 (SIGTERM or SIGINT: a whole checkpoint of the last step with its prompts in flight was written;
@@ -23,10 +23,10 @@ import argparse
 import sys
 import time
 
-from cluster.config import dump_config, load_config
-from cluster.paths import fresh_run_dir, plan_start
-from cluster.placement import plan
-from cluster.preflight import check_model, check_prompts
+from cluster.config.schema import dump_config, load_config
+from cluster.run.directory import fresh_run_dir, plan_start
+from cluster.nodes.placement import plan
+from cluster.config.preflight import check_model, check_prompts
 
 
 def parse_args(argv):
@@ -48,7 +48,7 @@ def preflight(cfg):
     """What can be checked before an actor starts: placement (GPUs, the prior the algorithm
     needs), the task and its data, and how the run starts in its directory (``plan_start``:
     a checkpoint to resume, or a previous run in the way). The model and tokenizer checks are
-    ``cluster.preflight``'s. Returns (placement, task, start)."""
+    ``cluster.config.preflight``'s. Returns (placement, task, start)."""
     from tasks import make_task_from_config
 
     p = plan(cfg)
@@ -63,9 +63,9 @@ def run(cfg, checked=None) -> dict:
     """Run one training job to the end; returns the summary."""
     import ray
 
-    from cluster.preempt import Preemption
-    from cluster.runtime import connect, start_roles
-    from cluster.trainer import Trainer
+    from cluster.run.preempt import Preemption
+    from cluster.nodes.roles import connect, start_roles
+    from cluster.run.trainer import Trainer
 
     p, task, start, model_path = checked or (*preflight(cfg), cfg.model_path())
     if start.action in ("fresh", "overwrite"):  # before the roles open logs/
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     try:  # everything that can be wrong with the request fails here, before any actor starts
         cfg = load_config(args.config, args.overrides)
         if args.check_placement:  # needs no model or dataset: it runs before a real launch
-            from cluster.check_placement import check
+            from cluster.nodes.check_placement import check
 
             return check(cfg, plan(cfg))
         p, task, start = preflight(cfg)
@@ -116,9 +116,9 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from common.rayproc import prefer_loopback
-    from cluster.checkpoints import CHECKPOINT_FAILED, CheckpointWriteError
-    from cluster.preempt import PREEMPTED, Preempted
-    from cluster.watchdog import Stalled
+    from cluster.records.checkpoints import CHECKPOINT_FAILED, CheckpointWriteError
+    from cluster.run.preempt import PREEMPTED, Preempted
+    from cluster.run.watchdog import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
     print(f"run directory: {cfg.run_dir}", flush=True)
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
 def accuracy_lines(summary: dict) -> list[str]:
     """'held-out <metric> accuracy: start +- se -> end +- se (+n SE)' for the headline metric
     first, then the other one."""
-    from cluster.evaluation import EVAL_KINDS, eval_key
+    from cluster.run.evaluation import EVAL_KINDS, eval_key
 
     metric = summary.get("eval_metric")
     out = []

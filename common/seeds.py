@@ -1,5 +1,5 @@
 """The held-out evaluation's sampling seeds: one per problem and sample, derived from the run's
-seed (``cluster.evaluation`` samples with them, ``tasks.policy_eval`` and the benchmarks
+seed (``cluster.run.evaluation`` samples with them, ``tasks.policy_eval`` and the benchmarks
 measure with them). Pure: hashlib only."""
 from __future__ import annotations
 

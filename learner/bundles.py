@@ -1,5 +1,5 @@
 """Which placement-group bundle each of several actors goes to: the arithmetic that both
-``cluster.placement`` (reserving) and ``learner.ranks`` (placing its ranks) need. Pure Python."""
+``cluster.nodes.placement`` (reserving) and ``learner.ranks`` (placing its ranks) need. Pure Python."""
 from __future__ import annotations
 
 import math

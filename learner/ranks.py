@@ -35,7 +35,7 @@ def rank_options(n_ranks: int, num_cpus: float, num_gpus: float = 0.0, placement
     """Ray actor options of each rank: its resources and, with a placement group, its bundle.
     Ranks fill the group's bundles from ``bundle_offset`` in order, each bundle taking the
     ranks it holds: one per bundle when the learner shares a node (STRICT_PACK), a node's
-    share per bundle when it spans nodes (STRICT_SPREAD; see ``cluster.placement.layout``)."""
+    share per bundle when it spans nodes (STRICT_SPREAD; see ``cluster.nodes.placement.layout``)."""
     opts = [{"num_cpus": num_cpus, "num_gpus": num_gpus} for _ in range(n_ranks)]
     if placement_group is None:
         return opts
@@ -74,7 +74,7 @@ class Learner:
     """Creates ``n_ranks`` DeepSpeed ranks as Ray actors and drives them in lockstep.
 
     The ranks meet at rank 0's node (``rendezvous``): with a placement group (the launcher's,
-    from ``cluster.placement``) each rank runs in its bundle; without one, rank 0 is pinned to
+    from ``cluster.nodes.placement``) each rank runs in its bundle; without one, rank 0 is pinned to
     the node the rendezvous was found on and the others go wherever Ray puts them.
     With ``run_name`` each rank's actor is named ``<run>/learner-rank-<r>``
     (``common.names``); without it the ranks are anonymous.

@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for tests in order for item in tests]
 
 
-# The user's run folders (cluster/paths.py): runs/ in the checkout, ~/v05rl-runs and
+# The user's run folders (cluster/config/paths.py): runs/ in the checkout, ~/v05rl-runs and
 # $V05_OUTPUT_ROOT as the user set it. No test may write there: every launch in the tests
 # goes to a temporary directory (test_bad_input.py's launcher), since a user's finished run
 # there changes what a launch answers, and a test's run would land among the user's.

@@ -40,7 +40,7 @@ class SchedulerCheckpoint:
 
         The resumed learner trains the snapshot's weights, possibly under a higher number
         (generators that outlived the crashed run serve newer ones: see
-        ``cluster.runtime.resume_state``); this scheduler's version is that number. Every
+        ``cluster.nodes.roles.resume_state``); this scheduler's version is that number. Every
         version in the snapshot (starts, admissions, deadlines) moves by the difference, so
         an age counts weight updates, not renumbering: a sample started on the checkpoint's
         weights is as old after the resume as it was at the checkpoint."""

@@ -34,7 +34,7 @@ and 11 run the launcher in subprocesses, each with its own local Ray cluster, an
 what those started; 12 submits two jobs to a `ray start --head` cluster of its own.
 
 Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
-prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.metrics.prompt_fates``), hung
+prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.records.metrics.prompt_fates``), hung
 (past its wall-clock budget, or stopped by the watchdog), recovery_time_s (defined per scenario,
 in its ``recovery`` field) and what the system did. Writes bench/results/chaos.json and
 chaos.png (each run's steps over time, the fault and the recovery marked); exits 1 when a
@@ -166,7 +166,7 @@ class Settings:
 
 def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path):
     """In-process scenarios on one cluster, then the subprocess ones; {name: Outcome}."""
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     results, setup_s = {}, None
     local = [n for n in names if SCENARIOS[n] == "inproc"]
@@ -187,7 +187,7 @@ def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path)
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    from cluster.runtime import prefer_loopback
+    from cluster.nodes.roles import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     names = [n for n in (args.scenarios.split(",") if args.scenarios
@@ -233,6 +233,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from cluster.runtime import run_main
+    from cluster.nodes.roles import run_main
 
     run_main(main)

@@ -43,7 +43,7 @@ class FaultyLearner:
         return getattr(self.inner, name)
 
     def train_batch(self, batch):
-        from cluster.run_files import ordered_samples
+        from cluster.records.files import ordered_samples
 
         self.train_calls += 1
         if self.train_calls != self.nan_at:

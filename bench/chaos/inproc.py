@@ -29,7 +29,7 @@ class Bench:
     baseline_step_s: float | None = None  # median step time of the clean control run
 
     @property
-    def roles(self):      # cluster.runtime.Roles (a scenario may swap its learner)
+    def roles(self):      # cluster.nodes.roles.Roles (a scenario may swap its learner)
         return self.shared.roles
 
     def cfg(self, name: str, **sections):
@@ -55,7 +55,7 @@ class Ran:
 def run(trainer_or_factory) -> Ran:
     """Run a trainer (or build one, then run it: a resume loads in the constructor) to the end;
     the watchdog's ``Stalled`` and any other error become the result, not an exception."""
-    from cluster.watchdog import Stalled
+    from cluster.run.watchdog import Stalled
 
     try:
         trainer = trainer_or_factory() if callable(trainer_or_factory) else trainer_or_factory
@@ -307,7 +307,7 @@ def nan_loss(b: Bench) -> Outcome:
 def corrupt_checkpoint(b: Bench) -> Outcome:
     """4 steps with a checkpoint every 2; the newest checkpoint's largest file cut in half;
     the resume must fall back to the one before and train to step 6."""
-    from cluster.checkpoints import Checkpoints
+    from cluster.records.checkpoints import Checkpoints
 
     t0 = time.time()
     name = "corrupt_checkpoint"

@@ -1,6 +1,6 @@
 """What one chaos scenario reports, and the evidence it is judged on (the run's own files).
 
-``prompts_lost`` and ``prompts_trained_twice`` come from ``cluster.metrics.prompt_fates``: every
+``prompts_lost`` and ``prompts_trained_twice`` come from ``cluster.records.metrics.prompt_fates``: every
 uid the sampler handed out (``s0 .. s<data_pos - 1>``) must appear exactly once across
 prompts.jsonl, dropped.jsonl and inflight_at_end.json, after the crash and the resume.
 """
@@ -51,7 +51,7 @@ def summary_of(run_dir: Path) -> dict | None:
 
 def evidence(run_dir: Path) -> dict:
     """Fates by uid and the accounting identity, from a finished run's files."""
-    from cluster.run_files import prompt_fates
+    from cluster.records.files import prompt_fates
 
     summary = summary_of(run_dir)
     if summary is None or "data_pos" not in summary:

@@ -53,7 +53,7 @@ def measure(config: str, prompt_tokens: int, seed: int = 0) -> dict:
     """Bytes through the driver per step, inline and by reference, for ``config``'s batch."""
     import ray
 
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     cfg = load_config(config)
     B, k, T = cfg.scheduler_batch_prompts(), cfg.algo.k_init, cfg.rollout.max_tokens

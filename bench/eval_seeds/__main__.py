@@ -1,11 +1,11 @@
 """Do the held-out evaluation's standard errors hold? The embedded policy's held-out prompts
 sampled under several evaluation seeds, with the seeds the evaluation now uses (one per prompt
-and sample, ``cluster.evaluation.eval_seeds``) and with the old shared seed (sample i of every
+and sample, ``cluster.run.evaluation.eval_seeds``) and with the old shared seed (sample i of every
 prompt seeded ``seed + i``, as ``eval_requests`` asked the generators for):
 
     python -m bench.eval_seeds [--prompts 200] [--seeds 8] [--samples 4] [--task NAME]
 
-For each scheme ``cluster.evaluation.seed_spread_check`` compares the spread over the seeds of
+For each scheme ``cluster.run.evaluation.seed_spread_check`` compares the spread over the seeds of
 the mean sampled accuracy (T = 1) with the binomial SE within prompts that the outcomes
 predict, and with the SE the evaluation reports (over prompts). Sampling runs on vLLM (CPU)
 in this process (``tasks.policy_eval.VllmSampler``: one engine request per sample with its
@@ -78,7 +78,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    from cluster.evaluation import seed_spread_check
+    from cluster.run.evaluation import seed_spread_check
     from tasks import DEFAULT_TASK, make_task
     from tasks.policy import ensure_default_policy, policy_recipe
     from tasks.policy_eval import VllmSampler

@@ -194,7 +194,7 @@ def plan_config(config: str, measured: Path) -> dict:
     on the Qwen3-4B shape, the width the CPU measurements in ``measured`` were taken at."""
     from bench.gpu_check.plan import config_memory
     from bench.gpu_learner import SHAPES
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     cfg = load_config(config)
     inputs = json.loads(measured.read_text())["plan_inputs"]

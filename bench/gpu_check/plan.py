@@ -92,7 +92,7 @@ def memory_plan(shape: dict, n_params: int, layer_work_bytes_per_token: float,
 
 def config_memory(cfg, shape: dict, n_params: int, layer_work_bytes_per_token: float,
                   logprob_bytes_per_element: float = 10.0) -> dict:
-    """``learner_memory`` for the learner of a run config (``cluster.config.Config``): ZeRO
+    """``learner_memory`` for the learner of a run config (``cluster.config.schema.Config``): ZeRO
     shards the states over ``learner.ranks``; the micro-batch is the most tokens one can hold:
     ``optim.micro_batch_tokens``, or one sample of ``generators.engine.max_model_len`` tokens
     when that is longer (a sample over the budget trains alone), or without a budget

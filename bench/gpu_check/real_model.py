@@ -74,7 +74,7 @@ SIZES = {
 
 def run_settings(config: str | Path = RUN_CONFIG) -> dict:
     """The run config's learner (``optim``, a ``LearnerConfig``) and batch shape."""
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     cfg = load_config(str(config))
     return {"path": str(config), "optim": cfg.optim, "batch_prompts": cfg.rollout.batch_prompts,

@@ -296,7 +296,7 @@ def main(argv=None) -> int:
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     from bench.learning.plots import plots
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     if args.merge_from:
         return merge_from(Path(args.merge_from), Path(args.out))

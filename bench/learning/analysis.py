@@ -89,7 +89,7 @@ def prior_quality(prompts: list[dict], bins: int = 5,
     binned reliability table (mean p and mean observed rate per bin of p, with counts).
     ``rewards``: the task's (r_lo, r_hi); the observed rate is a prompt's mean reward on that
     range, clipped (``estimator.core.reward_to_prob``), the rate the prior is trained on."""
-    from cluster.metrics import pair_auc
+    from cluster.records.metrics import pair_auc
     from estimator.core import reward_to_prob
 
     rows = [p for p in prompts if p.get("prior_p") is not None and p["rewards"]]

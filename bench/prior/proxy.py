@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.metrics import pair_auc  # noqa: F401 - public here too (bench.prior)
+from cluster.records.metrics import pair_auc  # noqa: F401 - public here too (bench.prior)
 
 WRAP = ("Solve the following math problem step by step. The last line of your response should "
         "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "

@@ -128,7 +128,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                  which: tuple[str, ...] = SNAPSHOTS) -> list[dict]:
     """Every snapshot's entry (of the kinds in ``which``); ``run_variant``: the variant the run
     itself used (its online estimate is compared with that one's offline error)."""
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
     from tasks import make_task_from_config
 
     cfg = load_config(run_dir / "config.yaml", [])
@@ -203,11 +203,11 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
 def online_estimate(rows: list[dict], step: int, last: int, k_init: int,
                     rewards: tuple[float, float], half: int = 5) -> dict:
     """What the run's own metrics said about the prior near ``step``: the noise-corrected
-    error (``cluster.metrics.prior_error_terms``, from each prompt's first k_init rewards) over
+    error (``cluster.records.metrics.prior_error_terms``, from each prompt's first k_init rewards) over
     the prompts trained in the ``2 * half`` steps around it (clipped to the run), to compare
     with the offline error against the truth. It estimates sqrt(E[(p - mu)^2]), bias
     included: the offline twin is the RMSE with the truth's noise removed."""
-    from cluster.metrics import prior_error_summary, prior_error_terms
+    from cluster.records.metrics import prior_error_summary, prior_error_terms
 
     lo = max(1, min(step - half + 1, last - 2 * half + 1))
     hi = lo + 2 * half - 1
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
                          f"known: {', '.join(SNAPSHOTS)}")
     snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS,
                          args.run_variant, which)
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     command = "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:])
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")

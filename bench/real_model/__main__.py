@@ -75,7 +75,7 @@ def add_prior_truth(out_path: Path, prior_path: Path, argv: list[str]) -> int:
     """Fold ``bench.prior_truth``'s figures for the run's task into ``out_path``; the units
     line is rewritten from the run's config (the sampling temperature it names)."""
     from bench.real_model import analysis
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     out = json.loads(out_path.read_text())
     cfg = load_config(out["config"], out.get("overrides", []))
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return add_prior_truth(a.out, a.prior_truth, argv)
     from bench.real_model import analysis, measure
     from bench.real_model.plot import plot
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     cfg = load_config(a.config, a.overrides)
     threads = sorted({1, cfg.learner.threads, 2})

@@ -57,7 +57,7 @@ def learner_rate(rows: list[dict], params: int, peak_gflops: float) -> dict:
 
 def generator_rate(rows: list[dict], n_generators: int, max_num_seqs: int) -> dict:
     """What the generators did over the steady state, from each step's generator figures
-    (``cluster.metrics.generator_delta``: summed over the generators): tokens per second of
+    (``cluster.records.metrics.generator_delta``: summed over the generators): tokens per second of
     busy engine time (an engine is busy while it holds a request) and the mean batch while
     busy (sequences in flight), per engine."""
     w = steady(rows)
@@ -137,7 +137,7 @@ def analyse(run_dir: Path, params: int, matmul: dict, curve: list[dict],
 
 def units(temperature: float) -> str:
     """What the numbers of real_model.json are measured in; ``temperature``: the run's
-    rollout.temperature, at which its held-out samples are drawn (cluster/evaluation.py)."""
+    rollout.temperature, at which its held-out samples are drawn (cluster/run/evaluation.py)."""
     return ("seconds; tokens/s (engine tokens generated, or trained prompt + response tokens "
             "for the learner); GFLOP/s = 1e9 FLOP/s; MiB of resident memory; accuracy: "
             "held-out, mean over prompts of the share of correct sampled answers (T = "

@@ -40,7 +40,7 @@ def engine_curve(config: str, batches: list[int], overrides: list[str]) -> list[
     prompts at once, ``rollout.max_tokens`` tokens each (EOS ignored, so the batch holds
     ``b`` sequences from start to end; prompt processing included, as in a run)."""
     from actors.generator import Generator
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
     from tasks import make_task_from_config
 
     cfg = load_config(config, overrides)

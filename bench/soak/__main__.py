@@ -17,7 +17,7 @@ For each quantity, ``growth_per_hour``: the Theil-Sen slope after the warm-up (t
 The aims: every role's RSS and the run's state (checkpoints, coordinator entries) grow
 < 5 %/hour, step time flat within 10 %/hour. The run directory's total grows by design
 (metrics.jsonl, prompts.jsonl: a line per step and per prompt) and is reported, not judged.
-``prompts_lost`` is by uid from the run's files (``cluster.run_files.prompt_fates``).
+``prompts_lost`` is by uid from the run's files (``cluster.records.files.prompt_fates``).
 
 Writes bench/results/soak.json (``--quick``: soak_quick.json) and the plot beside it (.png).
 """
@@ -107,7 +107,7 @@ class Stop:
 def soak(args, workdir: Path) -> dict:
     """The run, sampled; its summary, samples and steps."""
     from bench.soak.sampler import Sampler
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     over = overrides(args, workdir)
     cfg = load_config(REPO / "v05.yaml", over)
@@ -129,7 +129,7 @@ def soak(args, workdir: Path) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    from cluster.runtime import prefer_loopback
+    from cluster.nodes.roles import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     for kv in args.env:  # inherited by the cluster this process starts
@@ -158,6 +158,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from cluster.runtime import run_main
+    from cluster.nodes.roles import run_main
 
     run_main(main)

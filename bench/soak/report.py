@@ -48,7 +48,7 @@ def aims(growth: dict, duration_s: float, steps: int) -> dict:
 
 def summarise(got: dict, args) -> dict:
     """soak.json's body from ``bench.soak.__main__.soak``'s output."""
-    from cluster.run_files import prompt_fates
+    from cluster.records.files import prompt_fates
 
     cfg, summary, samples, steps = got["cfg"], got["summary"], got["samples"], got["steps"]
     fates = prompt_fates(cfg.run_dir)

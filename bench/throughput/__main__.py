@@ -60,7 +60,7 @@ def mode_config(base: dict, name: str, run_dir: Path, group: int | None = None):
 
 
 def run_mode(cfg, shared, mem, warmup: int) -> dict:
-    from cluster.run_files import read_metrics
+    from cluster.records.files import read_metrics
 
     task = shared.task
     mem.reset()
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     from bench.throughput.calibration import sim_check
     from bench.throughput.plots import plots
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     steps = args.steps or (8 if args.quick else 20)
     repeats = args.repeats or (1 if args.quick else 3)

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 def lent_roles(tmp_path_factory):
     """v05.yaml's roles on a local cluster, lent to every bench this module runs."""
     from bench.harness import lend_roles, shared_roles
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     tmp = tmp_path_factory.mktemp("roles")
     cfg = load_config(REPO / "v05.yaml", ["cluster.address=local", f"run.output_dir={tmp}",

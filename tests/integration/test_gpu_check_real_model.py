@@ -69,7 +69,7 @@ def test_the_model_is_the_carried_architecture_shrunk(result, tiny_state_dict):
 
 
 def test_the_runs_have_the_run_configs_shape_and_consistent_figures(result):
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     run_cfg, z = result["run_config"], result["sizes"]
     cfg = load_config(run_cfg["path"])

@@ -40,8 +40,8 @@ import msgpack
 import pytest
 
 from chromium import NO_CHROMIUM, Browser, chromium_binary, evaluate, open_page, screenshot
-from cluster.checkpoints import RUN_STATE, Checkpoints
-from cluster.run_files import prompt_fates, read_lines
+from cluster.records.checkpoints import RUN_STATE, Checkpoints
+from cluster.records.files import prompt_fates, read_lines
 from learner.ranks import free_port
 
 pytestmark = pytest.mark.integration

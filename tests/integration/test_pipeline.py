@@ -16,9 +16,9 @@ pytestmark = pytest.mark.integration
 
 ray = pytest.importorskip("ray")
 
-from cluster.config import build_config  # noqa: E402
-from cluster.run_files import prompt_fates, read_metrics  # noqa: E402
-from cluster.placement import plan  # noqa: E402
+from cluster.config.schema import build_config  # noqa: E402
+from cluster.records.files import prompt_fates, read_metrics  # noqa: E402
+from cluster.nodes.placement import plan  # noqa: E402
 
 METRIC_KEYS = {"step", "policy_version", "reward_mean", "rollouts", "tokens_generated",
                "trained_tokens", "grad_norm", "entropy", "clip_fraction", "step_time_s",
@@ -54,7 +54,7 @@ def make_cfg(tmp, name, **sections):
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
-    from cluster.runtime import connect, start_roles
+    from cluster.nodes.roles import connect, start_roles
     from tasks import make_task_from_config
 
     tmp = tmp_path_factory.mktemp("runs")
@@ -75,14 +75,14 @@ def system(tmp_path_factory):
 @pytest.fixture
 def fresh(system):
     """Every test starts from the initial weights, served by every generator, a new prior."""
-    from cluster.runtime import reset_roles
+    from cluster.nodes.roles import reset_roles
 
     reset_roles(system["cfg"], system["roles"], system["init"])
     return system
 
 
 def run(system, cfg, after_step=None):
-    from cluster.trainer import Trainer
+    from cluster.run.trainer import Trainer
 
     return Trainer.start(cfg, system["roles"], system["task"], after_step=after_step).run()
 
@@ -96,15 +96,15 @@ def test_sync_grpo_trains_through_the_barrier(fresh, monkeypatch):
 
     from safetensors.numpy import load_file
 
-    import cluster.trainer
+    import cluster.run.trainer
 
     initial = {}
     for f in Path(fresh["model_path"]).glob("*.safetensors"):
         initial.update(load_file(f))
     start = fresh["roles"].published
     cfg = make_cfg(fresh["tmp"], "sync-grpo", mode="sync")
-    got, wait = [], cluster.trainer.wait_batch
-    monkeypatch.setattr(cluster.trainer, "wait_batch",
+    got, wait = [], cluster.run.trainer.wait_batch
+    monkeypatch.setattr(cluster.run.trainer, "wait_batch",
                         lambda *a: got.append(wait(*a)) or got[-1])  # the driver's batches
     summary = run(fresh, cfg)
     # Samples by reference: the driver held each batch's records and one shard reference
@@ -158,7 +158,7 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
     the time): the real-time test rejects it for all but a vanishing fraction of prompts, so
     extra rollouts are asked for, through the batched plan, within k_max; no trained sample is
     older than max_staleness; generation goes on while the learner trains."""
-    from cluster.runtime import start_prior
+    from cluster.nodes.roles import start_prior
 
     cfg = make_cfg(fresh["tmp"], "async-v05", mode="async",
                    algo={"name": "v05", "k_init": 4, "k_max": 16},
@@ -188,7 +188,7 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
 
 
 def test_async_run_survives_a_generator_kill(fresh):
-    from cluster.runtime import wait_ready
+    from cluster.nodes.roles import wait_ready
 
     cfg = make_cfg(fresh["tmp"], "async-kill", mode="async",
                    algo={"name": "v05", "k_init": 4, "k_max": 16},
@@ -253,7 +253,7 @@ def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
     """Async V0.5, a checkpoint every 2 steps, the driver dies after step 5 (after the step-4
     checkpoint): resumed, the run continues the prompts that were in flight at step 4 and
     drops the crashed run's records after it; every prompt in prompts.jsonl appears once."""
-    from cluster.checkpoints import Checkpoints
+    from cluster.records.checkpoints import Checkpoints
 
     sections = dict(mode="async", algo={"name": "v05", "k_init": 4, "k_max": 16},
                     rollout={"max_staleness": 1})
@@ -291,7 +291,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
     """Synchronous GRPO, stopped as a signal stops it while the driver waits for step 3's
     batch (synchronous: the batch is generated after the publish, so a preemption between
     steps lands in that wait, the path only this mode takes): the flag the SIGTERM handler
-    sets (``Preemption.handle``, cluster/preempt.py) is set 0.3 s into the wait, while the
+    sets (``Preemption.handle``, cluster/run/preempt.py) is set 0.3 s into the wait, while the
     generators are held busy (so that the wait cannot end first on this fast policy). The wait is
     cancelled and hands nothing over; a checkpoint of step 2, with no periodic one, holds
     step 3's prompts in flight; summary.json says preempted. The resume trains to the end,
@@ -305,11 +305,11 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
 
     import msgpack
 
-    import cluster.trainer as trainer_mod
-    from cluster.checkpoints import RUN_STATE, Checkpoints
-    from cluster.preempt import Preempted
-    from cluster.run_files import read_lines
-    from cluster.trainer import Trainer
+    import cluster.run.trainer as trainer_mod
+    from cluster.records.checkpoints import RUN_STATE, Checkpoints
+    from cluster.run.preempt import Preempted
+    from cluster.records.files import read_lines
+    from cluster.run.trainer import Trainer
 
     sections = dict(mode="sync", algo={"name": "grpo", "k_init": 8, "k_max": 8},
                     rollout={"batch_prompts": 8, "max_tokens": 32})
@@ -360,7 +360,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
 
 
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
-    from cluster.checkpoints import RUN_STATE, Checkpoints
+    from cluster.records.checkpoints import RUN_STATE, Checkpoints
 
     cfg = make_cfg(fresh["tmp"], "corrupt", mode="sync",
                    run={"max_steps": 4, "eval_every": 0, "checkpoint_every": 2,
@@ -382,8 +382,8 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
 def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
     """Admission paused for good after step 1: the prompts already admitted feed step 2, then
     the hand-over waits forever. The watchdog stops the run and says on what."""
-    from cluster.trainer import Trainer
-    from cluster.watchdog import Stalled
+    from cluster.run.trainer import Trainer
+    from cluster.run.watchdog import Stalled
 
     cfg = make_cfg(fresh["tmp"], "stall", mode="async", rollout={"max_staleness": 1},
                    run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 15})
@@ -420,7 +420,7 @@ def short(tmp, name, steps, **run_kw):
 
 
 def assert_wandb_has_every_metric(run_dir, steps):
-    from cluster.wandb_log import compare, numeric, read_offline
+    from cluster.records.wandb_log import compare, numeric, read_offline
 
     rows = read_metrics(run_dir)
     got = read_offline(run_dir)
@@ -431,7 +431,7 @@ def assert_wandb_has_every_metric(run_dir, steps):
         missing = sorted(set(numbers) - set(h))
         assert not missing, missing
         assert all(h[k] == pytest.approx(v) for k, v in numbers.items())
-    same = compare(run_dir)  # what `python -m cluster.wandb_log RUN_DIR` reports
+    same = compare(run_dir)  # what `python -m cluster.records.wandb_log RUN_DIR` reports
     assert same["steps"] == len(rows) and not same["missing"] and not same["differing"]
     return got
 
@@ -446,7 +446,7 @@ def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch, c
     metrics.jsonl line at its step. The launcher's exit statuses for the same cases:
     tests/unit/test_bad_input.py; the decision itself: tests/unit/test_plan_start.py."""
     pytest.importorskip("wandb")
-    from cluster.paths import RunDirError
+    from cluster.config.paths import RunDirError
 
     monkeypatch.setenv("WANDB_MODE", "offline")  # never the network in a test
     tmp = fresh["tmp"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
+from cluster.config.schema import load_config
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """The 32-GPU plan placed on a simulated cluster: 4 Ray nodes of 8 logical GPUs on 127.0.0.1
-(ray.cluster_utils.Cluster, through cluster.check_placement.simulated_cluster). Roles are
+(ray.cluster_utils.Cluster, through cluster.nodes.check_placement.simulated_cluster). Roles are
 stood in for by probe actors with the roles' bundles (no vLLM, no DeepSpeed, no CUDA), except
 one test that starts real DeepSpeed ranks (CPU, gloo) in a learner group spanning two nodes.
 The role split is read from configs/qwen3-4b-dapo-32gpu.yaml, so re-tuning it keeps these
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.check_placement import Shape, probe, problems, simulated_cluster
-from cluster.config import load_config
-from cluster.placement import PlacementError, layout, live_nodes, plan, reserve
+from cluster.nodes.check_placement import Shape, probe, problems, simulated_cluster
+from cluster.config.schema import load_config
+from cluster.nodes.placement import PlacementError, layout, live_nodes, plan, reserve
 
 pytestmark = pytest.mark.integration
 

@@ -87,11 +87,11 @@ def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior
 
 
 def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
-    """cluster.runtime.reset_roles resets a live prior in its own process; one that Ray
+    """cluster.nodes.roles.reset_roles resets a live prior in its own process; one that Ray
     restarted has spent its restart, refuses, and reset_roles starts a new actor instead."""
     import os
 
-    from cluster.runtime import _reset_in_place
+    from cluster.nodes.roles import _reset_in_place
 
     class Crashable(PriorServer):  # local: pickled by value for the worker
         def crash(self):

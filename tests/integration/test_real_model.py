@@ -69,7 +69,7 @@ def test_two_steps_of_the_real_model_config(run_dir):
 def run_config(run_dir: Path):
     import yaml
 
-    from cluster.config import build_config
+    from cluster.config.schema import build_config
 
     return build_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
 

@@ -19,8 +19,8 @@ from chromium import NO_CHROMIUM, Browser, chromium_binary, evaluate, open_page,
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_report_data import make_run  # noqa: E402
 
-from cluster.report import write_report  # noqa: E402
-from cluster.report_sections import PLOTS, SECTIONS  # noqa: E402
+from cluster.report.page import write_report  # noqa: E402
+from cluster.report.sections import PLOTS, SECTIONS  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -41,7 +41,7 @@ def launcher(monkeypatch, capsys, tmp_path_factory):
     first command ``runs/v05-cpu`` holds a finished run, and preflight would answer "holds
     a finished run" (exit 0) before the check under test. An absolute ``run.output_dir``,
     first so that a test's own comes after it and wins, is used as it is whatever the
-    config, the environment or the current directory (cluster/paths.py); V05_OUTPUT_ROOT
+    config, the environment or the current directory (cluster/config/paths.py); V05_OUTPUT_ROOT
     catches a relative one a test might give."""
     import common.rayproc
 
@@ -243,7 +243,7 @@ def test_garbage_output_gets_the_low_reward_and_is_counted(task_name):
     from actors.scheduler import PromptInFlight
     from actors.scoring import Scorer
     from common.types import Rollout
-    from cluster.metrics import batch_metrics
+    from cluster.records.metrics import batch_metrics
     from estimator import make_estimator
     from estimator.state import PromptState
     from tasks import make_task
@@ -289,7 +289,7 @@ def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher
     (exit 0, nothing to do); results without a whole checkpoint, or run.resume=false, are
     refused (exit 2, one line naming both ways out) before any actor; a run with a whole
     checkpoint before run.max_steps goes on to the actors (it resumes)."""
-    from cluster.checkpoints import RUN_STATE
+    from cluster.records.checkpoints import RUN_STATE
 
     (tmp_path / "ok.jsonl").write_text(lines(6))
     args = [*math_task(tmp_path / "ok.jsonl", model_dir), f"run.output_dir={tmp_path / 'runs'}",

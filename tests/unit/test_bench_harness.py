@@ -33,7 +33,7 @@ def test_the_benches_keep_their_order():
 
 
 def base_config() -> dict:
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     from bench.learning.__main__ import REPO
 
@@ -91,19 +91,19 @@ class FakeRoles:
 
 @pytest.fixture
 def fake_cluster(monkeypatch):
-    """cluster.runtime's start with stand-ins that record what the harness called."""
-    import cluster.placement
-    import cluster.runtime
+    """cluster.nodes.roles's start with stand-ins that record what the harness called."""
+    import cluster.nodes.placement
+    import cluster.nodes.roles
     import tasks
 
     calls = []
     ray = SimpleNamespace(shutdown=lambda: calls.append("ray.shutdown"))
     monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.setattr(cluster.placement, "plan", lambda cfg: "plan")
-    monkeypatch.setattr(cluster.runtime, "connect", lambda cfg, p: calls.append("connect") or True)
-    monkeypatch.setattr(cluster.runtime, "start_roles",
+    monkeypatch.setattr(cluster.nodes.placement, "plan", lambda cfg: "plan")
+    monkeypatch.setattr(cluster.nodes.roles, "connect", lambda cfg, p: calls.append("connect") or True)
+    monkeypatch.setattr(cluster.nodes.roles, "start_roles",
                         lambda cfg, p, path: calls.append(("start", p, path)) or FakeRoles(calls))
-    monkeypatch.setattr(cluster.runtime, "reset_roles",
+    monkeypatch.setattr(cluster.nodes.roles, "reset_roles",
                         lambda cfg, roles, init: calls.append(("reset", cfg, init)))
     monkeypatch.setattr(tasks, "make_task_from_config", lambda t: ("task", t))
     cfg = SimpleNamespace(task="T", model_path=lambda: "/model")
@@ -130,10 +130,10 @@ def test_shared_roles_shut_down_when_a_run_raises_and_keep_a_joined_cluster(
     with pytest.raises(RuntimeError, match="boom"), shared_roles(cfg, tmp_path):
         raise RuntimeError("boom")
     assert calls[-2:] == ["roles.shutdown", "ray.shutdown"]
-    import cluster.runtime
+    import cluster.nodes.roles
 
     calls.clear()
-    monkeypatch.setattr(cluster.runtime, "connect", lambda cfg, p: False)  # joined, not started
+    monkeypatch.setattr(cluster.nodes.roles, "connect", lambda cfg, p: False)  # joined, not started
     with shared_roles(cfg, tmp_path):
         pass
     assert calls[-1] == "roles.shutdown" and "ray.shutdown" not in calls
@@ -142,12 +142,12 @@ def test_shared_roles_shut_down_when_a_run_raises_and_keep_a_joined_cluster(
 def test_shared_roles_stop_the_cluster_they_started_when_the_roles_fail(fake_cluster, tmp_path,
                                                                         monkeypatch):
     calls, cfg = fake_cluster
-    import cluster.runtime
+    import cluster.nodes.roles
 
     def fail(*a):
         raise RuntimeError("no engine")
 
-    monkeypatch.setattr(cluster.runtime, "start_roles", fail)
+    monkeypatch.setattr(cluster.nodes.roles, "start_roles", fail)
     with pytest.raises(RuntimeError, match="no engine"), shared_roles(cfg, tmp_path):
         pass
     assert calls == ["connect", "ray.shutdown"]

@@ -1,4 +1,4 @@
-"""What ``run.resume=true`` continues from (cluster.checkpoints.resumable): whole checkpoints
+"""What ``run.resume=true`` continues from (cluster.records.checkpoints.resumable): whole checkpoints
 under an absolute run directory (shared storage on a cluster), newest first; a clear error
 naming the directory when there is none. The save/load round trip itself runs with real
 DeepSpeed ranks in tests/integration/test_pipeline.py (resume tests, absolute output_dir)."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.checkpoints import RUN_STATE, Checkpoints, resumable, stale_tags
-from cluster.config import build_config
+from cluster.records.checkpoints import RUN_STATE, Checkpoints, resumable, stale_tags
+from cluster.config.schema import build_config
 
 
 def _whole(root, tag):

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import ConfigError, build_config, load_config
-from cluster.placement import PlacementError, check_fits, plan
+from cluster.config.schema import ConfigError, build_config, load_config
+from cluster.nodes.placement import PlacementError, check_fits, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = [ROOT / "v05.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
@@ -159,7 +159,7 @@ def test_launcher_rejects_bad_key_fast_without_ml_imports(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "unknown config key 'run.bogus'" in out.stderr
-    code = ("import sys, cluster.config, cluster.launch; "
+    code = ("import sys, cluster.config.schema, cluster.launch; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'torch', 'ray', 'vllm', 'deepspeed', 'transformers'}))")
     imported = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

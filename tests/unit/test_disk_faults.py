@@ -3,8 +3,8 @@ run-file write: the previous checkpoint stays whole and ``latest``, nothing of t
 is left, the error names the checkpoint, the stage, the path and the errno; a run file that
 cannot be written is warned about, counted, and never left with a line cut short.
 
-The faults are injected at every stage of a save through ``cluster.checkpoints.fault_hook``
-(and its ``$V05_CHECKPOINT_FAULT``) and ``cluster.run_files.fault``; and, where this process
+The faults are injected at every stage of a save through ``cluster.records.checkpoints.fault_hook``
+(and its ``$V05_CHECKPOINT_FAULT``) and ``cluster.records.files.fault``; and, where this process
 may mount one (root), for real: a 1 MiB tmpfs that fills up (ENOSPC from the kernel). The
 learner's DeepSpeed save is stood in for by a writer of the same layout (staging/step<N>/);
 the real one fails the same way in ``python -m bench.chaos --scenarios disk_full_at_checkpoint``
@@ -19,11 +19,11 @@ import subprocess
 
 import pytest
 
-import cluster.checkpoints as ckmod
-import cluster.run_files as rfmod
-from cluster.checkpoints import (RUN_STATE, STAGES, Checkpoints, CheckpointWriteError,
+import cluster.records.checkpoints as ckmod
+import cluster.records.files as rfmod
+from cluster.records.checkpoints import (RUN_STATE, STAGES, Checkpoints, CheckpointWriteError,
                                  resumable)
-from cluster.run_files import RunFiles, read_lines
+from cluster.records.files import RunFiles, read_lines
 
 
 class Learner:

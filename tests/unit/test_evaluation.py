@@ -1,4 +1,4 @@
-"""Held-out evaluation (cluster.evaluation) without Ray: requests spread over fake generators
+"""Held-out evaluation (cluster.run.evaluation) without Ray: requests spread over fake generators
 (one dies, one hangs, all die) and answers scored through the Scorer (a raising verifier,
 and a hung one in a worker process, cost one answer, not the evaluation)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import functools
 import pytest
 
 from common.types import Rollout
-from cluster.evaluation import AnswerScorer, eval_requests, score_answers, spread
+from cluster.run.evaluation import AnswerScorer, eval_requests, score_answers, spread
 from tasks import ArithmeticTask
 from tasks.base import Problem
 
@@ -166,7 +166,7 @@ def _synthetic_outcomes(shared: bool, seeds: int = 60, prompts: int = 200, sampl
 
 
 def test_the_spread_over_seeds_matches_the_binomial_se_when_seeds_are_independent():
-    from cluster.evaluation import seed_spread_check
+    from cluster.run.evaluation import seed_spread_check
 
     out = seed_spread_check(_synthetic_outcomes(shared=False))
     assert 0.8 < out["ratio_to_predicted"] < 1.25
@@ -177,7 +177,7 @@ def test_the_spread_over_seeds_matches_the_binomial_se_when_seeds_are_independen
 
 
 def test_a_seed_shared_across_prompts_shows_as_a_spread_far_above_the_binomial_se():
-    from cluster.evaluation import seed_spread_check
+    from cluster.run.evaluation import seed_spread_check
 
     out = seed_spread_check(_synthetic_outcomes(shared=True))
     assert out["ratio_to_predicted"] > 3.0
@@ -186,7 +186,7 @@ def test_a_seed_shared_across_prompts_shows_as_a_spread_far_above_the_binomial_s
 
 
 def test_the_spread_check_wants_several_seeds_and_prompts():
-    from cluster.evaluation import seed_spread_check
+    from cluster.run.evaluation import seed_spread_check
 
     with pytest.raises(ValueError, match="outcomes must be"):
         seed_spread_check([[[1.0, 0.0]]])

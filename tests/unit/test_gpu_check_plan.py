@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from bench.gpu_check.plan import GIB, config_memory, memory_plan
-from cluster.config import load_config
+from cluster.config.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED = ROOT / "bench" / "results" / "gpu_check_memory_cpu.json"

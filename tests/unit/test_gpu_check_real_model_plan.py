@@ -56,7 +56,7 @@ def test_the_carried_config_is_smollm2_135m():
 def test_the_gpu_batches_are_the_run_configs():
     """The learner settings and batch shapes come from configs/smollm2-135m.yaml (whatever
     its values: 8 prompts x 4 to 16 responses of up to 48 tokens when this was written)."""
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     cfg = load_config(ROOT / "configs" / "smollm2-135m.yaml")
     run = rm.run_settings()

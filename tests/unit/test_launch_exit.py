@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import cluster.launch as launch
-from cluster.checkpoints import CheckpointWriteError
-from cluster.preempt import Preempted
+from cluster.records.checkpoints import CheckpointWriteError
+from cluster.run.preempt import Preempted
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import build_config, load_config
-from cluster.paths import RAY_JOB_ENV, RunDirError, output_root
+from cluster.config.schema import build_config, load_config
+from cluster.config.paths import RAY_JOB_ENV, RunDirError, output_root
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_env_root_wins_for_relative_dirs_and_run_dir_is_absolute(tmp_path, monke
 
 
 def test_a_fresh_run_removes_every_output_of_the_previous_one(tmp_path):
-    from cluster.paths import LOGS, RUN_OUTPUTS, fresh_run_dir
+    from cluster.run.directory import LOGS, RUN_OUTPUTS, fresh_run_dir
 
     run = tmp_path / "r1"
     for name in RUN_OUTPUTS:

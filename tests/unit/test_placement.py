@@ -1,5 +1,5 @@
 """Placement rules without Ray: each role's bundles, strategy and actor slots for a cluster
-shape (cluster.placement.layout), the ranks' bundles, the shape --check-placement simulates,
+shape (cluster.nodes.placement.layout), the ranks' bundles, the shape --check-placement simulates,
 and the checker that judges where probes landed. The numbers come from the shipped 32-GPU
 config, so re-tuning its split keeps these tests meaningful."""
 import subprocess
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.check_placement import Landing, problems, simulated_shape
-from cluster.config import load_config
-from cluster.placement import PlacementError, layout, plan
+from cluster.nodes.check_placement import Landing, problems, simulated_shape
+from cluster.config.schema import load_config
+from cluster.nodes.placement import PlacementError, layout, plan
 from estimator.registry import ESTIMATORS
 from learner.bundles import fill_bundles
 from learner.ranks import Rendezvous

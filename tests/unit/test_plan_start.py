@@ -1,11 +1,12 @@
-"""Never lose a run: how a launch starts in its run directory (``cluster.paths.plan_start``),
+"""Never lose a run: how a launch starts in its run directory (``cluster.run.directory.plan_start``),
 decided from the directory alone, and that only ``run.overwrite=true`` deletes. Two real
 launches of one name:
 tests/integration/test_pipeline.py::test_two_launches_of_one_name_never_lose_the_first_run."""
 import pytest
 
-from cluster.checkpoints import RUN_STATE
-from cluster.paths import RESULTS, RunDirError, fresh_run_dir, plan_start
+from cluster.records.checkpoints import RUN_STATE
+from cluster.config.paths import RunDirError
+from cluster.run.directory import RESULTS, fresh_run_dir, plan_start
 
 
 def finished_run(run, steps=(2, 4), final=True):

@@ -1,4 +1,4 @@
-"""Graceful preemption's pure parts (cluster/preempt.py): the flag a signal sets, the second
+"""Graceful preemption's pure parts (cluster/run/preempt.py): the flag a signal sets, the second
 signal and the grace period that end the process at once with the right status, the handlers
 installed and restored. The process's real exit is replaced by a recorder (``hard_exit``);
 the real signal is sent to this process with ``os.kill``. The step loop's side is in
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cluster.preempt import PREEMPTED, Interrupted, Preemption, installed, wait_batch
+from cluster.run.preempt import PREEMPTED, Interrupted, Preemption, installed, wait_batch
 
 
 class Exits:
@@ -128,7 +128,7 @@ class Ref:
 def test_a_batch_wait_past_the_watchdog_deadline_is_a_stall_not_a_preemption(monkeypatch):
     import ray
 
-    from cluster.watchdog import Stalled, Watchdog
+    from cluster.run.watchdog import Stalled, Watchdog
 
     monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([], refs))  # never ready
     dog = Watchdog(0.3, lambda role, waited, step: (role, {"waited": waited}))
@@ -142,7 +142,7 @@ def test_a_batch_wait_past_the_watchdog_deadline_is_a_stall_not_a_preemption(mon
 def test_a_batch_wait_halted_by_the_flag_returns_not_ready(monkeypatch):
     import ray
 
-    from cluster.watchdog import Watchdog
+    from cluster.run.watchdog import Watchdog
 
     monkeypatch.setattr(ray, "wait", lambda refs, timeout=None: ([], refs))
     dog = Watchdog(60.0, lambda role, waited, step: (role, {}))

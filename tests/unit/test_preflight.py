@@ -2,7 +2,7 @@
 import pytest
 
 from actors.engine_config import GeneratorConfig
-from cluster.preflight import PreflightError, check_model, check_prompts
+from cluster.config.preflight import PreflightError, check_model, check_prompts
 from tasks import ArithmeticTask
 from tasks.base import Problem
 from tasks.policy_model import build_tokenizer
@@ -129,7 +129,7 @@ def test_an_architecture_vllm_cannot_serve_is_named(model_dir, tmp_path, archs, 
 def test_vllm_registry_is_read_without_importing_vllm():
     import sys
 
-    from cluster.preflight import vllm_architectures
+    from cluster.config.preflight import vllm_architectures
 
     before = "vllm.model_executor.models.registry" in sys.modules
     vllm_architectures.cache_clear()

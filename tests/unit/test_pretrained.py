@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import build_config
-from cluster.config_roles import ConfigError
+from cluster.config.schema import build_config
+from cluster.config.sections import ConfigError
 from tasks import pretrained as pt
 
 FAKE = replace(pt.SMOLLM2, name="fake-model", package="no_such_package_v05", size=11,

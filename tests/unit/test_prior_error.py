@@ -1,4 +1,4 @@
-"""The prior's error against the truth, online (cluster.metrics): each prompt's first k_init
+"""The prior's error against the truth, online (cluster.records.metrics): each prompt's first k_init
 rewards, which every prompt gets whatever the stopping rule decides, give a noise-corrected
 estimate of E[(p - mu)^2] and of the bias E[p - mu]; pooled over steps, the run and a window
 of recent steps (the trainer), in the summary, the report's table and the dashboard's gauges."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.types import PromptRecord
-from cluster.metrics import (batch_metrics, pool_prior_error, prior_error_terms,
+from cluster.records.metrics import (batch_metrics, pool_prior_error, prior_error_terms,
                              rolling_prior_error, run_prior_error)
 
 
@@ -133,7 +133,7 @@ def test_the_tally_pools_the_run_and_a_window_and_the_summary_and_gauges_read_th
     continues them), a window of the last steps; the run's figures in summary.json; the two
     dashboard gauges read keys the step metrics carry."""
     from actors.telemetry import GAUGES
-    from cluster.metrics import Tally
+    from cluster.records.metrics import Tally
 
     records, *_ = synthetic(160, 0.1, 0.05, seed=3)
     steps = [batch_metrics(records[i:i + 16], 4, (-1.0, 1.0)) for i in range(0, 160, 16)]

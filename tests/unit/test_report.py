@@ -1,4 +1,4 @@
-"""cluster.report on crafted run directories: every section and figure, missing data shown as
+"""cluster.report.page on crafted run directories: every section and figure, missing data shown as
 "no data", the accounting identity checked, a stalled run, large files, the CLI's exit codes."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from test_report_data import make_run
 
-from cluster import report_data
-from cluster.report import main, write_report
-from cluster.report_analysis import accounting_checks, reliability_bins
-from cluster.report_data import ReportError, load_run
-from cluster.report_sections import PLOTS, SECTIONS
+from cluster.report import data as report_data
+from cluster.report.page import main, write_report
+from cluster.report.analysis import accounting_checks, reliability_bins
+from cluster.report.data import ReportError, load_run
+from cluster.report.sections import PLOTS, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ _PIXEL = _png_1x1()
 
 @pytest.fixture
 def text_only(monkeypatch):
-    from cluster import report_plots
+    from cluster.report import plots as report_plots
 
     monkeypatch.setattr(report_plots, "png", lambda fig: _PIXEL)
 
@@ -199,8 +199,8 @@ def test_cli_exit_codes(tmp_path, capsys, text_only):
 
 def test_module_entry_point_imports_no_ray_or_torch(tmp_path):
     run = make_run(tmp_path / "run")
-    code = ("import sys, runpy; sys.argv = ['cluster.report', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('cluster.report', run_name='__main__')\n"
+    code = ("import sys, runpy; sys.argv = ['cluster.report.page', sys.argv[1]]\n"
+            "try:\n    runpy.run_module('cluster.report.page', run_name='__main__')\n"
             "except SystemExit as e:\n    rc = e.code\n"
             "heavy = sorted(m for m in ('torch', 'ray', 'vllm', 'deepspeed') if m in sys.modules)\n"
             "print('HEAVY', heavy, 'RC', rc)")
@@ -208,7 +208,7 @@ def test_module_entry_point_imports_no_ray_or_torch(tmp_path):
                          text=True, timeout=120)
     assert "HEAVY [] RC 0" in res.stdout, res.stdout + res.stderr
     assert (run / "report.html").exists()
-    bad = subprocess.run([sys.executable, "-m", "cluster.report", str(tmp_path / "nope")],
+    bad = subprocess.run([sys.executable, "-m", "cluster.report.page", str(tmp_path / "nope")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no such run directory" in bad.stderr
 
@@ -216,8 +216,8 @@ def test_module_entry_point_imports_no_ray_or_torch(tmp_path):
 def test_the_staleness_bound_is_the_schedulers():
     """A synchronous run's bound is 0 (its barrier), whatever rollout.max_staleness holds (the
     report drew the raw 2); an async run's is rollout.max_staleness."""
-    from cluster.config import build_config, dump_config
-    from cluster.report_sections import staleness_bound
+    from cluster.config.schema import build_config, dump_config
+    from cluster.report.sections import staleness_bound
 
     import yaml
 

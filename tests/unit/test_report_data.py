@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from common.types import PromptRecord
-from cluster.metrics import batch_metrics, pool_prior_error
-from cluster.run_files import RunFiles, prompt_fates
+from cluster.records.metrics import batch_metrics, pool_prior_error
+from cluster.records.files import RunFiles, prompt_fates
 
 CONFIG = """mode: async
 run:

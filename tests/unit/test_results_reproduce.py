@@ -96,7 +96,7 @@ def test_the_prior_truth_figures_are_what_their_points_give():
 
 
 def test_the_driver_bytes_figures_add_up_at_each_configs_batch():
-    from cluster.config import load_config
+    from cluster.config.schema import load_config
 
     res = json.loads((RESULTS / "driver_bytes.json").read_text())
     assert res["command"].startswith("python -m bench.driver_bytes")

@@ -1,7 +1,7 @@
 """Run outputs: metrics.jsonl lines parse (NaN -> null), the progress line, TensorBoard scalars."""
 import json
 
-from cluster.run_files import RunFiles, read_metrics
+from cluster.records.files import RunFiles, read_metrics
 
 
 def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
@@ -67,7 +67,7 @@ def test_a_step_with_no_drops_still_leaves_an_empty_dropped_file(tmp_path):
 def test_the_progress_line_prints_a_zero_reward_as_zero():
     """A step whose mean reward is exactly 0 (as many right as wrong) printed `reward +nan`:
     0.0 is a reward, not a missing one. A missing one still prints nan."""
-    from cluster.run_files import progress_line
+    from cluster.records.files import progress_line
 
     line = progress_line({"step": 5, "reward_mean": 0.0, "k_mean": 4.0}, 12.0)
     assert "reward +0.000" in line, line

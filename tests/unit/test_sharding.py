@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from cluster.metrics import step_metrics
+from cluster.records.metrics import step_metrics
 from common.sharding import Shards, make_shards, shard_members, shard_samples
 from common.types import PromptRecord, TrainBatch, TrainSample
 
@@ -42,7 +42,7 @@ def test_the_driver_counts_a_batch_by_reference_as_it_counts_one_inline():
     """metrics.jsonl's sample figures are the same from the metadata as from the samples, and
     the batch the driver receives carries none of the samples' tokens."""
     from common.records import StepResult
-    from cluster.metrics import StepTimes
+    from cluster.records.metrics import StepTimes
 
     inline = TrainBatch(records=[], samples=list(SAMPLES), version=5, inflight_prompts=0)
     by_ref = TrainBatch(records=[], samples=[], version=5, inflight_prompts=0,
@@ -75,7 +75,7 @@ def record(uid: str, prompt_id: str, rewards: list[float], trained: int | None) 
 def test_recorded_rollouts_come_back_in_order_with_a_trimmed_prompts_samples(tmp_path):
     """rollouts.msgpack from a batch by reference: every prompt's trained samples, in order
     (a prompt the batch trimmed has fewer than its k: the recorder once took k)."""
-    from cluster.run_files import RunFiles
+    from cluster.records.files import RunFiles
     from learner.replay import read_records
 
     records = [record("s0", "p", [1.0, -1.0, 1.0], None),

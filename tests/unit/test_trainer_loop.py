@@ -1,4 +1,4 @@
-"""The trainer's step loop (cluster.trainer.Trainer.one_step) over a run of fake roles, on a
+"""The trainer's step loop (cluster.run.trainer.Trainer.one_step) over a run of fake roles, on a
 fake clock: the watchdog's clock after an evaluation and a checkpoint, the in-loop
 checkpoints, and the order of the remote calls.
 
@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-import cluster.trainer as trainer_mod
-import cluster.watchdog as watchdog_mod
+import cluster.run.trainer as trainer_mod
+import cluster.run.watchdog as watchdog_mod
 from common.types import TrainBatch
-from cluster.config import build_config
-from cluster.metrics import Tally
-from cluster.run_files import RunFiles
-from cluster.run_start import Run, RunState
-from cluster.trainer import Trainer
-from cluster.watchdog import Watchdog
+from cluster.config.schema import build_config
+from cluster.records.metrics import Tally
+from cluster.records.files import RunFiles
+from cluster.run.start import Run, RunState
+from cluster.run.trainer import Trainer
+from cluster.run.watchdog import Watchdog
 from common.records import StepResult
 
 EVAL_S, SAVE_S, STEP_S = 30.0, 20.0, 5.0  # what each takes on the fake clock
@@ -164,14 +164,14 @@ def test_one_step_calls_the_roles_in_the_order_of_the_pseudocode(loop):
 
 
 def test_a_signal_checkpoints_the_last_step_whole_then_stops_the_run(loop, monkeypatch):
-    """SIGTERM during step 3 (cluster/preempt.py): step 3 finishes and is recorded, the next
+    """SIGTERM during step 3 (cluster/run/preempt.py): step 3 finishes and is recorded, the next
     wait for a batch asks for nothing; admission paused, a checkpoint of step 3 (the periodic
     one at step 2 is not the newest), summary.json says preempted, Preempted is raised."""
     import io
     import json
     import signal
 
-    from cluster.preempt import Preempted, Preemption
+    from cluster.run.preempt import Preempted, Preemption
 
     monkeypatch.setattr(Trainer, "close", lambda self: None)  # fake roles: no ray.kill
     t = loop(max_steps=10, eval_every=0, checkpoint_every=2)
@@ -195,7 +195,7 @@ def test_a_signal_right_after_a_periodic_checkpoint_does_not_write_it_twice(loop
     import io
     import signal
 
-    from cluster.preempt import Preempted, Preemption
+    from cluster.run.preempt import Preempted, Preemption
 
     monkeypatch.setattr(Trainer, "close", lambda self: None)
     t = loop(max_steps=10, eval_every=0, checkpoint_every=2)

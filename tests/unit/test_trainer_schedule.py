@@ -1,13 +1,13 @@
-"""When a run stops and when it evaluates (cluster.trainer.last_and_eval_due), and the
+"""When a run stops and when it evaluates (cluster.run.trainer.last_and_eval_due), and the
 summary's held-out figures (both metrics, both ends) and the launcher's accuracy lines."""
 from __future__ import annotations
 
 import pytest
 
-from cluster.config import RunConfig
+from cluster.config.schema import RunConfig
 from cluster.launch import accuracy_lines
-from cluster.metrics import pair_auc
-from cluster.trainer import last_and_eval_due
+from cluster.records.metrics import pair_auc
+from cluster.run.trainer import last_and_eval_due
 
 
 def test_max_steps_alone():
@@ -65,7 +65,7 @@ def test_pair_auc_counts_ordered_pairs_and_ties():
 
 
 def test_every_kind_of_failed_weight_update_is_counted_by_generator():
-    from cluster.waits import failed_updates
+    from cluster.nodes.waits import failed_updates
 
     class ActorDied(Exception):   # what ray.get raises for a dead generator's ref
         pass
@@ -88,7 +88,7 @@ def test_every_kind_of_failed_weight_update_is_counted_by_generator():
 
 
 def test_training_time_is_cumulative_over_resumes_and_excludes_evaluations():
-    from cluster.metrics import TrainClock, rates
+    from cluster.records.metrics import TrainClock, rates
 
     totals = {"train_s": 100.0, "prompts_trained": 300, "rollouts": 1200,
               "tokens_generated": 24000}  # restored from the checkpoint
@@ -105,8 +105,8 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
     """A run resumed at 100 s of training, 60 s more here (50 s of it training, 10 s an
     evaluation); the cumulative totals are divided by the cumulative training time, not by
     this process's wall-clock minus the run's whole evaluation time."""
-    from cluster.config import build_config
-    from cluster.metrics import run_summary
+    from cluster.config.schema import build_config
+    from cluster.records.metrics import run_summary
     from common.records import Accounting
 
     totals = {"prompts_trained": 300, "prompts_skipped_nan": 0, "rollouts": 1500,
@@ -121,7 +121,7 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
 
 
 def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():
-    from cluster.trainer import checkpoint_due
+    from cluster.run.trainer import checkpoint_due
 
     run = RunConfig(max_steps=10, checkpoint_every=5)
     assert [s for s in range(1, 11) if checkpoint_due(run, s, last=s == 10)] == [5]
@@ -144,7 +144,7 @@ def test_the_priors_error_uses_the_tasks_reward_range_not_the_batchs():
     """A batch where every prompt succeeded (no r_lo in it) and one whose rewards were
     shaped below r_lo (overlong): observed rates are the task-range rates the prior learns
     from, 1.0 and 0.0, not the batch's own min-max rescaling."""
-    from cluster.metrics import batch_metrics
+    from cluster.records.metrics import batch_metrics
 
     wins = [_with_prior(0.9, [1.0, 1.0]), _with_prior(0.7, [1.0, 1.0])]
     m = batch_metrics(wins, 2, (-1.0, 1.0))

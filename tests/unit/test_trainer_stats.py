@@ -1,10 +1,10 @@
-"""cluster.waits.gather_stats: the per-step generator telemetry never holds the step loop up.
+"""cluster.nodes.waits.gather_stats: the per-step generator telemetry never holds the step loop up.
 
 A generator that is hung, or that Ray queues calls for while it restarts, must not hold the
 learner up: the loop used to wait for each generator in turn, up to 60 s each, twice a step.
 Now one wait for all, bounded by a few seconds. Fake ``wait``/``get`` stand in for
 ray.wait/ray.get (no Ray)."""
-from cluster.waits import gather_stats
+from cluster.nodes.waits import gather_stats
 
 
 class ActorDied(Exception):

@@ -1,4 +1,4 @@
-"""W&B logging (cluster/wandb_log.py) through ``RunFiles``, offline, read back from the
+"""W&B logging (cluster/records/wandb_log.py) through ``RunFiles``, offline, read back from the
 ``.wandb`` file: every number of every metrics.jsonl line at its step, the config, the
 summary, the attached report; offline without credentials; a failing W&B never stops the
 run. The same with a real run (Ray, vLLM, DeepSpeed):
@@ -9,9 +9,9 @@ import pytest
 
 wandb = pytest.importorskip("wandb")
 
-from cluster.config import build_config, dump_config  # noqa: E402
-from cluster.run_files import RunFiles, read_metrics  # noqa: E402
-from cluster.wandb_log import WandbLog, numeric, read_offline, wandb_mode  # noqa: E402
+from cluster.config.schema import build_config, dump_config  # noqa: E402
+from cluster.records.files import RunFiles, read_metrics  # noqa: E402
+from cluster.records.wandb_log import WandbLog, numeric, read_offline, wandb_mode  # noqa: E402
 
 
 @pytest.fixture

@@ -348,7 +348,7 @@ def test_generator_config_and_dtype():
 
 
 def test_generator_config_import_is_light():
-    """The engine settings (``actors.engine_config``, which cluster/config.py validates) and
+    """The engine settings (``actors.engine_config``, which cluster/config/schema.py validates) and
     the engine start-up module load no vLLM, Ray or torch until an engine starts."""
     code = ("import sys, actors.engine_config, actors.engine; "
             "print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))")

@@ -6,7 +6,7 @@ Joins the cluster a launch would join (``cluster.address``, ``RAY_ADDRESS``, or 
 with ``ray start`` on this machine). With none (or ``cluster.address=local``) it simulates the
 config's cluster here: ``cluster.nodes`` Ray nodes of ``cluster.gpus_per_node`` logical GPUs
 (``ray.cluster_utils.Cluster`` on 127.0.0.1, private temp dir). Then it reserves the placement
-groups exactly as a launch does (``cluster.placement.reserve``), starts one tiny probe actor
+groups exactly as a launch does (``cluster.nodes.placement.reserve``), starts one tiny probe actor
 per role actor with that actor's resources and bundle (the learner's through
 ``learner.ranks.rank_options``, the learner's own code), finds the learner's rendezvous the
 way ``Learner`` does, and reports the node and GPU ids of each. No probe touches a GPU:
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from cluster.placement import (
+from cluster.nodes.placement import (
     Plan, PlacementError, Reservation, check_fits, layout, live_nodes, reserve)
 
 # Simulated nodes: a small object store each (probes store nothing), no workers started
@@ -119,9 +119,9 @@ class _Probe:
 
 
 def actor_options(p: Plan, groups: dict, reservations: tuple[Reservation, ...]) -> dict:
-    """{role: [Ray options of each actor]}, as the launch starts them (cluster/runtime.py);
+    """{role: [Ray options of each actor]}, as the launch starts them (cluster/nodes/roles.py);
     the learner's from ``learner.ranks.rank_options``, which ``Learner`` uses."""
-    from cluster.runtime import pg_strategy
+    from cluster.nodes.roles import pg_strategy
     from learner.ranks import rank_options
 
     out = {}

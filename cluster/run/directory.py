@@ -1,40 +1,14 @@
-"""Where a run's outputs go: an absolute, durable directory the user can find.
-
-A relative ``run.output_dir`` resolves against ``$V05_OUTPUT_ROOT`` when set; else against the
-current directory, except inside a Ray job (``ray job submit --working-dir``), whose current
-directory is Ray's temporary copy of the working directory, deleted with Ray's session
-files: there it resolves against ``~/v05rl-runs`` (on a multi-node cluster, give an absolute
-``run.output_dir`` on shared storage). The launcher prints the resolved run directory when it
-starts and when it ends, so ``ray job logs`` shows it.
-"""
+"""How a run starts in its directory (``plan_start``: fresh, overwrite, resume or done),
+decided once, before any actor starts, from the directory alone; what a run writes there
+(``RUN_OUTPUTS``) and what a fresh start clears (``fresh_run_dir``). Where the directory is:
+``cluster.config.paths``."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.checkpoints import Checkpoints, resumable
-
-RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for a job's driver
-JOB_DEFAULT_ROOT = Path("~/v05rl-runs")
-
-
-def in_ray_job_working_dir(cwd: Path | None = None) -> bool:
-    cwd = Path.cwd() if cwd is None else cwd
-    return bool(os.environ.get(RAY_JOB_ENV)) or "working_dir_files" in cwd.parts
-
-
-def output_root(output_dir: str, cwd: Path | None = None) -> Path:
-    """The absolute directory that holds ``<run.name>/`` (see the module docstring)."""
-    p = Path(output_dir).expanduser()
-    if p.is_absolute():
-        return p
-    if os.environ.get("V05_OUTPUT_ROOT"):
-        return (Path(os.environ["V05_OUTPUT_ROOT"]).expanduser() / p).resolve()
-    if in_ray_job_working_dir(cwd):
-        return (JOB_DEFAULT_ROOT.expanduser() / p).resolve()
-    return ((Path.cwd() if cwd is None else cwd) / p).resolve()
-
+from cluster.config.paths import RunDirError
+from cluster.records.checkpoints import Checkpoints, resumable
 
 # Everything a run writes into its directory (docs/pipeline.md, "Run outputs"). ``logs/`` is
 # apart: the roles write it, and they may outlive one run (benchmarks run many on one set).
@@ -46,10 +20,6 @@ LOGS = "logs"
 # every launch, it is not a result).
 RESULTS = tuple(n for n in RUN_OUTPUTS if n != "config.yaml")
 AGAIN = "run.overwrite=true deletes it and starts over; or choose another run.name"
-
-
-class RunDirError(ValueError):
-    """A launch that would lose a previous run's results (exit 2, before any actor)."""
 
 
 @dataclass(frozen=True)
@@ -81,18 +51,6 @@ class Start:
         }[self.action]
 
 
-def inside(run_dir: Path, root: Path) -> Path:
-    """``run_dir`` when, its links followed, it is a folder under ``root`` (followed too);
-    else RunDirError naming both. A run directory that is a link out of the output folder
-    (or lies under one) would have the run write there, and ``run.overwrite`` delete there."""
-    real, real_root = Path(run_dir).resolve(), Path(root).resolve()
-    if real_root not in real.parents:
-        raise RunDirError(f"the run directory {run_dir} leads to {real}, outside "
-                          f"run.output_dir ({real_root}): a link out of the output folder "
-                          "is refused before anything is written or deleted")
-    return Path(run_dir)
-
-
 def previous_results(run_dir: Path) -> tuple[str, ...]:
     """The ``RESULTS`` a previous run left in ``run_dir``."""
     return tuple(n for n in RESULTS if (Path(run_dir) / n).exists())
@@ -104,7 +62,7 @@ def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = Fal
     actor starts. Only ``overwrite`` deletes. ``resume``: "auto" continues the newest whole
     checkpoint when there is one (a rerun of the command, a requeued job), starts fresh in an
     empty directory and refuses (``RunDirError``) where a previous run left results but no
-    whole checkpoint; True continues or fails (``cluster.checkpoints.resumable``'s
+    whole checkpoint; True continues or fails (``cluster.records.checkpoints.resumable``'s
     FileNotFoundError); False starts fresh and refuses where a previous run left results.
     A checkpoint at ``max_steps`` or later is "done"."""
     run_dir = Path(run_dir)

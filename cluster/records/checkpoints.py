@@ -79,7 +79,7 @@ def free_space(path: Path) -> str:
 
 def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
     """The checkpoints ``run.resume=true`` continues from, or FileNotFoundError saying where
-    none was found. The run directory is absolute (``cluster.paths``): on a cluster, shared
+    none was found. The run directory is absolute (``cluster.config.paths``): on a cluster, shared
     storage mounted at the same path on the driver's node and on the learner ranks' nodes,
     which wrote the checkpoints."""
     ckpts = Checkpoints(Path(run_dir) / "checkpoints", keep)

@@ -18,7 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from cluster.config_roles import (ClusterConfig, ConfigError, GeneratorsConfig,  # noqa: F401
+from cluster.config.sections import (ClusterConfig, ConfigError, GeneratorsConfig,  # noqa: F401
                                   LearnerPlacement, ModelConfig, PriorPlacement, Section,
                                   error_lines)
 from estimator.core import DEFAULT_REWARDS
@@ -34,7 +34,7 @@ class RunConfig(Section):
     output_dir: str = Field("runs", description=(
         "Parent folder of run outputs: absolute (shared storage on a cluster), or relative to "
         "$V05_OUTPUT_ROOT, else to the current directory (inside a Ray job: ~/v05rl-runs, "
-        "not Ray's temporary copy of the working directory; see cluster/paths.py)."))
+        "not Ray's temporary copy of the working directory; see cluster/config/paths.py)."))
     save_final: bool = Field(True, description=(
         "At the end, save the trained policy in Hugging Face format to <run dir>/final."))
     max_steps: int = Field(20, ge=1, description="Learner steps to train before stopping.")
@@ -69,12 +69,12 @@ class RunConfig(Section):
         "stop), the run stops admitting, checkpoints its state with every prompt in flight "
         "and exits 4 (preempted, resumable with run.resume=true); if that takes longer than "
         "this many seconds, or a second signal comes, it exits at once, the last whole "
-        "checkpoint kept (cluster/preempt.py). Keep it below the scheduler's grace period "
+        "checkpoint kept (cluster/run/preempt.py). Keep it below the scheduler's grace period "
         "(30 s by default in Kubernetes and SLURM; RAY_JOB_STOP_WAIT_TIME_S, 3 s unless set "
         "where the head node starts, for ray job stop)."))
     checkpoint_every: int = Field(0, ge=0, description=(
         "Checkpoint every N steps (0: only at the end): learner state and every admitted, "
-        "untrained prompt, written atomically (cluster/checkpoints.py)."))
+        "untrained prompt, written atomically (cluster/records/checkpoints.py)."))
     keep_checkpoints: int = Field(2, ge=1, description="Whole checkpoints kept (newest).")
     snapshot_every: int = Field(0, ge=0, description=(
         "Also save the policy in Hugging Face format every N steps to <run dir>/snapshots/"
@@ -85,7 +85,7 @@ class RunConfig(Section):
         "auto: when it has one (a rerun of the command, a requeued job), else start fresh in "
         "an empty folder and refuse (exit 2) where a previous run left results; true: "
         "continue, an error without a checkpoint; false: start fresh, refusing where a "
-        "previous run left results (cluster.paths.plan_start)."))
+        "previous run left results (cluster.run.directory.plan_start)."))
     overwrite: bool = Field(False, description=(
         "Delete what a previous run left in the run folder (checkpoints, final/, metrics, "
         "...) and start fresh: the only setting that deletes a run."))
@@ -201,7 +201,7 @@ class LoggingConfig(Section):
     wandb: bool = Field(False, description=(
         "Also log to Weights & Biases: the config, every metrics.jsonl number at its step, the "
         "summary, report.html. Offline under <run>/wandb/ (then `wandb sync`) when no "
-        "WANDB_API_KEY or `wandb login` is set up (cluster/wandb_log.py)."))
+        "WANDB_API_KEY or `wandb login` is set up (cluster/records/wandb_log.py)."))
     wandb_project: str = Field("v05rl", description="W&B project.")
     wandb_entity: str | None = Field(None, description="W&B entity (team or user); None: yours.")
     wandb_name: str | None = Field(None, description="W&B run name; None: run.name.")
@@ -279,9 +279,9 @@ class Config(Section):
 
     @property
     def run_dir(self) -> Path:
-        """The absolute run directory (cluster/paths.py), checked to lie under the output
-        folder with its links followed (``cluster.paths.inside``)."""
-        from cluster.paths import inside, output_root
+        """The absolute run directory (cluster/config/paths.py), checked to lie under the output
+        folder with its links followed (``cluster.config.paths.inside``)."""
+        from cluster.config.paths import inside, output_root
         root = output_root(self.run.output_dir)
         return inside(root / self.run.name, root)
 

@@ -1,6 +1,6 @@
 """Bring the cluster up and the role actors with it: Ray connection, placement, handles.
 
-Everything here imports Ray lazily so that ``cluster.config`` and ``--help`` stay fast.
+Everything here imports Ray lazily so that ``cluster.config.schema`` and ``--help`` stay fast.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from common.names import actor_name
 from common.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from common.threads import threads_for
-from cluster.placement import Plan, reserve
+from cluster.nodes.placement import Plan, reserve
 
 
 def log_dir(cfg) -> Path | None:

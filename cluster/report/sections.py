@@ -1,8 +1,8 @@
-"""The report's sections: each a function ``RunData -> HTML`` (``cluster/report.py`` puts them
+"""The report's sections: each a function ``RunData -> HTML`` (``cluster/report/page.py`` puts them
 on the page in the order of ``SECTIONS``). Every figure is an ``<img class="plot">`` whose
 ``id`` is its key in ``PLOTS`` and whose ``alt`` is its title; a figure without data is a
 ``<p class="nodata" id="<plot id>-nodata">`` that says why. The accounting checks and the
-prior's reliability bins they show are computed in ``cluster/report_analysis.py``.
+prior's reliability bins they show are computed in ``cluster/report/analysis.py``.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections import Counter
 
 import numpy as np
 
-from cluster import report_plots as plots
-from cluster.metrics import PRIOR_WINDOW_STEPS, rolling_prior_error
-from cluster.report_analysis import accounting_checks, file_counts, reliability_bins
-from cluster.report_data import RunData, as_float
+from cluster.report import plots
+from cluster.records.metrics import PRIOR_WINDOW_STEPS, rolling_prior_error
+from cluster.report.analysis import accounting_checks, file_counts, reliability_bins
+from cluster.report.data import RunData, as_float
 
 PLOTS = {
     "plot-learning-steps": "Reward and held-out accuracy against steps",
@@ -286,7 +286,7 @@ def _gantt(run: RunData) -> str:
 def staleness_bound(config: dict) -> float | None:
     """The scheduler's staleness bound as the run had it (``Config.max_staleness``: 0 in sync
     mode, whatever ``rollout.max_staleness`` says); None for a config that no longer parses."""
-    from cluster.config import build_config
+    from cluster.config.schema import build_config
 
     try:
         return float(build_config(config).max_staleness)

@@ -1,5 +1,5 @@
 """The numbers behind the report's checks and calibration table, from ``RunData`` alone (no
-HTML, no matplotlib): the prompt accounting (``accounting_checks``; ``cluster/report.py``
+HTML, no matplotlib): the prompt accounting (``accounting_checks``; ``cluster/report/page.py``
 derives the ``--check`` exit code from it) and the prior's reliability bins.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from cluster.report_data import RunData, as_float
+from cluster.report.data import RunData, as_float
 
 
 def file_counts(run: RunData) -> dict[str, int | None]:

@@ -1,7 +1,7 @@
 """What the report reads of a run: ``RunData`` and ``load_run``, from the run's files only
 (``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``, ``inflight_at_end.json``,
-``summary.json``, ``config.yaml``; see docs/pipeline.md). The page (``cluster/report.py``) and
-its sections (``cluster/report_sections.py``) build on it; it imports neither.
+``summary.json``, ``config.yaml``; see docs/pipeline.md). The page (``cluster/report/page.py``) and
+its sections (``cluster/report/sections.py``) build on it; it imports neither.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 SLURM, Kubernetes, spot instances and ``ray job stop`` end a job with SIGTERM, then SIGKILL
 after a grace period. The launcher installs ``Preemption``'s handlers in the driver's main
 thread once Ray is up (``ray.init`` installs its own SIGTERM handler, a bare ``sys.exit``, which
-these replace). The first signal only sets a flag; the step loop (``cluster.trainer``) reads it
+these replace). The first signal only sets a flag; the step loop (``cluster.run.trainer``) reads it
 between steps and while it waits for a batch (``wait_batch`` cancels that wait: the
 coordinator hands a batch over atomically, so a cancelled wait hands over nothing), then:
 
@@ -14,7 +14,7 @@ coordinator hands a batch over atomically, so a cancelled wait hands over nothin
 A second signal, or ``run.preempt_grace_s`` passing first, ends the process at once
 (``os._exit``): with ``PREEMPTED`` when the new checkpoint is already whole, else with
 128 + the signal's number (143 for SIGTERM, 130 for SIGINT); the checkpoint's atomic commit
-(``cluster.checkpoints``) leaves the last whole checkpoint as ``latest`` either way.
+(``cluster.records.checkpoints``) leaves the last whole checkpoint as ``latest`` either way.
 
 Pure standard library: the Ray calls are lazy.
 """

@@ -5,9 +5,9 @@
 Reads only the run's files (``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``,
 ``inflight_at_end.json``, ``summary.json``, ``config.yaml``; see docs/pipeline.md), so it
 needs no Ray and no torch, and renders in seconds: the trainer calls ``write_report`` at the
-end of every run. Figures are PNGs inlined as base64 (``cluster/report_plots.py``); no
+end of every run. Figures are PNGs inlined as base64 (``cluster/report/plots.py``); no
 script, stylesheet or font is fetched, the page opens offline. The run's files are read in
-``cluster/report_data.py``, the sections built in ``cluster/report_sections.py``; a section
+``cluster/report/data.py``, the sections built in ``cluster/report/sections.py``; a section
 without data says "no data".
 
 Exit codes: 0 the page was written; 1 with ``--check``, written but an accounting check
@@ -21,8 +21,8 @@ import html
 import sys
 from pathlib import Path
 
-from cluster.report_analysis import accounting_checks
-from cluster.report_data import ReportError, RunData, load_run
+from cluster.report.analysis import accounting_checks
+from cluster.report.data import ReportError, RunData, load_run
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;
@@ -43,7 +43,7 @@ td:first-child,th:first-child,table.checks td{text-align:left}tr.sub td:first-ch
 
 def render(run: RunData) -> tuple[str, bool]:
     """The page, and whether every accounting check the run's files allow holds."""
-    from cluster.report_sections import SECTIONS  # lazy: it imports matplotlib (~1 s)
+    from cluster.report.sections import SECTIONS  # lazy: it imports matplotlib (~1 s)
 
     body, nav = [], []
     for sid, title, build in SECTIONS:

@@ -1,7 +1,7 @@
-"""A run's start on running roles (``cluster.runtime.start_roles``): its directory, where it
+"""A run's start on running roles (``cluster.nodes.roles.start_roles``): its directory, where it
 resumes from, its own roles (coordinator, telemetry), the watchdog, the run files, and, on a
 resume, the first weight publish; then ``publish``, the one way weights reach the
-generators. ``cluster.trainer.Trainer`` drives the ``Run`` this returns.
+generators. ``cluster.run.trainer.Trainer`` drives the ``Run`` this returns.
 """
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ import sys
 from dataclasses import dataclass, field
 
 from common.names import actor_name
-from cluster.checkpoints import Checkpoints
-from cluster.config import dump_config
-from cluster.evaluation import Evaluator
-from cluster.metrics import Tally
-from cluster.paths import RunDirError, Start, fresh_run_dir, plan_start
-from cluster.run_files import RunFiles
-from cluster.runtime import log_path, pg_strategy
-from cluster.wandb_log import WandbLog
-from cluster.waits import failed_updates, gather_stats
-from cluster.watchdog import Watchdog, coordinator_blame
+from cluster.records.checkpoints import Checkpoints
+from cluster.config.schema import dump_config
+from cluster.run.evaluation import Evaluator
+from cluster.records.metrics import Tally
+from cluster.config.paths import RunDirError
+from cluster.run.directory import Start, fresh_run_dir, plan_start
+from cluster.records.files import RunFiles
+from cluster.nodes.roles import log_path, pg_strategy
+from cluster.records.wandb_log import WandbLog
+from cluster.nodes.waits import failed_updates, gather_stats
+from cluster.run.watchdog import Watchdog, coordinator_blame
 
 STATS_WAIT_S = 5.0  # telemetry: a generator that does not answer in this long is skipped
 
@@ -46,7 +47,7 @@ def resume_state(cfg, roles, start: Start) -> RunState:
     the run continues its counters and its admitted prompts."""
     import ray
 
-    from cluster.checkpoints import resumable
+    from cluster.records.checkpoints import resumable
 
     try:  # before the run's watchdog exists: bounded by the run's call timeout instead
         versions = ray.get([g.version.remote() for g in roles.generators],
@@ -96,7 +97,7 @@ def start_run_roles(cfg, roles, task, state: RunState):
 
     from actors.coordinator import Coordinator
     from actors.telemetry import Telemetry
-    from cluster.placement import COORDINATOR_CPUS
+    from cluster.nodes.placement import COORDINATOR_CPUS
 
     est, coord_cfg = coordinator_config(cfg, task, state)
     run = cfg.run.name
@@ -209,7 +210,7 @@ def measure_peaks(run: Run) -> list[float]:
 def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
                initial_reused: bool) -> dict:
     """summary.json's fields about the generators over the run, its start and its resume."""
-    from cluster.metrics import generator_delta, per_generator
+    from cluster.records.metrics import generator_delta, per_generator
 
     gen_end, st = generator_stats(run.roles.generators), run.state
     return {**generator_delta(gen0, gen_end), "t_start": t_start,

@@ -1,6 +1,6 @@
 """The per-step metrics (a line of metrics.jsonl), computed by pure functions from what a step
 saw, the run's running counters (``Tally``) and summary.json's figures (``run_summary``); the
-files themselves are ``cluster.run_files``'s."""
+files themselves are ``cluster.records.files``'s."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.types import PromptRecord, TrainBatch
-from cluster.evaluation import eval_summary
+from cluster.run.evaluation import eval_summary
 from common.records import Accounting, StepResult
 from estimator.core import reward_to_prob
 

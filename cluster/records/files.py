@@ -1,7 +1,7 @@
 """The one owner of a run's files (docs/pipeline.md, "Run outputs"): ``config.yaml``,
 ``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``, ``inflight_at_end.json``,
 ``summary.json``, ``report.html``, ``rollouts.msgpack`` (``run.record_rollouts``), TensorBoard's
-``tb/``, W&B's ``wandb/`` (through ``cluster.wandb_log``), and the progress lines on stderr;
+``tb/``, W&B's ``wandb/`` (through ``cluster.records.wandb_log``), and the progress lines on stderr;
 with ``prompt_fates``, the accounting check that reads them back (every admitted prompt
 trained, dropped or in flight at the end, exactly once).
 
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.wandb_log import numeric
+from cluster.records.wandb_log import numeric
 from common.atomic import write_atomic
 
 # Every line of dropped.jsonl: {"uid", "reason", "step"}; a NaN-skipped step's prompts are
@@ -49,7 +49,7 @@ class RunFiles:
         """``resume_step``: continuing from the checkpoint of that step: lines of later steps
         (written after it by a run that then crashed) are dropped, so that every step and every
         prompt appears once. None: a fresh run, earlier outputs are replaced. ``wandb``: a
-        started ``cluster.wandb_log.WandbLog`` that gets every step's metrics, and the summary
+        started ``cluster.records.wandb_log.WandbLog`` that gets every step's metrics, and the summary
         and report at the end (``report``). ``fetch``: what turns a batch's shard references
         into their samples when recording rollouts (default ``ray.get``)."""
         self.dir = Path(run_dir)
@@ -185,7 +185,7 @@ class RunFiles:
     def report(self) -> None:
         """report.html from the run's files, the run's last; a failed report never fails the
         run. Then the W&B run ends with the summary, summary.json and report.html."""
-        from cluster.report import write_report  # lazy: matplotlib costs ~1 s of import
+        from cluster.report.page import write_report  # lazy: matplotlib costs ~1 s of import
 
         try:
             self.note(f"report: {write_report(self.dir)}")

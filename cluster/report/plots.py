@@ -1,9 +1,9 @@
 """The report's figures: pure functions from arrays to an inlined PNG (base64), or None when
 there is nothing to draw. matplotlib's object API only (no pyplot: no global state, no GUI
-backend), so that ``cluster.report`` renders in seconds at the end of a run.
+backend), so that ``cluster.report.page`` renders in seconds at the end of a run.
 
 Every function takes already-extracted NumPy arrays (NaN where a step lacks the value) and
-returns ``str | None``; the page (``cluster/report.py``) says "no data" for None.
+returns ``str | None``; the page (``cluster/report/page.py``) says "no data" for None.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The driver of a run: the step loop over a started run's roles (``cluster.run_start``).
+"""The driver of a run: the step loop over a started run's roles (``cluster.run.start``).
 
     for step in steps:
         batch  = coordinator.next_batch(B)       # the scheduler's hand-over (sync: a barrier),
@@ -9,18 +9,18 @@
 
 Sync and async runs differ only in the coordinator's scheduler (``max_staleness = 0`` is
 the synchronous barrier); this loop is the same for both. Every blocking call runs under
-the watchdog's deadline (``cluster.watchdog``); every file is ``RunFiles``'s.
+the watchdog's deadline (``cluster.run.watchdog``); every file is ``RunFiles``'s.
 """
 from __future__ import annotations
 
 import time
 
-from cluster.checkpoints import CheckpointWriteError, run_state_writer
-from cluster.metrics import StepTimes, TrainClock, generator_delta, run_summary, step_metrics
-from cluster.preempt import Interrupted, installed, stop_run, wait_batch
-from cluster.run_start import (Run, generator_stats, measure_peaks, publish, run_extras,
+from cluster.records.checkpoints import CheckpointWriteError, run_state_writer
+from cluster.records.metrics import StepTimes, TrainClock, generator_delta, run_summary, step_metrics
+from cluster.run.preempt import Interrupted, installed, stop_run, wait_batch
+from cluster.run.start import (Run, generator_stats, measure_peaks, publish, run_extras,
                                start_run)
-from cluster.watchdog import Stalled
+from cluster.run.watchdog import Stalled
 
 
 def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
@@ -76,7 +76,7 @@ class Trainer:
 
     def run(self) -> dict:
         """Every step, then the coordinator's accounting, the last checkpoint, the trained policy
-        (``run.save_final``), summary.json; ``Stalled``, or ``Preempted`` (cluster.preempt)."""
+        (``run.save_final``), summary.json; ``Stalled``, or ``Preempted`` (cluster.run.preempt)."""
         cfg, files = self.cfg, self.r.files
         initial = self.initial_evaluation()  # before the clock starts
         peaks = measure_peaks(self.r) if cfg.generators.measure_peak else None
@@ -92,7 +92,7 @@ class Trainer:
             self.save()
             if cfg.run.save_final:  # the trained policy, loadable by transformers and vLLM
                 self.export(cfg.run_dir / "final")
-        except Interrupted:  # a signal (cluster/preempt.py): checkpoint, then stop
+        except Interrupted:  # a signal (cluster/run/preempt.py): checkpoint, then stop
             self.step -= 1  # the step whose batch never came
             raise stop_run(self, self.stop) from None
         except Stalled as stall:
@@ -175,7 +175,7 @@ class Trainer:
         return ev
 
     def save(self) -> None:
-        """A whole checkpoint or none (cluster/checkpoints.py): learner state with the run's
+        """A whole checkpoint or none (cluster/records/checkpoints.py): learner state with the run's
         counters, and the coordinator's admitted, untrained prompts."""
         state = {"step": self.step, "policy_version": self.version, "totals": self.totals}
         self.dog.call("learner (checkpoint)", self.r.ckpts.save, self.step, self.learner,

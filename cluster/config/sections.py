@@ -1,8 +1,8 @@
 """The config's role and model sections: where and with what each role runs (generators,
 learner ranks, prior server, the Ray cluster) and which policy they load; with ``Section``,
-the base of every section, and the error type and messages ``cluster.config`` raises.
+the base of every section, and the error type and messages ``cluster.config.schema`` raises.
 
-Pure pydantic, as ``cluster.config`` is: no ML library is imported.
+Pure pydantic, as ``cluster.config.schema`` is: no ML library is imported.
 """
 from __future__ import annotations
 

@@ -230,7 +230,7 @@ def compare(run_dir: Path) -> dict:
     return out
 
 
-if __name__ == "__main__":  # python -m cluster.wandb_log RUN_DIR: is every metric in W&B?
+if __name__ == "__main__":  # python -m cluster.records.wandb_log RUN_DIR: is every metric in W&B?
     got = compare(Path(sys.argv[1]))
     print(f"{got['steps']} steps, {got['values']} numbers of metrics.jsonl: "
           f"{len(got['missing'])} missing from the W&B run, {len(got['differing'])} differing, "

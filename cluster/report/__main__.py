@@ -1,0 +1,5 @@
+import sys
+
+from cluster.report.page import main
+
+sys.exit(main())
