@@ -30,12 +30,14 @@ import functools
 import time
 from collections import Counter
 
-from actors.coordinator_checkpoint import CoordinatorCheckpoint
+from actors.fault_log import FaultLog
+from actors.generator_pool import GeneratorPool
 from actors.prompts import PromptSampler, checked_priors, hand_over, success_rate
-from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
+from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig, checkpoint
 from actors.scoring import Overlong, Scorer
-from common.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
+from common.atomic import write_atomic
 from common.records import Accounting
+from common.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
 
@@ -63,13 +65,18 @@ class CoordinatorConfig:
     learner_ranks: int = 0
 
 
-class Coordinator(CoordinatorCheckpoint):
+class Coordinator:
+    """Composed of the scheduler (every decision), the generator pool (health, restarts,
+    rejoins, aborts), the fault log, the prompt sampler and the scorer; it owns the asyncio
+    tasks that carry the decisions out."""
+
     def __init__(self, generators: list, prior, estimator, cfg: CoordinatorConfig):
         from common.logs import to_file
         from tasks import make_task_from_config
 
         to_file(cfg.log_path)
-        self.gens = list(generators)
+        self.pool = GeneratorPool(generators)
+        self.faults = FaultLog()
         self.prior, self.prior_timeout_s = prior, cfg.prior_timeout_s
         self.request_timeout_s = cfg.request_timeout_s
         self.task = make_task_from_config(cfg.task)
@@ -77,26 +84,15 @@ class Coordinator(CoordinatorCheckpoint):
                              cfg.score_workers, cfg.score_timeout_s, cfg.overlong, *cfg.score_fault)
         self.sampling = cfg.sampling
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
-        self.sched = Scheduler(cfg.sched, estimator, len(self.gens), cfg.version, clock=time.time)
+        self.sched = Scheduler(cfg.sched, estimator, len(self.pool), cfg.version, clock=time.time)
         self.needs_prior = estimator.needs_prior
         self.learner_ranks = cfg.learner_ranks
-        self.payload = None
-        self.incarnations: list[str | None] = [None] * len(self.gens)
-        self.last_heard = [time.time()] * len(self.gens)  # last answer from each generator
         self.prior_pending_since: float | None = None
-        self.counts = Counter()          # faults and fallbacks, by kind
-        self.served = [0] * len(self.gens)  # requests each generator completed
         self.failures = Counter()        # uid -> engine errors
-        self.events: list[tuple] = []    # faults for the summary: (t, kind, generator, detail)
         self._admitting = False
         self._tasks: set[asyncio.Task] = set()
-        self._aborts: list[set[asyncio.Task]] = [set() for _ in self.gens]  # of timed-out requests
         self._wake = asyncio.Event()
         self._stopped = False
-        self.t_start = time.time()
-        self.last_prior_error = ""
-        self.last_error = ""        # the last exception on this side (a task, a scorer...)
-        self._noted: set[tuple] = set()  # (kind, generator, type) already in self.events
         self._restored: list = []  # dispatches of the rollouts in flight at the checkpoint
         self._drawing_from: int | None = None  # stream position of prompts awaiting the prior
         if cfg.restore is not None:
@@ -108,7 +104,6 @@ class Coordinator(CoordinatorCheckpoint):
         self._restored = []
         self._kick()
 
-    # -- checkpoints: ``CoordinatorCheckpoint`` (snapshot_to, admitted_pos, _restore) ------
     async def next_batch(self, n: int) -> TrainBatch:
         """Wait until the scheduler hands over ``n`` prompts at the current version."""
         while True:
@@ -129,7 +124,7 @@ class Coordinator(CoordinatorCheckpoint):
         """Learner published ``version`` (every live generator loaded it)."""
         self.sched.set_version(version)
         if payload is not None:
-            self.payload = payload
+            self.pool.payload = payload
         self._kick()
 
     async def pause(self) -> None:
@@ -147,36 +142,74 @@ class Coordinator(CoordinatorCheckpoint):
         self.scorer.close()
         return self.accounting()
 
+    # -- checkpoints: every admitted, untrained prompt and what to continue it with ----------
+    async def snapshot_to(self, path: str) -> int:
+        """Write every admitted, untrained prompt (estimator state, finished rollouts), the
+        sampler position, the requests each generator served and the fault log to ``path``
+        (msgpack: a safe format); returns prompts written. Taken between two awaits: a
+        consistent point of the scheduler."""
+        import msgpack
+
+        snap = {"scheduler": checkpoint.snapshot(self.sched, dataclasses.asdict,
+                                                 Rollout.to_dict),
+                "data_pos": self.admitted_pos, "served": list(self.pool.served),
+                **self.faults.snapshot()}
+        await asyncio.to_thread(write_atomic, path, msgpack.packb(snap, use_bin_type=True))
+        return len(snap["scheduler"]["inflight"])
+
+    def _restore(self, path: str) -> None:
+        """A checkpoint's ``snapshot_to`` file into this fresh coordinator."""
+        import msgpack
+
+        from tasks.base import Problem
+
+        with open(path, "rb") as f:
+            snap = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+        self._restored = checkpoint.restore(self.sched, snap["scheduler"],
+                                            lambda d: Problem(**d), lambda d: Rollout(**d))
+        self.sampler.position = snap["data_pos"]
+        # Checkpoints written before ``served`` was a list kept it among the counts.
+        self.pool.served = snap.get("served") or [snap["counts"].get(f"served{i}", 0)
+                                                  for i in range(len(self.pool))]
+        self.faults.restore(snap["counts"], snap["events"])
+
+    @property
+    def admitted_pos(self) -> int:
+        """The stream position up to which prompts were admitted: prompts drawn but still
+        waiting for the prior are not (a resumed run draws them again)."""
+        return self.sampler.position if self._drawing_from is None else self._drawing_from
+
     def accounting(self) -> Accounting:
         s = self.sched
         return Accounting(**s.accounting(), prompts_in_flight_at_end=s.in_flight(),
-                          prior_fallbacks=self.counts["prior_fallbacks"],
-                          generator_restarts=self.counts["generator_restarts"],
-                          requests_per_generator=list(self.served), data_pos=self.admitted_pos,
-                          generator_events=list(self.events), scoring=dict(self.scorer.counts),
+                          prior_fallbacks=self.faults.counts["prior_fallbacks"],
+                          generator_restarts=self.faults.counts["generator_restarts"],
+                          requests_per_generator=list(self.pool.served),
+                          data_pos=self.admitted_pos, generator_events=list(self.faults.events),
+                          scoring=dict(self.scorer.counts),
                           inflight_uids=sorted(s.inflight),
                           dropped_since_last_batch=list(s.dropped))
 
     def waiting_on(self) -> dict:
         """For the trainer's watchdog: which role the hand-over is waiting for, and what that
         role last reported."""
-        s, now = self.sched, time.time()
+        s, now, f = self.sched, time.time(), self.faults
         due = sum(c for d, c in s.unfinished.items() if d <= s.version)
         loads = {i: n for i, n in enumerate(s.load) if n}
         detail = {"version": s.version, "prompts_due_unfinished": due, "ready": len(s.ready),
                   "in_flight": s.in_flight(), "room": s.room(), "paused": s.paused,
                   "outstanding_per_generator": loads, "alive": list(s.alive),
-                  "seconds_since_generator_answered": [round(now - t, 1) for t in self.last_heard],
-                  "events": self.events[-5:], "last_prior_error": self.last_prior_error,
-                  "last_error": self.last_error}
+                  "seconds_since_generator_answered": self.pool.silent_s(now),
+                  "events": f.events[-5:], "last_prior_error": f.last_prior_error,
+                  "last_error": f.last_error}
         if self.prior_pending_since is not None:
             role = f"prior (asked {now - self.prior_pending_since:.0f}s ago)"
         elif not any(s.alive):
             role = "generators (every one lost; waiting for a restart)"
         elif loads:
-            i = max(loads, key=lambda g: now - self.last_heard[g])
+            i = max(loads, key=lambda g: now - self.pool.last_heard[g])
             role = (f"generator {i} ({loads[i]} rollouts outstanding, last answer "
-                    f"{now - self.last_heard[i]:.0f}s ago)")
+                    f"{now - self.pool.last_heard[i]:.0f}s ago)")
         elif s.parked:
             role = "generators (work parked until one returns)"
         else:
@@ -186,14 +219,14 @@ class Coordinator(CoordinatorCheckpoint):
     def state_size(self) -> dict[str, int]:
         """Entries held, per container (the scheduler's, and this actor's own): bench.soak."""
         return {**self.sched.sizes(), "tasks": len(self._tasks), "failures": len(self.failures),
-                "events": len(self.events), "noted": len(self._noted),
-                "aborts": sum(map(len, self._aborts))}
+                **self.faults.sizes(), **self.pool.sizes()}
 
     def status(self) -> dict:
         s = self.sched
         return {"inflight": s.in_flight(), "ready": len(s.ready), "load": list(s.load),
                 "alive": list(s.alive), "version": s.version, "room": s.room(),
-                "last_prior_error": self.last_prior_error, "last_error": self.last_error,
+                "last_prior_error": self.faults.last_prior_error,
+                "last_error": self.faults.last_error,
                 **self.accounting().summary()}
 
     # -- carrying out the scheduler's actions ---------------------------------------------
@@ -244,8 +277,7 @@ class Coordinator(CoordinatorCheckpoint):
                 self.prior.predict.remote([p.prompt for p in problems]), self.prior_timeout_s)
             return checked_priors(ps, len(problems))
         except Exception as err:  # timeout, dead actor, garbage: fall back, never wait forever
-            self.counts["prior_fallbacks"] += len(problems)
-            self.last_prior_error = f"{type(err).__name__}: {err}"
+            self.faults.prior_failed(len(problems), err)
             return [None] * len(problems)
         finally:
             self.prior_pending_since = None
@@ -265,7 +297,7 @@ class Coordinator(CoordinatorCheckpoint):
                              self.sampling, priority=d.priority,
                              messages=pif.problem.messages)
         try:
-            rollouts = await asyncio.wait_for(self.gens[d.generator].generate.remote(req),
+            rollouts = await asyncio.wait_for(self.pool[d.generator].generate.remote(req),
                                               self.request_timeout_s)
         except Exception as err:
             return self._apply(self._request_failed(d, err))
@@ -294,12 +326,7 @@ class Coordinator(CoordinatorCheckpoint):
 
     async def _completed(self, d: Dispatch, pif, rollouts: list[Rollout]) -> list:
         """Score a request's completions and report them to the scheduler; its actions."""
-        self.last_heard[d.generator] = time.time()
-        self.served[d.generator] += 1
-        inc = rollouts[0].incarnation if rollouts else None
-        if self.incarnations[d.generator] is None:
-            self.incarnations[d.generator] = inc
-        elif inc != self.incarnations[d.generator]:
+        if not self.pool.answered(d.generator, rollouts[0].incarnation if rollouts else None):
             # Restarted between two calls: it served initial weights. Discard, re-sync it.
             self._lost(d.generator, "new incarnation")
             return self.sched.on_request_failed(d.request_id, generator_lost=True)
@@ -320,7 +347,7 @@ class Coordinator(CoordinatorCheckpoint):
         """Handling request ``d``'s completions raised here: drop its prompt with a counted
         reason (the scheduler may have taken part of the report, so the prompt cannot be
         trusted to go on) and free its slots. Nothing is lost and nothing waits forever."""
-        self._note("coordinator_error", -1, err, f"request {d.request_id}: ")
+        self.faults.note("coordinator_error", -1, err, f"request {d.request_id}: ")
         reason = f"coordinator_error: {type(err).__name__}"
         actions = self.sched.on_request_failed(d.request_id, drop_reason=reason)
         return actions + self.sched.drop(d.uid, reason)  # [] if it was dropped just now
@@ -331,13 +358,12 @@ class Coordinator(CoordinatorCheckpoint):
         Ask the engine to abort all of it (best effort, bounded by ``request_timeout_s``); the
         generator is used again only once that call has ended (see ``_rejoin``)."""
         every = tuple(range(len(d.indices)))
-        t = self._spawn(self._cancel(Cancel(d.request_id, d.uid, every, d.generator)))
-        self._aborts[d.generator].add(t)
-        t.add_done_callback(self._aborts[d.generator].discard)
+        self.pool.aborting(d.generator,
+                           self._spawn(self._cancel(Cancel(d.request_id, d.uid, every, d.generator))))
 
     async def _cancel(self, c: Cancel) -> None:
         try:
-            await asyncio.wait_for(self.gens[c.generator].cancel.remote(c.request_id,
+            await asyncio.wait_for(self.pool[c.generator].cancel.remote(c.request_id,
                                                                         list(c.positions)),
                                    self.request_timeout_s)
         except Exception:  # a dead generator's requests fail on their own
@@ -347,41 +373,17 @@ class Coordinator(CoordinatorCheckpoint):
     def _lost(self, i: int, why: str) -> None:
         if self.sched.alive[i]:
             self.sched.mark_lost(i)
-            self.counts["generator_restarts"] += 1
-            self.events.append((round(time.time() - self.t_start, 3), "lost", i, why))
+            self.faults.lost(i, why)
             self._spawn(self._rejoin(i))
 
     async def _rejoin(self, i: int) -> None:
-        """Wait for Ray to restart generator i, give it the newest weights, use it again."""
-        g = self.gens[i]
-        while not self._stopped:
-            try:
-                await asyncio.wait_for(g.ready.remote(), self.request_timeout_s)
-                loaded = await g.version.remote()
-                if self.payload is not None and loaded < self.sched.version:
-                    await g.update_weights.remote(self.payload, self.sched.version)
-                    continue  # re-check: a newer version may have been published meanwhile
-                self.incarnations[i] = await g.incarnation.remote()
-                # Its timed-out requests are aborted first: their sequences hold slots.
-                await asyncio.gather(*self._aborts[i])
-                self.events.append((round(time.time() - self.t_start, 3), "rejoined", i, loaded))
-                self._apply(self.sched.mark_back(i))
-                self._kick()
-                return
-            except Exception:
-                await asyncio.sleep(1.0)
-
-    def _note(self, kind: str, i: int, err: BaseException, where: str = "") -> None:
-        """Record an error: counted (``counts[kind]``), kept as ``last_error`` for the
-        watchdog, and put in ``events`` once per (kind, generator, exception type), so that a
-        fault repeating every second does not flood the summary."""
-        text = f"{where}{type(err).__name__}: {str(err)[:300]}"
-        self.counts[kind] += 1
-        self.last_error = f"{kind} (generator {i}): {text}" if i >= 0 else f"{kind}: {text}"
-        key = (kind, i, type(err).__name__)
-        if key not in self._noted:
-            self._noted.add(key)
-            self.events.append((round(time.time() - self.t_start, 3), kind, i, text))
+        """Generator i back (restarted, the newest weights loaded): use it again."""
+        loaded = await self.pool.rejoin(i, lambda: self.sched.version, lambda: self._stopped,
+                                        self.request_timeout_s)
+        if loaded is not None:
+            self.faults.event("rejoined", i, loaded)
+            self._apply(self.sched.mark_back(i))
+            self._kick()
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
@@ -394,4 +396,4 @@ class Coordinator(CoordinatorCheckpoint):
         self._tasks.discard(t)
         if not t.cancelled() and t.exception() is not None:
             name = getattr(t.get_coro(), "__qualname__", "task")
-            self._note("task_error", -1, t.exception(), f"{name}: ")
+            self.faults.note("task_error", -1, t.exception(), f"{name}: ")

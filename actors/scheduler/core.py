@@ -3,18 +3,17 @@ object that the coordinator, the unit tests and the simulator drive."""
 from __future__ import annotations
 
 import itertools
-from collections import Counter, deque
+from collections import Counter
 from typing import Any, Callable, Sequence
 
-from actors.scheduler.admission import RECENT_K, AdmissionCalendar
-from actors.scheduler.checkpoint import SchedulerCheckpoint
+from actors.scheduler.admission import AdmissionCalendar
 from actors.scheduler.messages import Cancel, Dispatch, Finished, SchedulerConfig, priority
 from actors.scheduler.state import PromptInFlight, Request, up_to_samples
 from common.records import SCHEDULER_COUNTS
 from estimator.state import PromptState
 
 
-class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
+class Scheduler:
     def __init__(self, cfg: SchedulerConfig, estimator, n_generators: int, version: int = 0,
                  clock: Callable[[], float] = lambda: 0.0):
         if n_generators < 1:
@@ -26,24 +25,35 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         self.load = [0] * n_generators           # outstanding sequences per generator
         self.inflight: dict[str, PromptInFlight] = {}  # admitted, not yet handed or dropped
         self.ready: dict[str, PromptInFlight] = {}     # the finished subset of ``inflight``
-        self.quota: Counter = Counter()           # deadline -> admissions given it (not
-                                                  # returned when trained early)
+        self.calendar = AdmissionCalendar(cfg)   # the deadlines' quotas (``room``)
         self.unfinished: Counter = Counter()      # deadline -> live prompts not finished yet
-        self._last_batch: list[int] = []          # deadlines of the last hand-over
         self._recheck: set[str] = set()           # finished prompts whose age to check
         self.requests: dict[str, Request] = {}
         self.parked: list[Dispatch] = []          # waiting for a live generator
         self.counts: Counter = Counter()
         self.drops: Counter = Counter()
-        self.refills: Counter = Counter()         # deadline -> prompts dropped at it
         self._ids = itertools.count()
         self._finished: list[PromptInFlight] = []    # finished since the last drain_finished()
         self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
-        self._taken: int | None = None            # version whose batch the learner took
         self.paused = False
-        self._recent_k: deque[int] = deque(maxlen=RECENT_K)  # newest finished's ``trainable``
 
-    # -- admission (the room: ``AdmissionCalendar``) --------------------------------------
+    # -- admission -------------------------------------------------------------------------
+    def room(self) -> int:
+        """How many new prompts may be admitted now: in free engine slots and in the
+        deadlines' quotas (``AdmissionCalendar``)."""
+        if self.paused or self.parked or not any(self.alive):
+            return 0
+        n = min(self._slot_room(), self.calendar.room(self.version))
+        if self.cfg.max_inflight_prompts is not None:
+            n = min(n, self.cfg.max_inflight_prompts - len(self.inflight))
+        return max(0, n)
+
+    def _slot_room(self) -> int:
+        """Prompts whose k_init rollouts fit in free slots (all on one generator each)."""
+        s = self.cfg.slots_per_generator
+        need = min(self.k_init, s)  # k_init above an engine's slots: one per empty engine
+        return sum(max(0, s - load) // need for load, a in zip(self.load, self.alive) if a)
+
     def admit(self, problems: Sequence[Any], priors: Sequence[float | None],
               uids: Sequence[str] | None = None) -> list:
         """Admit prompts (with their prior probabilities; None: no prior) and dispatch their
@@ -54,14 +64,13 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
             raise ValueError(f"admitting {len(problems)} prompts with room for {self.room()}")
         actions = []
         for i, (problem, prior) in enumerate(zip(problems, priors)):
-            d = self._free_deadline()
+            d = self.calendar.admit(self.version)
             uid = uids[i] if uids is not None else f"p{next(self._ids)}"
             if uid in self.inflight:
                 raise ValueError(f"prompt uid {uid!r} is already in flight")
             pif = PromptInFlight(uid, problem, PromptState(self.est, prior), self.version, d, -1,
                                  self.clock())
             self.inflight[uid] = pif
-            self.quota[d] += 1
             self.unfinished[d] += 1
             self.counts["prompts_admitted"] += 1
             actions += self._plan(pif)
@@ -235,7 +244,7 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         self.ready[pif.uid] = pif
         self.unfinished[pif.deadline] -= 1
         self._recheck.add(pif.uid)
-        self._recent_k.append(pif.trainable)
+        self.calendar.finished(pif.trainable)
 
     def drop(self, uid: str, reason: str, refill: bool = False) -> list:
         """Drop a prompt (counted under ``reason``); its place frees. Returns the
@@ -245,9 +254,7 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
             return []
         if self.ready.pop(uid, None) is None:
             self.unfinished[pif.deadline] -= 1
-        self.quota[pif.deadline] -= 1  # its place is free again (a refill may take it)
-        if refill:
-            self.refills[pif.deadline] += 1
+        self.calendar.release(pif.deadline, refill)  # its place is free (a refill may take it)
         self.drops[reason] += 1
         self.dropped.append((uid, reason))
         out = []
@@ -266,14 +273,8 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         same one: admission reopens for it)."""
         if version < self.version:
             raise ValueError(f"version went back from {self.version} to {version}")
-        if version == self.version and self._taken == version:
-            # The learner skipped its step (NaN): that batch was not trained. Its prompts are
-            # dropped by the trainer; their quota returns, so admission does not starve.
-            for d in self._last_batch:
-                self.quota[d] -= 1
-        self._last_batch = []
+        self.calendar.new_version(version)  # the same one: the step was skipped (NaN)
         self.version = version
-        self._taken = None
         self._recheck.update(self.ready)  # finished samples grew a version older
 
     def take_batch(self, n: int) -> tuple[list[PromptInFlight], list] | None:
@@ -293,24 +294,22 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         S = self.cfg.batch_samples
         if (len(self.ready) < n if S is None else
                 sum(g.trainable for g in self.ready.values()) < S):
-            # A closed deadline (see _open_deadlines) with nothing due running trains short;
+            # A closed deadline (see open_deadlines) with nothing due running trains short;
             # so does a sample-counted batch that nothing more can join at this version
             # (every admitted prompt finished and no quota left: S / mean k rounds down).
-            closed = V not in self._open_deadlines() or (
-                S is not None and not self._quota_room() and len(self.ready) == len(self.inflight))
+            closed = V not in self.calendar.open_deadlines(V) or (
+                S is not None and not self.calendar.room(V)
+                and len(self.ready) == len(self.inflight))
             if not (self.ready and closed):
                 return wait
         order = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))
         batch = order[:n] if S is None else up_to_samples(order, S, V)
-        self._taken = V
-        self._last_batch = [g.deadline for g in batch]
+        self.calendar.handed(V, [g.deadline for g in batch])
         for g in batch:
             del self.inflight[g.uid], self.ready[g.uid]
             self.counts["prompts_handed"] += 1
-        for d in [d for d in self.quota if d < V and self.unfinished[d] == 0]:
-            del self.quota[d], self.unfinished[d]  # deadlines past: nothing is due there again
-        for d in [d for d in self.refills if d < V]:
-            del self.refills[d]  # only open deadlines (>= V) are read; kept, one more a step
+        for d in self.calendar.past(V, lambda d: self.unfinished[d] == 0):
+            del self.unfinished[d]  # deadlines past: nothing is due there again
         return batch, actions
 
     def _cut_due(self, V: int) -> list:
@@ -344,9 +343,8 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
                 pif.payloads.pop(i, None)
                 pif.start_version.pop(i, None)
             # Its samples now start at V or later: a fresh deadline, with all the slack.
-            self.quota[pif.deadline] -= 1
+            self.calendar.move(pif.deadline, V + self.cfg.max_staleness)
             pif.deadline = V + self.cfg.max_staleness
-            self.quota[pif.deadline] += 1
             self.unfinished[pif.deadline] += 1
             out += self._plan(pif)
         return out
@@ -366,8 +364,8 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         """How many entries each of the scheduler's containers holds (bench.soak: what a
         days-long run keeps must stay flat)."""
         return {"inflight": len(self.inflight), "ready": len(self.ready),
-                "quota": len(self.quota), "unfinished": len(self.unfinished),
-                "refills": len(self.refills), "requests": len(self.requests),
+                **self.calendar.sizes(), "unfinished": len(self.unfinished),
+                "requests": len(self.requests),
                 "parked": len(self.parked), "recheck": len(self._recheck),
                 "finished": len(self._finished), "dropped": len(self.dropped),
                 "drops": len(self.drops), "counts": len(self.counts)}
@@ -377,3 +375,22 @@ class Scheduler(AdmissionCalendar, SchedulerCheckpoint):
         names summary.json gives them, and its drops."""
         return {**{k: self.counts[k] for k in SCHEDULER_COUNTS},
                 "prompts_dropped": sum(self.drops.values()), "drop_reasons": dict(self.drops)}
+
+    # -- checkpoints (``actors.scheduler.checkpoint``: snapshot, restore) ------------------
+    def resume(self, pif: PromptInFlight, ready: bool) -> list:
+        """Take back a prompt from a checkpoint: finished (``ready``), it waits for its
+        hand-over, its samples' age checked again; else the rollouts it had in flight at
+        the checkpoint are asked for again. Its actions."""
+        self.inflight[pif.uid] = pif
+        if ready:
+            self.ready[pif.uid] = pif
+            self._recheck.add(pif.uid)
+            return []
+        self.unfinished[pif.deadline] += 1
+        lost = tuple(pif.state.outstanding_indices())
+        if not lost:
+            return self._plan(pif)
+        self.counts["reissued_requests"] += 1
+        first = pif.state.round_of(lost[0]) == 1 and pif.regenerations == 0
+        x = self._dispatch(pif, lost, priority(pif.deadline, first), pif.state.round_of(lost[0]))
+        return [x] if x is not None else []

@@ -79,9 +79,9 @@ async def first_prompt_fails(c: Coordinator, gen) -> None:
     a = s.accounting()
     assert a["prompts_admitted"] == (a["prompts_handed"] + a["prompts_dropped"]
                                      + s.in_flight())
-    assert c.counts["coordinator_error"] == 1
-    assert c.waiting_on()["last_error"] == c.last_error and "s0/" in c.last_error
-    assert [e[1] for e in c.events] == ["coordinator_error"]
+    assert c.faults.counts["coordinator_error"] == 1
+    assert c.waiting_on()["last_error"] == c.faults.last_error and "s0/" in c.faults.last_error
+    assert [e[1] for e in c.faults.events] == ["coordinator_error"]
     await c.stop()
 
 
@@ -94,7 +94,7 @@ def test_a_scheduler_error_on_a_requests_completions_drops_the_prompt_and_frees_
         c = coordinator(gen)
         await first_prompt_fails(c, gen)
         assert c.sched.drops == {"coordinator_error: ValueError": 1}
-        assert "ValueError" in c.last_error
+        assert "ValueError" in c.faults.last_error
 
     asyncio.run(main())
 
@@ -106,7 +106,7 @@ def test_a_scorer_error_drops_the_prompt_with_its_reason():
         c.scorer = RaisingScorer()
         await first_prompt_fails(c, gen)
         assert c.sched.drops == {"coordinator_error: RuntimeError": 1}
-        assert "RuntimeError: scorer bug" in c.last_error
+        assert "RuntimeError: scorer bug" in c.faults.last_error
 
     asyncio.run(main())
 
@@ -121,9 +121,9 @@ def test_an_exception_in_a_spawned_task_is_recorded_once_per_kind():
         for _ in range(3):
             c._spawn(broken())
         await until(lambda: not c._tasks, "the tasks to end")
-        assert c.counts["task_error"] == 3
-        assert "broken: KeyError" in c.last_error and c.waiting_on()["last_error"] == c.last_error
-        assert [e[1] for e in c.events] == ["task_error"]  # one event, not one per failure
+        assert c.faults.counts["task_error"] == 3
+        assert "broken: KeyError" in c.faults.last_error and c.waiting_on()["last_error"] == c.faults.last_error
+        assert [e[1] for e in c.faults.events] == ["task_error"]  # one event, not one per failure
         await c.stop()
 
     asyncio.run(main())
@@ -179,7 +179,7 @@ def test_a_timed_out_request_is_aborted_in_the_engine_before_the_generator_is_us
         first = gen.log[0][1]
         # The whole timed-out request was aborted, and asked before the rejoin began.
         assert gen.log[1:3] == [("cancel", first, [0, 1, 2, 3]), ("ready",)]
-        assert [e[1:] for e in c.events] == [("lost", 0, "TimeoutError")]
+        assert [e[1:] for e in c.faults.events] == [("lost", 0, "TimeoutError")]
         for _ in range(20):  # it answers again, but its abort has not been answered yet
             await asyncio.sleep(0)
         assert c.sched.alive == [False] and len(gen.log) == 4

@@ -16,7 +16,7 @@ def test_names_the_generator_that_holds_work_and_stopped_answering():
     c = coordinator()
     c.sched.admit(["a"], [None])              # 4 rollouts dispatched to one generator
     busy = next(i for i, n in enumerate(c.sched.load) if n)
-    c.last_heard[busy] = time.time() - 120
+    c.pool.last_heard[busy] = time.time() - 120
     w = c.waiting_on()
     assert w["role"].startswith(f"generator {busy} (4 rollouts outstanding")
     assert w["outstanding_per_generator"] == {busy: 4}

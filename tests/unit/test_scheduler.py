@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from actors.prompts import train_samples
+from actors.scheduler.checkpoint import restore, snapshot
 from actors.scheduler import core as sched_mod
 from actors.scheduler import (Cancel, Dispatch, Finished, Scheduler, SchedulerConfig,
                               priority)
@@ -400,12 +401,12 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
     if batch and batch[0]:
         trained += [g.uid for g in batch[0]]
         s.set_version(1)
-    snap = json.loads(json.dumps(s.snapshot(lambda p: p, lambda p: list(p))))
+    snap = json.loads(json.dumps(snapshot(s, lambda p: p, lambda p: list(p))))
     admitted = s.accounting()["prompts_admitted"]
     every_uid = set(trained) | set(s.inflight)
 
     s2 = make(s.version)  # the resumed run starts at the checkpoint's version
-    redo = s2.restore(snap, lambda p: p, lambda p: tuple(p))
+    redo = restore(s2, snap, lambda p: p, lambda p: tuple(p))
     f2 = Fake(s2, reward=lambda uid, i: rng.choice([1.0, -1.0]))
     f2.apply(redo)
     assert s2.version == s.version and s2.in_flight() == s.in_flight()
@@ -451,13 +452,13 @@ def test_a_resume_under_a_higher_version_number_keeps_every_age():
     f.admit()                                # more admitted at 1 ...
     f.complete(next(iter(f.inflight)))       # ... some finished, some still generating
     assert s.ready and f.inflight
-    snap = json.loads(json.dumps(s.snapshot(lambda p: p, lambda p: list(p))))
+    snap = json.loads(json.dumps(snapshot(s, lambda p: p, lambda p: list(p))))
     with pytest.raises(ValueError, match="older than the snapshot's 1"):
-        make(0).restore(snap, lambda p: p, tuple)
+        restore(make(0), snap, lambda p: p, tuple)
 
     s2 = make(3)                             # the same weights, numbered 3
     f2 = Fake(s2)
-    f2.apply(s2.restore(snap, lambda p: p, tuple))
+    f2.apply(restore(s2, snap, lambda p: p, tuple))
     for uid, g in s2.inflight.items():
         old = s.inflight[uid]
         assert g.deadline == old.deadline + 2 and g.admitted_version == old.admitted_version + 2
@@ -485,10 +486,10 @@ def test_a_checkpoint_written_before_the_rename_restores():
     f = Fake(s)
     f.admit()
     f.complete(next(iter(f.inflight)))
-    snap = s.snapshot(lambda p: p, lambda p: list(p))
+    snap = snapshot(s, lambda p: p, lambda p: list(p))
     old = {("groups" if k == "inflight" else k): v for k, v in snap.items()}
     new, legacy = (Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1) for _ in range(2))
-    assert new.restore(snap, lambda p: p, tuple) == legacy.restore(old, lambda p: p, tuple)
+    assert restore(new, snap, lambda p: p, tuple) == restore(legacy, old, lambda p: p, tuple)
     assert set(legacy.inflight) == set(new.inflight) == set(s.inflight) and set(legacy.ready) == set(s.ready)
 
 
@@ -503,14 +504,14 @@ def test_drops_not_yet_handed_over_survive_a_checkpoint():
     d = f.admit(2)[0]
     f.inflight.pop(d.request_id)
     s.on_request_failed(d.request_id, drop_reason="generator_error: X")
-    snap = json.loads(json.dumps(s.snapshot(lambda p: p, lambda p: list(p))))
+    snap = json.loads(json.dumps(snapshot(s, lambda p: p, lambda p: list(p))))
     resumed = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
-    resumed.restore(snap, lambda p: p, tuple)
+    restore(resumed, snap, lambda p: p, tuple)
     assert resumed.dropped == [(d.uid, "generator_error: X")] == s.dropped
     assert resumed.drops == s.drops
     old = {k: v for k, v in snap.items() if k != "dropped"}
     legacy = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
-    legacy.restore(old, lambda p: p, tuple)
+    restore(legacy, old, lambda p: p, tuple)
     assert legacy.dropped == [] and set(legacy.inflight) == set(s.inflight)
 
 
@@ -610,12 +611,12 @@ def test_the_quota_follows_the_mean_k_of_finished_prompts():
     S = 64
     s = Scheduler(cfg(batch_prompts=S // 4, batch_samples=S, max_staleness=1), v05(), 2)
     f = Fake(s, reward=lambda uid, i: -1.0)
-    assert s.quota_size == 16  # nothing finished yet: S / k_init
+    assert s.calendar.quota_size == 16  # nothing finished yet: S / k_init
     f.admit(prior=0.95)
     f.complete_all()
     ks = [g.state.k for g in s.ready.values()]
     assert min(ks) > 4
-    assert s.quota_size == round(S / (sum(ks) / len(ks))) < 16
+    assert s.calendar.quota_size == round(S / (sum(ks) / len(ks))) < 16
     batch, _ = s.take_batch(10_000)
     # Every prompt due now is taken even past S in rollouts, and the batch trains exactly S
     # of them: one cap on the samples trained per prompt (cap_samples).
@@ -658,7 +659,7 @@ def test_the_oracle_trains_train_k_of_each_group_and_its_quota_counts_those():
     assert s.in_flight() == S // 4
     f.complete_all()
     batch, _ = s.take_batch(10_000)
-    assert [g.state.k for g in batch] == [16] * 4 and s.quota_size == S // 4
+    assert [g.state.k for g in batch] == [16] * 4 and s.calendar.quota_size == S // 4
     samples = [x for g in batch for x in train_samples(as_rollouts(g))]
     assert len(samples) == S
     # rewards by index: +1 at 0, 3, 6, 9, 12, 15 (6 of 16); the baseline is the mean of the

@@ -1,0 +1,69 @@
+"""The coordinator's generators and what it knows of their health: each one's incarnation
+token (a Ray restart changes it), when each last answered, the requests each completed,
+the aborts of its timed-out requests still running, and the newest weights (``payload``) a
+rejoining one loads. Which generator serves what is the scheduler's; this pool only keeps
+them honest."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+
+class GeneratorPool:
+    def __init__(self, generators: list):
+        self.handles = list(generators)
+        n = len(self.handles)
+        self.incarnations: list[str | None] = [None] * n
+        self.last_heard = [time.time()] * n   # last answer from each generator
+        self.served = [0] * n                 # requests each one completed
+        self.aborts: list[set[asyncio.Task]] = [set() for _ in range(n)]  # of timed-out requests
+        self.payload = None                   # the newest published weights
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def __getitem__(self, i: int):
+        return self.handles[i]
+
+    def answered(self, i: int, incarnation: str | None) -> bool:
+        """Generator ``i`` answered a request from ``incarnation``: False when that is not the
+        one it had (restarted between two calls: it served initial weights)."""
+        self.last_heard[i] = time.time()
+        self.served[i] += 1
+        if self.incarnations[i] is None:
+            self.incarnations[i] = incarnation
+        return incarnation == self.incarnations[i]
+
+    def aborting(self, i: int, task: asyncio.Task) -> None:
+        """``task`` aborts generator ``i``'s timed-out request; it rejoins only after."""
+        self.aborts[i].add(task)
+        task.add_done_callback(self.aborts[i].discard)
+
+    async def rejoin(self, i: int, version: Callable[[], int], stopped: Callable[[], bool],
+                     timeout_s: float) -> int | None:
+        """Wait for Ray to restart generator ``i``, give it the newest weights (at
+        ``version()``, the scheduler's, read again after each load), wait for its aborts;
+        returns the version it serves, or None once ``stopped()``."""
+        g = self.handles[i]
+        while not stopped():
+            try:
+                await asyncio.wait_for(g.ready.remote(), timeout_s)
+                loaded = await g.version.remote()
+                if self.payload is not None and loaded < version():
+                    await g.update_weights.remote(self.payload, version())
+                    continue  # re-check: a newer version may have been published meanwhile
+                self.incarnations[i] = await g.incarnation.remote()
+                # Its timed-out requests are aborted first: their sequences hold slots.
+                await asyncio.gather(*self.aborts[i])
+                return loaded
+            except Exception:
+                await asyncio.sleep(1.0)
+        return None
+
+    def silent_s(self, now: float) -> list[float]:
+        """Seconds since each generator last answered."""
+        return [round(now - t, 1) for t in self.last_heard]
+
+    def sizes(self) -> dict[str, int]:
+        return {"aborts": sum(map(len, self.aborts))}
