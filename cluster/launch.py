@@ -145,20 +145,21 @@ def main(argv=None) -> int:
 
 def accuracy_lines(summary: dict) -> list[str]:
     """'held-out <metric> accuracy: start +- se -> end +- se (+n SE)' for the headline metric
-    first, then the other one."""
-    from cluster.run.evaluation import EVAL_KINDS, eval_key
+    first, then the other one (``summary``: summary.json's object)."""
+    from cluster.records.step import HeldOut
+    from cluster.records.summary import RunSummary
 
-    metric = summary.get("eval_metric")
+    s = RunSummary.from_json(summary)
     out = []
-    for kind in sorted(EVAL_KINDS, key=lambda k: k != metric):
-        a1, se1 = summary.get(eval_key(kind, "final")), summary.get(eval_key(kind, "final", True))
+    for kind in sorted(HeldOut.KINDS, key=lambda k: k != s.eval_metric):
+        a1, se1 = s.eval_final.of(kind) if s.eval_final else (None, None)
         if a1 is None:
             continue
-        a0, se0 = summary.get(eval_key(kind, "initial")), summary.get(eval_key(kind, "initial", True))
+        a0, se0 = s.eval_initial.of(kind) if s.eval_initial else (None, None)
         start = f"{a0:.3f} +- {se0:.3f} -> " if a0 is not None else ""
         gain = f" ({(a1 - a0) / se1:+.1f} SE)" if a0 is not None and se1 else ""
-        what = " (the headline)" if kind == metric else ""
-        out.append(f"held-out {kind} accuracy{what}, {summary.get('eval_prompts')} prompts: "
+        what = " (the headline)" if kind == s.eval_metric else ""
+        out.append(f"held-out {kind} accuracy{what}, {s.eval_final.prompts} prompts: "
                    f"{start}{a1:.3f} +- {se1:.3f}{gain}")
     return out
 

@@ -95,11 +95,11 @@ class Stop:
         self.steps: list[dict] = []
         self.t0 = None
 
-    def __call__(self, step: int, m: dict) -> None:
-        self.t0 = self.t0 or m["t_start"]
-        self.steps.append({"step": step, "t_end": m["t_step_end"],
-                           "step_time_s": m["step_time_s"]})
-        trained = m["t_step_end"] - self.t0
+    def __call__(self, step: int, m) -> None:
+        """``m``: the step's ``cluster.records.step.StepMetrics``."""
+        self.t0 = self.t0 or m.t_start
+        self.steps.append({"step": step, "t_end": m.t_step_end, "step_time_s": m.step_time_s})
+        trained = m.t_step_end - self.t0
         if (trained >= self.min_s and step >= self.min_steps) or trained >= self.max_s:
             self.cfg.run.max_steps = min(self.cfg.run.max_steps, step + 1)
 

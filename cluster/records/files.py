@@ -16,9 +16,11 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from cluster.records.wandb_log import numeric
+from cluster.records.step import StepMetrics, clean
+from cluster.records.summary import RunSummary
 from common.atomic import write_atomic
 
 # Every line of dropped.jsonl: {"uid", "reason", "step"}; a NaN-skipped step's prompts are
@@ -29,17 +31,6 @@ NAN_SKIP = "learner_nan_skip"
 def fault(path: Path) -> None:
     """Called before every write of a run file with its path; tests replace it to raise the
     OSError a full disk would."""
-
-
-def _clean(v):
-    """JSON-safe: NaN/inf become null so that every line parses."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
 
 
 class RunFiles:
@@ -82,13 +73,14 @@ class RunFiles:
             keep_records(path, resume_step)
         return RolloutRecorder(path) if record else None
 
-    def step(self, m: dict) -> None:
-        """metrics.jsonl's line for a step, TensorBoard's scalars, the progress line."""
-        self.append(self.metrics_path, [_clean(m)])
+    def step(self, m: StepMetrics) -> None:
+        """metrics.jsonl's line for a step, TensorBoard's and W&B's scalars, the progress
+        line: all from the one record."""
+        self.append(self.metrics_path, [m.to_json()])
         if self._tb is not None:
             try:
-                for k, v in numeric(m).items():
-                    self._tb.add_scalar(k, v, m["step"])
+                for k, v in m.scalars().items():
+                    self._tb.add_scalar(k, v, m.step)
                 self._tb.flush()
             except OSError as err:
                 self.failed(self.dir / "tb", err)
@@ -177,10 +169,12 @@ class RunFiles:
         self.write(self.dir / "inflight_at_end.json",
                    json.dumps({"step": step, "uids": list(acct.inflight_uids)}) + "\n")
 
-    def summary(self, s: dict) -> None:
-        """summary.json, with ``run_file_failures``: the writes of run files that failed."""
-        self._summary = _clean({**s, "run_file_failures": self.write_failures})
+    def summary(self, s: RunSummary) -> dict:
+        """summary.json, with ``run_file_failures``: the writes of run files that failed;
+        returns what it holds."""
+        self._summary = replace(s, run_file_failures=self.write_failures).to_json()
         self.write(self.dir / "summary.json", json.dumps(self._summary, indent=2) + "\n")
+        return self._summary
 
     def report(self) -> None:
         """report.html from the run's files, the run's last; a failed report never fails the
@@ -214,14 +208,17 @@ def ordered_samples(batch, fetch=None) -> list:
     return batch.shards.ordered(fetch(batch.shards.refs))
 
 
-def progress_line(m: dict, elapsed_s: float) -> str:
-    acc, reward = m.get("eval_accuracy"), m.get("reward_mean")
-    reward = float("nan") if reward is None else reward  # 0.0 is a reward, not a missing one
-    return " | ".join([f"step {m['step']:>4}", f"reward {reward:+.3f}",
+def progress_line(m: StepMetrics, elapsed_s: float) -> str:
+    """The console's line for a step (a figure the step has not: NaN or a dash)."""
+    def num(v):  # 0.0 is a figure, not a missing one
+        return float("nan") if v is None else v
+
+    acc = m.held_out.accuracy if m.held_out is not None else None
+    return " | ".join([f"step {m.step:>4}", f"reward {num(m.reward_mean):+.3f}",
                        f"acc {acc:.3f}" if acc is not None else "acc   -  ",
-                       f"k {m.get('k_mean', float('nan')):4.1f}",
-                       f"busy {100 * m.get('generator_busy_fraction', 0):3.0f}%",
-                       f"{m.get('step_time_s', 0):5.1f}s/step", f"[{elapsed_s:6.0f}s]"])
+                       f"k {num(m.k_mean):4.1f}",
+                       f"busy {100 * num(m.generator_busy_fraction):3.0f}%",
+                       f"{num(m.step_time_s):5.1f}s/step", f"[{elapsed_s:6.0f}s]"])
 
 
 def keep_steps(path: Path, max_step: int) -> int:
@@ -265,12 +262,12 @@ def prompt_fates(run_dir: Path) -> dict:
     from collections import Counter
 
     run_dir = Path(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = RunSummary.from_json(json.loads((run_dir / "summary.json").read_text()))
     trained = Counter(r["uid"] for r in read_lines(run_dir / "prompts.jsonl"))
     dropped = Counter(r["uid"] for r in read_lines(run_dir / "dropped.jsonl"))
     end = run_dir / "inflight_at_end.json"
     inflight = set(json.loads(end.read_text())["uids"]) if end.exists() else set()
-    admitted = {f"s{i}" for i in range(summary["data_pos"])}
+    admitted = {f"s{i}" for i in range(summary.accounting.data_pos)}
     seen = set(trained) | set(dropped) | inflight
     return {"admitted": len(admitted), "trained": sum(trained.values()),
             "dropped": sum(dropped.values()), "in_flight": len(inflight),

@@ -1,17 +1,20 @@
-"""The per-step metrics (a line of metrics.jsonl), computed by pure functions from what a step
-saw, the run's running counters (``Tally``) and summary.json's figures (``run_summary``); the
-files themselves are ``cluster.records.files``'s."""
+"""The figures of a step and of a run, computed by pure functions from what a step saw: a
+step's record (``step_metrics`` -> ``cluster.records.step.StepMetrics``), the run's counters
+and clock (``Tally``, their one owner) and the run's end (``run_summary`` ->
+``cluster.records.summary.RunSummary``); the files themselves are ``cluster.records.files``'s."""
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from common.types import PromptRecord, TrainBatch
-from cluster.run.evaluation import eval_summary
+from cluster.records.step import HeldOut, StepMetrics
+from cluster.records.summary import RunSummary, Totals
 from common.records import Accounting, StepResult
+from common.types import PromptRecord, TrainBatch
 from estimator.core import reward_to_prob
 
 
@@ -30,40 +33,13 @@ class StepTimes:
         return self.end - self.published
 
 
-class TrainClock:
-    """Training wall-clock, evaluations excluded, over a run and its resumes: ``train_s``
-    in ``totals`` (the trainer's counters, saved in every checkpoint) counts up to the last
-    ``tick``; the time between a ``tick`` and the next ``skip`` (an evaluation) is not
-    training. Rates, the summary's ``train_wall_time_s`` and the ``run.max_train_s`` budget
-    all read ``totals["train_s"]``."""
-
-    def __init__(self, totals: dict, now: float):
-        totals.setdefault("train_s", 0.0)
-        self.totals, self.mark = totals, now
-
-    def tick(self, now: float) -> float:
-        """Count the time since the last mark as training; returns ``train_s``."""
-        self.totals["train_s"] += max(0.0, now - self.mark)
-        self.mark = now
-        return self.totals["train_s"]
-
-    def tick_at(self, now: float) -> float:
-        """``tick(now)``; returns ``now``."""
-        self.tick(now)
-        return now
-
-    def skip(self, now: float) -> None:
-        """The time since the last mark was not training (an evaluation)."""
-        self.mark = now
-
-
-def rates(totals: dict) -> dict:
+def rates(totals) -> dict:
     """Totals per second of training wall-clock (``train_s``: evaluations excluded, over the
     run and its resumes)."""
-    wall = max(1e-9, totals["train_s"])
-    return {"prompts_per_s": totals["prompts_trained"] / wall,
-            "rollouts_per_s": totals["rollouts"] / wall,
-            "tokens_per_s": totals["tokens_generated"] / wall}
+    wall = max(1e-9, totals.train_s)
+    return {"prompts_per_s": totals.prompts_trained / wall,
+            "rollouts_per_s": totals.rollouts / wall,
+            "tokens_per_s": totals.tokens_generated / wall}
 
 
 def per_generator(before: list[dict | None], after: list[dict | None],
@@ -244,117 +220,137 @@ def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> 
 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
-                 generators: dict, k_init: int, rewards: tuple[float, float]) -> dict:
-    """One line of metrics.jsonl (``rewards``: the task's range, see ``batch_metrics``)."""
+                 generators: dict, k_init: int, rewards: tuple[float, float], tally: Tally,
+                 held_out: HeldOut | None) -> StepMetrics:
+    """One step's record, counted in ``tally`` (``rewards``: the task's range, see
+    ``batch_metrics``; ``held_out``: the evaluation that ended the step, if any)."""
     staleness = np.array([batch.version - v for v in batch.sample_versions()] or [0])
     tokens = batch.sample_tokens()
     step_s = t.published - t.start
-    return {"step": step, "policy_version": version,
-            **batch_metrics(batch.records, k_init, rewards),
-            "trained_samples": len(tokens),
-            # rollouts the batch did not train: cut by its cap at S samples, held out by the oracle
-            "rollouts_not_trained": sum(r.k - r.trained_samples for r in batch.records
-                                        if r.trained_samples is not None),
-            "trained_tokens": sum(tokens),
-            **{k: getattr(learner, k) for k in ("loss", "grad_norm", "grad_noise_to_signal",
-                                                "entropy", "clip_fraction",
-                                                "approx_kl", "lr", "skipped", "skip_reason")},
-            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
-            "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,
-            "train_time_s": t.trained - t.got_batch, "sync_time_s": t.published - t.trained,
-            "learner_idle_fraction": (t.got_batch - t.start) / step_s if step_s > 0 else 0.0,
-            "inflight_prompts": batch.inflight_prompts, **generators,
-            "t_start": t.start, "t_train_start": t.got_batch, "t_train_end": t.trained,
-            "t_step_end": t.published, "eval_time_s": t.eval_s}
+    figures = {
+        **batch_metrics(batch.records, k_init, rewards), "trained_samples": len(tokens),
+        # rollouts the batch did not train: cut by its cap at S samples, held out by the oracle
+        "rollouts_not_trained": sum(r.k - r.trained_samples for r in batch.records
+                                    if r.trained_samples is not None),
+        "trained_tokens": sum(tokens),
+        **{k: getattr(learner, k) for k in ("loss", "grad_norm", "grad_noise_to_signal",
+                                            "entropy", "clip_fraction", "approx_kl", "lr",
+                                            "skipped", "skip_reason")},
+        "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+        "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,
+        "train_time_s": t.trained - t.got_batch, "sync_time_s": t.published - t.trained,
+        "learner_idle_fraction": (t.got_batch - t.start) / step_s if step_s > 0 else 0.0,
+        "inflight_prompts": batch.inflight_prompts, **generators,
+        "t_start": t.start, "t_train_start": t.got_batch, "t_train_end": t.trained,
+        "t_step_end": t.published, "eval_time_s": t.eval_s}
+    running = tally.step(len(batch.records), learner.skipped, figures)
+    return StepMetrics(step=step, policy_version=version, **figures, **running,
+                       held_out=held_out)
 
 
-def run_summary(cfg, acct: Accounting, totals: dict, steps: int, version: int, wall: float,
-                initial: dict, final: dict, generators: dict) -> dict:
-    """summary.json: the coordinator's accounting, the trainer's totals, rates over training
-    wall-clock (``totals["train_s"]``: evaluations excluded, over the run and its resumes, as
-    the totals are), the held-out accuracy at the start and the end. ``wall``: this process's
-    wall-clock since its loop started (``wall_time_s``)."""
-    acct = {**acct.summary(), "drop_reasons": dict(acct.drop_reasons)}
+def run_summary(cfg, acct: Accounting, totals: Totals, steps: int, version: int, wall: float,
+                initial: HeldOut | None, final: HeldOut | None, extras: dict) -> RunSummary:
+    """summary.json: the coordinator's accounting, the run's counters, rates over training
+    wall-clock (``totals.train_s``: evaluations excluded, over the run and its resumes, as
+    the counters are), the held-out accuracy at the start and the end. ``wall``: this
+    process's wall-clock since its loop started (``wall_time_s``); ``extras``: the
+    generators over the run and the start (``cluster.run.start.run_extras``)."""
     # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
-    acct["prompts_dropped"] += totals["prompts_skipped_nan"]
-    acct["drop_reasons"]["learner_nan_skip"] = totals["prompts_skipped_nan"]
-    train_wall = max(1e-9, totals["train_s"])
+    acct = replace(acct, prompts_dropped=acct.prompts_dropped + totals.prompts_skipped_nan,
+                   drop_reasons={**acct.drop_reasons,
+                                 "learner_nan_skip": totals.prompts_skipped_nan})
+    train_wall = max(1e-9, totals.train_s)
     per_s = rates(totals)
-    return {**acct, **totals, "steps": steps, "policy_version": version, "mode": cfg.mode,
-            "algo": cfg.algo.name, "wall_time_s": wall, "train_wall_time_s": train_wall,
-            "prompts_per_s": per_s["prompts_per_s"],
-            "rollouts_per_s": per_s["rollouts_per_s"], **generators,
-            "learner_idle_fraction": totals["learner_wait_s"] / train_wall,
-            **eval_summary(initial, final, cfg.run.eval_metric),
-            **run_prior_error(totals)}
+    return RunSummary(
+        steps=steps, policy_version=version, totals=totals, accounting=acct, mode=cfg.mode,
+        algo=cfg.algo.name, wall_time_s=wall, train_wall_time_s=train_wall,
+        prompts_per_s=per_s["prompts_per_s"], rollouts_per_s=per_s["rollouts_per_s"],
+        learner_idle_fraction=totals.learner_wait_s / train_wall, **extras,
+        eval_metric=cfg.run.eval_metric, eval_initial=initial, eval_final=final,
+        **run_prior_error(totals))
 
 
-def run_prior_error(totals: dict) -> dict:
+def run_prior_error(totals: Totals) -> dict:
     """The prior's error over every trained prompt of the run (resumes included), from the
-    trainer's running sums: ``prior_abs_error`` (mean |p - observed success|) and the
+    run's running sums: ``prior_abs_error`` (mean |p - observed success|) and the
     noise-corrected ``prior_error_var_corrected``, ``prior_error_sd_corrected``, ``prior_bias``
     (``corrected_prior_error``, pooled over ``prior_error_n`` prompts)."""
     out = {}
-    if totals.get("prior_error_prompts"):
-        out["prior_abs_error"] = totals["prior_error_sum"] / totals["prior_error_prompts"]
-    if totals.get("prior_error_n"):
-        out.update(prior_error_summary(totals["prior_error_sq_sum"], totals["prior_bias_sum"],
-                                       totals["prior_error_n"]))
+    if totals.prior_error_prompts:
+        out["prior_abs_error"] = totals.prior_error_sum / totals.prior_error_prompts
+    if totals.prior_error_n:
+        out.update({k: v for k, v in prior_error_summary(
+            totals.prior_error_sq_sum, totals.prior_bias_sum, totals.prior_error_n).items()})
     return out
 
 
-# The run's counters: summary.json's totals, saved in every checkpoint and continued by a
-# resume. train_s is the training wall-clock (``TrainClock``), last_eval_train_s where the
-# last evaluation was on it.
-TOTALS = {"prompts_trained": 0, "prompts_skipped_nan": 0, "rollouts": 0, "tokens_generated": 0,
-          "nan_skipped_steps": 0, "generator_update_failures": 0, "learner_wait_s": 0.0,
-          "eval_time_s": 0.0, "train_s": 0.0, "last_eval_train_s": 0.0}
-
-
 class Tally:
-    """The run's counters (``totals``, from ``TOTALS`` and a checkpoint's ``restored``) and
-    the prior's noise-corrected error pooled over the run and the last ``PRIOR_WINDOW_STEPS``
-    steps (this process's; a resume starts the window afresh)."""
+    """The one owner of the run's counters (``totals``, restored from a checkpoint) and of the
+    training wall-clock on them: ``train_s`` counts up to the last ``tick``; the time between a
+    ``tick`` and the next ``skip`` (an evaluation) is not training. Rates, the summary's
+    ``train_wall_time_s`` and the ``run.max_train_s`` budget all read ``totals.train_s``.
+    Also the prior's noise-corrected error pooled over the run and the last
+    ``PRIOR_WINDOW_STEPS`` steps (this process's; a resume starts the window afresh)."""
 
-    def __init__(self, restored: dict | None = None):
-        self.totals = {**TOTALS, **(restored or {})}
+    def __init__(self, restored: dict | None = None, now: float | None = None):
+        self.totals = Totals.from_json(restored)
         self.prior_window: deque[dict] = deque(maxlen=PRIOR_WINDOW_STEPS)
+        self.mark = time.time() if now is None else now
 
-    def step(self, batch: TrainBatch, skipped: bool, m: dict) -> None:
-        """Count a step's prompts, rollouts and waits; add the running figures to ``m``."""
+    def tick(self, now: float) -> float:
+        """Count the time since the last mark as training; returns ``train_s``."""
+        self.totals.train_s += max(0.0, now - self.mark)
+        self.mark = now
+        return self.totals.train_s
+
+    def skip(self, now: float) -> None:
+        """The time since the last mark was not training (an evaluation, the start)."""
+        self.mark = now
+
+    def step(self, prompts: int, skipped: bool, m: dict) -> dict:
+        """Count a step's prompts, rollouts and waits (``m``: its figures); returns the
+        running figures: the prior's error over the run and the window, and the rates."""
         t = self.totals
-        t["nan_skipped_steps"] += skipped
-        t["prompts_skipped_nan" if skipped else "prompts_trained"] += len(batch.records)
-        t["rollouts"] += m["rollouts"]
-        t["tokens_generated"] += m["tokens_generated"]
-        t["learner_wait_s"] += m["learner_wait_s"]
+        t.nan_skipped_steps += skipped
+        if skipped:
+            t.prompts_skipped_nan += prompts
+        else:
+            t.prompts_trained += prompts
+        t.rollouts += m["rollouts"]
+        t.tokens_generated += m["tokens_generated"]
+        t.learner_wait_s += m["learner_wait_s"]
+        out = {}
         if m.get("prior_abs_error") is not None:  # the prior's running error over the run
-            n = m["prior_prompts"]
-            t["prior_error_sum"] = t.get("prior_error_sum", 0.0) + m["prior_abs_error"] * n
-            t["prior_error_prompts"] = t.get("prior_error_prompts", 0) + n
-            m["prior_abs_error_running"] = t["prior_error_sum"] / t["prior_error_prompts"]
-        self.prior_error(m)
-        m.update(rates(t))
+            t.prior_error_sum += m["prior_abs_error"] * m["prior_prompts"]
+            t.prior_error_prompts += m["prior_prompts"]
+            out["prior_abs_error_running"] = t.prior_error_sum / t.prior_error_prompts
+        return {**out, **self.prior_error(m), **rates(t)}
 
-    def evaluation(self, ev: dict) -> None:
-        self.totals["eval_time_s"] += ev["eval_time_s"]
-        self.totals["last_eval_train_s"] = self.totals["train_s"]
+    def evaluation(self, held_out: HeldOut) -> None:
+        self.totals.eval_time_s += held_out.duration_s
+        self.totals.last_eval_train_s = self.totals.train_s
 
-    def prior_error(self, m: dict) -> None:
-        """Pool the step's ``corrected_prior_error`` into the run's sums and the window, as
-        ``prior_error_sd_corrected_{running,window}`` and ``prior_bias_{running,window}``."""
+    def update_failures(self, n: int) -> None:
+        """Generators that failed to load a published version."""
+        self.totals.generator_update_failures += n
+
+    def prior_error(self, m: dict) -> dict:
+        """Pool the step's ``corrected_prior_error`` into the run's sums and the window:
+        ``prior_error_sd_corrected_{running,window}``, ``prior_bias_{running,window}``, ..."""
         t = self.totals
         if m.get("prior_error_n"):
             n = m["prior_error_n"]
-            t["prior_error_sq_sum"] = t.get("prior_error_sq_sum", 0.0) + m["prior_error_var_corrected"] * n
-            t["prior_bias_sum"] = t.get("prior_bias_sum", 0.0) + m["prior_bias"] * n
-            t["prior_error_n"] = t.get("prior_error_n", 0) + n
+            t.prior_error_sq_sum += m["prior_error_var_corrected"] * n
+            t.prior_bias_sum += m["prior_bias"] * n
+            t.prior_error_n += n
             self.prior_window.append(m)
-        if not t.get("prior_error_n"):
-            return
+        if not t.prior_error_n:
+            return {}
+        out = {}
         for when, pooled in (("running", prior_error_summary(
-                t["prior_error_sq_sum"], t["prior_bias_sum"], t["prior_error_n"])),
+                t.prior_error_sq_sum, t.prior_bias_sum, t.prior_error_n)),
                              ("window", pool_prior_error(self.prior_window))):
             for key in ("prior_error_sd_corrected", "prior_error_var_corrected", "prior_bias"):
                 if key in pooled:
-                    m[f"{key}_{when}"] = pooled[key]
+                    out[f"{key}_{when}"] = pooled[key]
+        return out

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from cluster.records.step import StepMetrics
+
 ID_FILE = "v05-run-id"
 FINISH_WAIT_S = 15.0  # the longest wait for W&B's writer after ``finish`` (``ended``)
 ID_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"  # as W&B's own run ids
@@ -39,19 +41,6 @@ def wandb_mode(env: dict | None = None, home: Path | None = None) -> str | None:
     except (OSError, netrc.NetrcParseError):
         pass
     return "offline"
-
-
-def numeric(m: dict, prefix: str = "") -> dict:
-    """The numbers of a metrics line (booleans, None, lists and text left out), as W&B and
-    TensorBoard get them; a nested table of numbers (held-out accuracy by difficulty) becomes
-    one series per entry, ``eval_sampled_by_difficulty/3``."""
-    out: dict = {}
-    for k, v in m.items():
-        if isinstance(v, dict):
-            out.update(numeric(v, f"{prefix}{k}/"))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def scalars(summary: dict) -> dict:
@@ -93,11 +82,11 @@ class WandbLog:
             log.failed("start", err)
         return log
 
-    def log(self, m: dict) -> None:
-        """A metrics.jsonl line's numbers at its ``step``."""
+    def log(self, m: StepMetrics) -> None:
+        """A step's numbers (``StepMetrics.scalars``) at its ``step``."""
         if self.run is not None:
             try:
-                self.run.log(numeric(m), step=int(m["step"]))
+                self.run.log(m.scalars(), step=m.step)
             except Exception as err:  # noqa: BLE001
                 self.failed("log", err)
 
@@ -209,24 +198,24 @@ def compare(run_dir: Path) -> dict:
     import json
     import math
 
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text()
-            .splitlines() if line.strip()]
+    rows = [StepMetrics.from_json(json.loads(line)) for line in
+            (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
     history = {h.get("_step"): h for h in read_offline(run_dir)["history"]}
     out: dict = {"steps": 0, "values": 0, "missing": [], "differing": [], "steps_without_row": []}
     for r in rows:
-        h = history.get(r["step"])
+        h = history.get(r.step)
         if h is None:
-            out["steps_without_row"].append(r["step"])
+            out["steps_without_row"].append(r.step)
             continue
         out["steps"] += 1
-        for k, v in numeric(r).items():
+        for k, v in r.scalars().items():
             if isinstance(v, float) and not math.isfinite(v):
                 continue
             out["values"] += 1
             if k not in h:
-                out["missing"].append((r["step"], k))
+                out["missing"].append((r.step, k))
             elif not math.isclose(h[k], v, rel_tol=1e-9, abs_tol=1e-12):
-                out["differing"].append((r["step"], k, v, h[k]))
+                out["differing"].append((r.step, k, v, h[k]))
     return out
 
 

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from cluster.records.summary import RunSummary
 from cluster.report.data import RunData, as_float
 
 
@@ -19,9 +20,25 @@ def file_counts(run: RunData) -> dict[str, int | None]:
             "prompts_in_flight_at_end": None if run.inflight is None else len(run.inflight)}
 
 
+def summary_accounting(s: RunSummary | None) -> dict:
+    """The prompt counts summary.json holds, under the names ``file_counts`` uses: the
+    trained prompts (the run's counters) and, when the coordinator's accounting was
+    collected (not in a stalled run), admitted, dropped (with ``drop_reasons``) and in flight
+    at the end."""
+    if s is None:
+        return {}
+    out = {"prompts_trained": s.totals.prompts_trained}
+    a = s.accounting
+    if a is not None:
+        out.update(prompts_admitted=a.prompts_admitted, prompts_dropped=a.prompts_dropped,
+                   prompts_in_flight_at_end=a.prompts_in_flight_at_end,
+                   drop_reasons=a.drop_reasons)
+    return out
+
+
 def accounting_checks(run: RunData) -> list[tuple[str, bool | None, str]]:
     """(what, holds, detail) per check; holds None: not checkable from what the run wrote."""
-    s = run.summary or {}
+    s = summary_accounting(run.summary)
     keys = ("prompts_admitted", "prompts_trained", "prompts_dropped", "prompts_in_flight_at_end")
     v = {k: s.get(k) for k in keys}
     out = []

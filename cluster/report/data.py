@@ -9,10 +9,14 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from cluster.records.step import StepMetrics
+from cluster.records.summary import RunSummary
 
 # Parse at most this many lines of prompts.jsonl: beyond, every m-th line of the older part
 # and the newest lines whole (the rollout timeline reads those), to stay within seconds.
@@ -31,8 +35,8 @@ class RunData:
     "empty" differ: ``dropped``, ``inflight``, ``summary``)."""
 
     dir: Path
-    metrics: list[dict]                 # metrics.jsonl, one dict per step
-    summary: dict | None = None         # summary.json
+    metrics: list[StepMetrics]          # metrics.jsonl, one record per step
+    summary: RunSummary | None = None   # summary.json
     config: dict = field(default_factory=dict)   # config.yaml, parsed
     prompts: list[dict] = field(default_factory=list)  # prompts.jsonl (a sample when huge)
     prompt_lines: int = 0               # lines of prompts.jsonl
@@ -43,28 +47,31 @@ class RunData:
     inflight: list[str] | None = None   # inflight_at_end.json's uids
     bad_lines: int = 0                  # lines that did not parse (a crash mid-write)
 
-    def col(self, key: str) -> np.ndarray:
-        """``key`` of every step as floats, NaN where absent, null or not a number."""
-        return np.array([as_float(m.get(key)) for m in self.metrics], dtype=float)
+    def col(self, get: Callable[[StepMetrics], object]) -> np.ndarray:
+        """``get`` of every step's record as floats, NaN where absent, null or not a number
+        (``run.col(lambda m: m.reward_mean)``; ``held_out``: a held-out figure's)."""
+        return np.array([as_float(get(m)) for m in self.metrics], dtype=float)
 
     @property
     def steps(self) -> np.ndarray:
-        return np.array([as_float(m.get("step", i + 1)) for i, m in enumerate(self.metrics)],
-                        dtype=float)
+        return np.array([as_float(m.step) for m in self.metrics], dtype=float)
 
     @property
     def t0(self) -> float | None:
         """The run's clock origin: the trainer's start (after the initial evaluation)."""
-        t = as_float((self.summary or {}).get("t_start"))
+        t = as_float(self.summary.t_start if self.summary else None)
         if math.isnan(t) and self.metrics:
-            t = as_float(self.metrics[0].get("t_start"))
+            t = as_float(self.metrics[0].t_start)
         return None if math.isnan(t) else t
 
     @property
     def status(self) -> str:
-        if self.summary is None:
-            return "unknown"
-        return str(self.summary.get("status", "finished"))
+        return "unknown" if self.summary is None else str(self.summary.status)
+
+
+def held_out(field: str) -> Callable[[StepMetrics], object]:
+    """A step's held-out figure ``field`` (a ``HeldOut`` field), None without an evaluation."""
+    return lambda m: getattr(m.held_out, field) if m.held_out is not None else None
 
 
 def as_float(v) -> float:
@@ -112,9 +119,9 @@ def load_run(run_dir: str | Path) -> RunData:
         raise ReportError(f"{run_dir}: no metrics.jsonl (not a run directory, or the run wrote "
                           "no step yet)")
     metrics, bad = _jsonl(run_dir / "metrics.jsonl")
-    run = RunData(run_dir, metrics, bad_lines=bad)
+    run = RunData(run_dir, [StepMetrics.from_json(m) for m in metrics], bad_lines=bad)
     summary = _json(run_dir / "summary.json")
-    run.summary = summary if isinstance(summary, dict) else None
+    run.summary = RunSummary.from_json(summary) if isinstance(summary, dict) else None
     run.config = _config(run_dir / "config.yaml")
     _load_prompts(run, run_dir / "prompts.jsonl")
     if (run_dir / "dropped.jsonl").exists():

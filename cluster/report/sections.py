@@ -12,10 +12,15 @@ from collections import Counter
 
 import numpy as np
 
-from cluster.report import plots
 from cluster.records.metrics import PRIOR_WINDOW_STEPS, rolling_prior_error
-from cluster.report.analysis import accounting_checks, file_counts, reliability_bins
-from cluster.report.data import RunData, as_float
+from cluster.records.step import HeldOut
+from cluster.records.summary import RunSummary, Totals
+from cluster.report.analysis import (accounting_checks, file_counts, reliability_bins,
+                                     summary_accounting)
+from cluster.report import plots
+from cluster.report.data import RunData, as_float, held_out
+
+EMPTY = RunSummary(0, 0, Totals())  # what a section reads of a run without summary.json
 
 PLOTS = {
     "plot-learning-steps": "Reward and held-out accuracy against steps",
@@ -66,49 +71,46 @@ def _fmt(v) -> str:
 
 
 def _metric_name(run: RunData) -> str:
-    return str((run.summary or {}).get("eval_metric")
+    return str((run.summary.eval_metric if run.summary else None)
                or (run.config.get("run") or {}).get("eval_metric") or "accuracy")
 
 
 # -- overview ------------------------------------------------------------------------------
 def overview(run: RunData) -> str:
-    s = run.summary or {}
+    s = run.summary or EMPTY
     out = []
     if run.summary is None:
         out.append('<p class="banner fail">no summary.json: the run is still going, crashed, or '
                    "was killed before its end</p>")
     elif run.status == "stalled":
-        rep = s.get("stall_report") if isinstance(s.get("stall_report"), dict) else {}
+        rep = s.stall_report if isinstance(s.stall_report, dict) else {}
         out.append(f'<div class="banner fail" id="status-stalled"><b>&#9888; status: stalled</b>: '
                    f"no learner step within the watchdog's limit, waiting on "
-                   f"<b>{html.escape(str(s.get('stalled_on', '?')))}</b>"
+                   f"<b>{html.escape(str(s.stalled_on or '?'))}</b>"
                    + (table(["stall report", "value"], [[k, v] for k, v in rep.items()]) if rep else "")
                    + "</div>")
     else:
         out.append(f'<p>status: <b id="status">{html.escape(run.status)}</b></p>')
     if not run.metrics:
         out.append('<p class="nodata" id="metrics-nodata">no data: metrics.jsonl has no step</p>')
-    wall = s.get("wall_time_s")
-    rows = [["mode / algo", f"{s.get('mode', run.config.get('mode', '?'))} / "
-             f"{s.get('algo', (run.config.get('algo') or {}).get('name', '?'))}"],
+    rows = [["mode / algo", f"{s.mode or run.config.get('mode', '?')} / "
+             f"{s.algo or (run.config.get('algo') or {}).get('name', '?')}"],
             ["steps (metrics.jsonl lines)", len(run.metrics)],
-            ["steps (summary)", s.get("steps")], ["wall time (s)", wall],
-            ["training wall time, evaluations excluded (s)", s.get("train_wall_time_s")],
-            ["prompts/s", s.get("prompts_per_s")], ["rollouts/s", s.get("rollouts_per_s")],
-            ["generator busy fraction", s.get("generator_busy_fraction")],
-            ["generator slot occupancy", s.get("generator_slot_occupancy")],
-            ["decode tokens/s", s.get("decode_tokens_per_s")],
-            ["learner idle fraction", s.get("learner_idle_fraction")],
-            [f"held-out {_metric_name(run)} at the start", _pm(s, "eval_accuracy_initial",
-                                                              "eval_accuracy_initial_se")],
-            [f"held-out {_metric_name(run)} at the end", _pm(s, "eval_accuracy_final",
-                                                            "eval_accuracy_se")]]
+            ["steps (summary)", s.steps if run.summary else None], ["wall time (s)", s.wall_time_s],
+            ["training wall time, evaluations excluded (s)", s.train_wall_time_s],
+            ["prompts/s", s.prompts_per_s], ["rollouts/s", s.rollouts_per_s],
+            ["generator busy fraction", s.generator_busy_fraction],
+            ["generator slot occupancy", s.generator_slot_occupancy],
+            ["decode tokens/s", s.decode_tokens_per_s],
+            ["learner idle fraction", s.learner_idle_fraction],
+            [f"held-out {_metric_name(run)} at the start", _pm(s.eval_initial)],
+            [f"held-out {_metric_name(run)} at the end", _pm(s.eval_final)]]
     out.append(table(["", "value"], rows, cls="overview"))
     if run.bad_lines:
         out.append(f'<p class="fail">{run.bad_lines} line(s) of the run\'s JSONL files did not '
                    "parse (skipped)</p>")
-    if s:
-        scalars = [[k, v] for k, v in s.items() if not isinstance(v, (dict, list))]
+    if run.summary is not None:
+        scalars = [[k, v] for k, v in s.to_json().items() if not isinstance(v, (dict, list))]
         out.append("<details><summary>every scalar of summary.json</summary>"
                    + table(["key", "value"], scalars) + "</details>")
     cfg = run.dir / "config.yaml"
@@ -118,8 +120,9 @@ def overview(run: RunData) -> str:
     return "\n".join(out)
 
 
-def _pm(s: dict, key: str, se: str) -> str | None:
-    v, e = as_float(s.get(key)), as_float(s.get(se))
+def _pm(ev: HeldOut | None) -> str | None:
+    """The run metric's accuracy ± its SE, or None."""
+    v, e = as_float(ev and ev.accuracy), as_float(ev and ev.accuracy_se)
     if math.isnan(v):
         return None
     return f"{v:.4f}" + ("" if math.isnan(e) else f" ± {e:.4f}")
@@ -128,33 +131,33 @@ def _pm(s: dict, key: str, se: str) -> str | None:
 # -- learning curves -----------------------------------------------------------------------
 def wall_clock(run: RunData) -> np.ndarray:
     """Seconds from the run's start to the end of each step (its evaluation included)."""
-    t0, end, ev = run.t0, run.col("t_step_end"), np.nan_to_num(run.col("eval_time_s"), nan=0.0)
+    t0, end, ev = run.t0, run.col(lambda m: m.t_step_end), np.nan_to_num(run.col(lambda m: m.eval_time_s), nan=0.0)
     if t0 is not None and np.isfinite(end).any():
         return end + ev - t0
-    return np.cumsum(np.nan_to_num(run.col("step_time_s"), nan=0.0) + ev)
+    return np.cumsum(np.nan_to_num(run.col(lambda m: m.step_time_s), nan=0.0) + ev)
 
 
 def learning(run: RunData) -> str:
-    s, steps, metric = run.summary or {}, run.steps, _metric_name(run)
-    acc, se = run.col("eval_accuracy"), run.col("eval_accuracy_se")
+    s, steps, metric = run.summary or EMPTY, run.steps, _metric_name(run)
+    acc, se = run.col(held_out("accuracy")), run.col(held_out("accuracy_se"))
     other_name = {"sampled": "greedy", "greedy": "sampled"}.get(metric)
-    other = (other_name, run.col(f"eval_{other_name}")) if other_name else None
+    other = (other_name, run.col(held_out(other_name))) if other_name else None
     out = []
     for pid, x, xlabel in (("plot-learning-steps", steps, "step"),
                            ("plot-learning-wall", wall_clock(run), "wall-clock since the start (s)")):
         start = end = None
-        if not math.isnan(as_float(s.get("eval_accuracy_initial"))):
-            start = (0.0, as_float(s["eval_accuracy_initial"]),
-                     as_float(s.get("eval_accuracy_initial_se")))
+        first, final = s.eval_initial, s.eval_final
+        if first is not None and not math.isnan(as_float(first.accuracy)):
+            start = (0.0, as_float(first.accuracy), as_float(first.accuracy_se))
         ok = np.flatnonzero(np.isfinite(acc))
         if ok.size:
             i = ok[-1]
             end = (float(x[i]), float(acc[i]), float(se[i]))
             if start is None:
                 start = (float(x[ok[0]]), float(acc[ok[0]]), float(se[ok[0]]))
-        elif not math.isnan(as_float(s.get("eval_accuracy_final"))) and len(x):
-            end = (float(x[-1]), as_float(s["eval_accuracy_final"]), as_float(s.get("eval_accuracy_se")))
-        b64 = plots.learning(x, run.col("reward_mean"), x, acc, se, other, metric, start, end, xlabel)
+        elif final is not None and not math.isnan(as_float(final.accuracy)) and len(x):
+            end = (float(x[-1]), as_float(final.accuracy), as_float(final.accuracy_se))
+        b64 = plots.learning(x, run.col(lambda m: m.reward_mean), x, acc, se, other, metric, start, end, xlabel)
         out.append(figure(pid, b64, "no reward_mean, eval_accuracy or initial accuracy",
                           "Top: mean reward of each step's trained rollouts. Bottom: held-out "
                           f"accuracy ({html.escape(metric)}) with a ±1 standard-error band; "
@@ -164,7 +167,7 @@ def learning(run: RunData) -> str:
 
 # -- k -------------------------------------------------------------------------------------
 def k_section(run: RunData) -> str:
-    hists = [m.get("k_hist") if isinstance(m.get("k_hist"), list) else [] for m in run.metrics]
+    hists = [m.k_hist if isinstance(m.k_hist, list) else [] for m in run.metrics]
     steps = run.steps
     if not any(hists) and run.prompts:  # older runs: rebuild from prompts.jsonl
         by_step: dict[int, Counter] = {}
@@ -178,7 +181,7 @@ def k_section(run: RunData) -> str:
     hist = np.zeros((len(hists), width))
     for i, h in enumerate(hists):
         hist[i, :len(h)] = [as_float(v) if not math.isnan(as_float(v)) else 0.0 for v in h]
-    k_mean = run.col("k_mean") if len(steps) == len(run.metrics) else np.full(len(steps), np.nan)
+    k_mean = run.col(lambda m: m.k_mean) if len(steps) == len(run.metrics) else np.full(len(steps), np.nan)
     b64 = plots.k_heatmap(steps, hist, k_mean) if len(steps) else None
     total = hist.sum(axis=0)
     rows = [[k, int(n), n / total.sum()] for k, n in enumerate(total) if n]
@@ -190,9 +193,9 @@ def k_section(run: RunData) -> str:
 # -- the prior -----------------------------------------------------------------------------
 def prior(run: RunData) -> str:
     steps = run.steps
-    rolled = rolling_prior_error(run.metrics)
+    rolled = rolling_prior_error([m.to_json() for m in run.metrics])
     out = [figure("plot-prior-steps", plots.prior_steps(
-        steps, run.col("prior_accept_rate"), run.col("prior_abs_error"),
+        steps, run.col(lambda m: m.prior_accept_rate), run.col(lambda m: m.prior_abs_error),
         rolled["prior_error_sd_corrected"], rolled["prior_bias"], PRIOR_WINDOW_STEPS),
                   "no prior_accept_rate or prior_abs_error (a run without a prior?)",
                   "prior_accept_rate: share of prompts whose real-time test kept the prior; "
@@ -202,7 +205,7 @@ def prior(run: RunData) -> str:
                   "rate mu, the noise of each prompt's first k_init rewards subtracted; "
                   "prior_bias: E[p - mu] (> 0: the prior over-predicts); both pooled over the "
                   f"last {PRIOR_WINDOW_STEPS} steps' prompts.")]
-    out.append(prior_run_table(run.summary or {}))
+    out.append(prior_run_table(run.summary or EMPTY))
     task = run.config.get("task") or {}
     lo, hi = as_float(task.get("reward_low")), as_float(task.get("reward_high"))
     bins, why = reliability_bins(run.prompts, None if math.isnan(lo + hi) or hi <= lo else (lo, hi))
@@ -223,13 +226,16 @@ def prior(run: RunData) -> str:
     return "\n".join(out)
 
 
-def prior_run_table(summary: dict) -> str:
+def prior_run_table(s: RunSummary) -> str:
     """The prior's error over every trained prompt of the run (summary.json), or nothing."""
-    keys = [("prior_abs_error", "mean |p - observed success|"),
-            ("prior_error_sd_corrected", "error sd against the truth, noise-corrected"),
-            ("prior_error_var_corrected", "its variance estimate (may be < 0)"),
-            ("prior_bias", "bias E[p - mu]"), ("prior_error_n", "prompts (first k_init rewards)")]
-    rows = [[key, what, summary[key]] for key, what in keys if summary.get(key) is not None]
+    rows = [["prior_abs_error", "mean |p - observed success|", s.prior_abs_error],
+            ["prior_error_sd_corrected", "error sd against the truth, noise-corrected",
+             s.prior_error_sd_corrected],
+            ["prior_error_var_corrected", "its variance estimate (may be < 0)",
+             s.prior_error_var_corrected],
+            ["prior_bias", "bias E[p - mu]", s.prior_bias],
+            ["prior_error_n", "prompts (first k_init rewards)", s.totals.prior_error_n or None]]
+    rows = [r for r in rows if r[2] is not None]
     return table(["over the run", "", "value"], rows, cls="prior-run") if rows else ""
 
 
@@ -237,11 +243,11 @@ def prior_run_table(summary: dict) -> str:
 def generators(run: RunData) -> str:
     steps = run.steps
     out = [figure("plot-generators-steps", plots.generators_steps(
-        steps, run.col("generator_busy_fraction"), run.col("generator_slot_occupancy"),
-        run.col("learner_idle_fraction"), run.col("decode_tokens_per_s")),
+        steps, run.col(lambda m: m.generator_busy_fraction), run.col(lambda m: m.generator_slot_occupancy),
+        run.col(lambda m: m.learner_idle_fraction), run.col(lambda m: m.decode_tokens_per_s)),
         "no generator_busy_fraction / generator_slot_occupancy in metrics.jsonl",
         "Slot occupancy: mean running sequences over the engines' max_num_seqs.")]
-    per = (run.summary or {}).get("generators")
+    per = (run.summary or EMPTY).generators
     per = [g for g in per if isinstance(g, dict)] if isinstance(per, list) else []
     out.append(figure("plot-generators-per-gen", plots.generators_bars(per) if per else None,
                       "no per-generator figures in summary.json"))
@@ -272,7 +278,7 @@ def _gantt(run: RunData) -> str:
     lanes: dict[int, list[tuple[float, float]]] = {}
     for a, b, g in spans:
         lanes.setdefault(g, []).append((a - t0, b - t0))
-    ends = run.col("t_step_end") - t0
+    ends = run.col(lambda m: m.t_step_end) - t0
     lo, hi = spans[0][0] - t0, max(b for _, b, _ in spans) - t0
     ends = ends[np.isfinite(ends) & (ends >= lo) & (ends <= hi)]
     cap = (f"{len(spans)} sample spans of trained prompts"
@@ -295,20 +301,20 @@ def staleness_bound(config: dict) -> float | None:
 
 
 def staleness(run: RunData) -> str:
-    return figure("plot-staleness", plots.staleness(run.steps, run.col("staleness_mean"),
-                                                    run.col("staleness_max"),
+    return figure("plot-staleness", plots.staleness(run.steps, run.col(lambda m: m.staleness_mean),
+                                                    run.col(lambda m: m.staleness_max),
                                                     staleness_bound(run.config)),
                   "no staleness_mean / staleness_max in metrics.jsonl",
                   "Age of the trained samples in policy versions (trained version minus the "
                   "version that started the sample); dashed: the config's bound.")
 
 
-STEP_PARTS = {"wait for batch": "learner_wait_s", "train": "train_time_s",
-              "weight sync": "sync_time_s", "evaluation": "eval_time_s"}
+STEP_PARTS = {"wait for batch": lambda m: m.learner_wait_s, "train": lambda m: m.train_time_s,
+              "weight sync": lambda m: m.sync_time_s, "evaluation": lambda m: m.eval_time_s}
 
 
 def step_time(run: RunData) -> str:
-    parts = {name: run.col(key) for name, key in STEP_PARTS.items()}
+    parts = {name: run.col(get) for name, get in STEP_PARTS.items()}
     out = [figure("plot-step-time", plots.step_time(run.steps, parts),
                   "no learner_wait_s / train_time_s / sync_time_s / eval_time_s in metrics.jsonl")]
     totals = {n: float(np.nansum(v)) for n, v in parts.items() if np.isfinite(v).any()}
@@ -321,7 +327,8 @@ def step_time(run: RunData) -> str:
 
 # -- accounting ----------------------------------------------------------------------------
 def accounting(run: RunData) -> str:
-    s = run.summary or {}
+    s = run.summary or EMPTY
+    acct = summary_accounting(s)
     checks = accounting_checks(run)
     ident = checks[0]
     if ident[1] is None:
@@ -334,15 +341,15 @@ def accounting(run: RunData) -> str:
     rows, cls = [], []
     for label, key in (("admitted", "prompts_admitted"), ("trained", "prompts_trained"),
                        ("dropped", "prompts_dropped")):
-        rows.append([label, s.get(key), files.get(key)])
+        rows.append([label, acct.get(key), files.get(key)])
         cls.append("")
     by_file = Counter(str(d.get("reason")) for d in run.dropped or [])
-    reasons = s.get("drop_reasons") if isinstance(s.get("drop_reasons"), dict) else {}
+    reasons = acct.get("drop_reasons") if isinstance(acct.get("drop_reasons"), dict) else {}
     for r in sorted(set(reasons) | set(by_file)):
         rows.append([f"dropped: {r}", reasons.get(r), by_file.get(r, 0) if run.dropped is not None
                      else None])
         cls.append("sub")
-    rows.append(["in flight at the end", s.get("prompts_in_flight_at_end"),
+    rows.append(["in flight at the end", acct.get("prompts_in_flight_at_end"),
                  files["prompts_in_flight_at_end"]])
     cls.append("")
     out = [head, table(["prompts", "summary.json", "run files"], rows, cls="accounting",
@@ -354,7 +361,7 @@ def accounting(run: RunData) -> str:
                          for m, w, d in crows) + "</table>")
     if run.status == "stalled":
         out.append(f'<p class="fail">status: stalled (waiting on '
-                   f"{html.escape(str(s.get('stalled_on', '?')))}): the coordinator's accounting "
+                   f"{html.escape(str(s.stalled_on or '?'))}): the coordinator's accounting "
                    "was not collected.</p>")
     return "\n".join(out)
 

@@ -30,15 +30,14 @@ import itertools
 import math
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
 from actors.scoring import Scorer
+from cluster.records.step import HeldOut
 from common.seeds import SEEDS_PER_PROMPT, eval_seed_base
 from common.types import RolloutRequest, SamplingConfig
-
-EVAL_METRICS = ("sampled", "greedy")
-
 
 def accuracy_stats(correct: np.ndarray) -> tuple[float, float]:
     """(mean, standard error) of per-prompt scores in [0, 1], shape (n,): the SE of a mean over
@@ -195,15 +194,13 @@ def spread(n_requests: int, n_generators: int, send, wait, get, timeout_s: float
 
 def evaluate(generators: list, task, problems: list, max_tokens: int, samples: int = 4,
              temperature: float = 1.0, seed: int = 0, prefix: str = "eval",
-             scorer: AnswerScorer | None = None, timeout_s: float = 600.0) -> dict:
+             scorer: AnswerScorer | None = None, timeout_s: float = 600.0) -> HeldOut:
     """Greedy and ``samples`` sampled answers per held-out problem, spread over the generators
     (``spread``; ``timeout_s``: how long a generator holding requests may finish none), scored
     by ``scorer`` (inline by default).
 
-    Returns ``{eval_greedy, eval_greedy_se, eval_sampled, eval_sampled_se, eval_time_s,
-    eval_prompts, eval_samples, eval_greedy_by_difficulty, eval_sampled_by_difficulty,
-    eval_failed_requests, eval_generators_lost, eval_score_timeouts, eval_score_errors}``
-    (the sampled keys are absent with ``samples=0``)."""
+    Returns the ``HeldOut`` record, its ``accuracy`` not set (the run's metric chooses:
+    ``Evaluator``); the sampled figures are None with ``samples=0``."""
     import ray
 
     def wait(refs, timeout):
@@ -222,16 +219,16 @@ def evaluate(generators: list, task, problems: list, max_tokens: int, samples: i
     finally:
         if own:
             scorer.close()
-    return {**out, "eval_prompts": len(problems), "eval_samples": samples,
-            "eval_failed_requests": len(skipped), "eval_generators_lost": lost,
-            "eval_time_s": time.time() - t0}
+    return HeldOut(**out, prompts=len(problems), samples=samples, failed_requests=len(skipped),
+                   generators_lost=lost, duration_s=time.time() - t0)
 
 
 def score_answers(problems: list, requests: list[tuple], results: dict,
                   scorer: AnswerScorer) -> dict:
     """Accuracy per kind (greedy, sampled), overall with its SE and by difficulty, from the
     answers in ``results`` (request index -> rollouts); a problem whose request was skipped
-    is left out of its kind. Plus this scoring's verifier timeouts and errors."""
+    is left out of its kind. Plus this scoring's verifier timeouts and errors. The keys are
+    ``HeldOut``'s fields."""
     before = Counter(scorer.counts)
     answers = [(i, r) for i in sorted(results) for r in results[i]]
     correct = scorer.correct([(requests[i][0], r.text) for i, r in answers])
@@ -243,43 +240,20 @@ def score_answers(problems: list, requests: list[tuple], results: dict,
         p, kind, _ = requests[i]
         scores[kind][p.id] = float(np.mean(oks))
     out = {}
-    for kind in EVAL_METRICS:
+    for kind in HeldOut.KINDS:
         answered = [p for p in problems if p.id in scores[kind]]
         if not answered:
             continue
         vals = np.array([scores[kind][p.id] for p in answered])
-        out[eval_key(kind)], out[eval_key(kind, se=True)] = accuracy_stats(vals)
+        out[kind], out[f"{kind}_se"] = accuracy_stats(vals)
         by: dict[int, list[float]] = {}
         for p, v in zip(answered, vals):
             by.setdefault(p.difficulty, []).append(v)
-        out[eval_key(kind, "by_difficulty")] = {str(d): float(np.mean(v)) for d, v in sorted(by.items())}
+        out[f"{kind}_by_difficulty"] = {str(d): float(np.mean(v)) for d, v in sorted(by.items())}
     after = scorer.counts
-    out["eval_score_timeouts"] = after["score_timeout"] - before["score_timeout"]
-    out["eval_score_errors"] = after["score_error"] - before["score_error"]
+    out["score_timeouts"] = after["score_timeout"] - before["score_timeout"]
+    out["score_errors"] = after["score_error"] - before["score_error"]
     return out
-
-
-# summary.json's held-out figures: each kind at each end, with its SE (``eval_key``), and the
-# headline metric's (``run.eval_metric``) under ``eval_accuracy_{initial,final}``.
-EVAL_KINDS = ("sampled", "greedy")
-
-
-def eval_key(kind: str, when: str = "", se: bool = False) -> str:
-    """``eval_<kind>[_<when>][_se]``: an evaluation's (``when`` empty) or summary.json's key."""
-    return f"eval_{kind}" + (f"_{when}" if when else "") + ("_se" if se else "")
-
-
-def eval_summary(initial: dict, final: dict, metric: str) -> dict:
-    """summary.json's held-out fields from the first and the latest evaluation."""
-    return {"eval_metric": metric, "eval_time_initial_s": initial.get("eval_time_s"),
-            "eval_accuracy_initial": initial.get("eval_accuracy"),
-            "eval_accuracy_initial_se": initial.get("eval_accuracy_se"),
-            "eval_accuracy_final": final.get("eval_accuracy"),
-            "eval_accuracy_se": final.get("eval_accuracy_se"),
-            **{eval_key(kind, when, se): ev.get(eval_key(kind, se=se))
-               for kind in EVAL_KINDS for when, ev in (("initial", initial), ("final", final))
-               for se in (False, True)},
-            "eval_prompts": final.get("eval_prompts"), "eval_samples": final.get("eval_samples")}
 
 
 class Evaluator:
@@ -298,7 +272,7 @@ class Evaluator:
     def enabled(self) -> bool:
         return bool(self.cfg.run.eval_every or self.cfg.run.eval_every_s)
 
-    def __call__(self, generators: list) -> dict:
+    def __call__(self, generators: list) -> HeldOut:
         cfg, run = self.cfg, self.cfg.run
         if self.scorer is None:
             from tasks import make_task_from_config
@@ -308,9 +282,8 @@ class Evaluator:
         ev = evaluate(generators, self.task, self.heldout, cfg.rollout.max_tokens,
                       samples=run.eval_samples, temperature=cfg.rollout.temperature,
                       seed=run.seed, scorer=self.scorer, timeout_s=run.call_timeout_s)
-        ev["eval_accuracy"] = ev.get(eval_key(run.eval_metric))
-        ev["eval_accuracy_se"] = ev.get(eval_key(run.eval_metric, se=True))
-        return ev
+        accuracy, se = ev.of(run.eval_metric)
+        return replace(ev, accuracy=accuracy, accuracy_se=se)
 
     def close(self) -> None:
         if self.scorer is not None:

@@ -156,23 +156,3 @@ def wait_batch(dog, coord, n: int, stop: Preemption):
         raise Interrupted() from None
     stop.cancelled_wait = False
     return batch
-
-
-def stop_run(trainer, stop: Preemption) -> Preempted:
-    """After the signal: no more admission, a checkpoint now (with every admitted, untrained
-    prompt), summary.json saying ``preempted``; returns the ``Preempted`` to raise."""
-    t0 = time.time()
-    trainer.dog.get("coordinator", trainer.coord.pause.remote())
-    if getattr(trainer.r.ckpts, "saved_step", None) != trainer.step:  # else: just saved
-        trainer.save()
-    save_s = time.time() - t0
-    done = stop.saved(trainer.step, save_s)
-    stop.say(done.line)
-    since = round(time.time() - stop.t_signal, 2) if stop.t_signal else None
-    trainer.r.files.summary({
-        "status": "preempted", "signal": signal.Signals(stop.signum).name if stop.signum
-        else None, "steps": trainer.step, "policy_version": trainer.version,
-        "checkpoint": f"step{trainer.step}", "checkpoint_s": round(save_s, 2),
-        "signal_to_checkpoint_s": since, "batch_wait_cancelled": stop.cancelled_wait,
-        **trainer.totals})
-    return done

@@ -182,7 +182,7 @@ def publish(run: Run, version: int) -> None:
                         timeout=min(run.cfg.run.call_timeout_s, run.dog.time_left())) \
         if refs else ([], [])
     failed = failed_updates(refs, ready, functools.partial(ray.get, timeout=10))
-    run.tally.totals["generator_update_failures"] += len(failed)
+    run.tally.update_failures(len(failed))
     run.update_failed += [(version, i, why) for i, why in failed.items()]
     run.dog.get("coordinator", run.coord.set_version.remote(version, payload))
 

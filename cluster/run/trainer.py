@@ -13,11 +13,14 @@ the watchdog's deadline (``cluster.run.watchdog``); every file is ``RunFiles``'s
 """
 from __future__ import annotations
 
+import signal
 import time
 
 from cluster.records.checkpoints import CheckpointWriteError, run_state_writer
-from cluster.records.metrics import StepTimes, TrainClock, generator_delta, run_summary, step_metrics
-from cluster.run.preempt import Interrupted, installed, stop_run, wait_batch
+from cluster.records.metrics import StepTimes, generator_delta, run_summary, step_metrics
+from cluster.records.step import HeldOut
+from cluster.records.summary import RunSummary
+from cluster.run.preempt import Interrupted, Preempted, installed, wait_batch
 from cluster.run.start import (Run, generator_stats, measure_peaks, publish, run_extras,
                                start_run)
 from cluster.run.watchdog import Stalled
@@ -48,20 +51,25 @@ def checkpoint_due(run, step: int, last: bool) -> bool:
 class Trainer:
     """The step loop over a started ``Run``; ``Trainer.start`` starts one on running roles.
 
-    ``after_step(step, metrics)``: called after every step's metrics are written (tests and
-    ``bench.chaos`` inject faults there). ``initial_eval``: the held-out evaluation of the
-    starting weights when a run from the same weights with the same evaluation settings
-    measured it before (bench.learning: once per seed); None: this run measures it
-    (``self.initial_eval`` after ``run``)."""
+    ``after_step(step, metrics)``: called after every step's ``StepMetrics`` are written
+    (tests and ``bench.chaos`` inject faults there). ``initial_eval``: the held-out evaluation
+    of the starting weights when a run from the same weights with the same evaluation
+    settings measured it before (bench.learning: once per seed); None: this run measures it
+    (``self.initial_eval`` after ``run``). The run's counters and training clock are its
+    ``Tally``'s (``self.tally``), the policy version ``Roles.published``."""
 
-    def __init__(self, run: Run, after_step=None, initial_eval: dict | None = None):
-        self.r, self.cfg, self.roles, self.coord, self.dog = run, run.cfg, run.roles, run.coord, run.dog
-        self.learner, self.batch_prompts = run.roles.learner, run.cfg.rollout.batch_prompts
-        self.step, self.totals = run.state.step, run.tally.totals
+    def __init__(self, run: Run, after_step=None, initial_eval: HeldOut | None = None):
+        self.r, self.cfg, self.roles = run, run.cfg, run.roles
+        self.coord, self.dog, self.tally = run.coord, run.dog, run.tally
+        self.learner = run.roles.learner
+        self.batch_prompts = run.cfg.rollout.batch_prompts
+        self.step = run.state.step
         self.after_step = after_step or (lambda step, metrics: None)
         self.initial_eval = initial_eval
-        self.reused, self.final = initial_eval is not None, {}
-        self.clock, self.stop = TrainClock(self.totals, time.time()), installed()
+        self.reused = initial_eval is not None
+        self.final: HeldOut | None = None
+        self.stop = installed()
+        self.tally.skip(time.time())  # training time counts from here (and ``run``'s start)
 
     @property
     def version(self) -> int:
@@ -69,19 +77,20 @@ class Trainer:
         return self.roles.published
 
     @classmethod
-    def start(cls, cfg, roles, task, after_step=None, initial_eval: dict | None = None,
+    def start(cls, cfg, roles, task, after_step=None, initial_eval: HeldOut | None = None,
               start=None):
         """On running roles; ``start``: the launcher's decision (``run_start.start_run``)."""
         return cls(start_run(cfg, roles, task, start), after_step, initial_eval)
 
     def run(self) -> dict:
         """Every step, then the coordinator's accounting, the last checkpoint, the trained policy
-        (``run.save_final``), summary.json; ``Stalled``, or ``Preempted`` (cluster.run.preempt)."""
+        (``run.save_final``), summary.json (returned as written); ``Stalled``, or ``Preempted``
+        (cluster.run.preempt)."""
         cfg, files = self.cfg, self.r.files
         initial = self.initial_evaluation()  # before the clock starts
         peaks = measure_peaks(self.r) if cfg.generators.measure_peak else None
         gen0, self.t_start = generator_stats(self.roles.generators), self.dog.progress(self.step)
-        self.clock.skip(self.t_start)  # training time counts from here too
+        self.tally.skip(self.t_start)  # after the initial evaluation
         try:
             self.dog.get("coordinator", self.coord.start.remote())
             last = self.step >= cfg.run.max_steps
@@ -94,42 +103,43 @@ class Trainer:
                 self.export(cfg.run_dir / "final")
         except Interrupted:  # a signal (cluster/run/preempt.py): checkpoint, then stop
             self.step -= 1  # the step whose batch never came
-            raise stop_run(self, self.stop) from None
+            raise self.preempted() from None
         except Stalled as stall:
-            stopped(self, "stalled", stalled_on=stall.role, stall_report=stall.report)
+            self.stopped("stalled", stalled_on=stall.role, stall_report=stall.report)
             raise
         except CheckpointWriteError as err:  # the previous checkpoint is whole: resumable
-            stopped(self, "checkpoint_failed", error=str(err))
+            self.stopped("checkpoint_failed", error=str(err))
             raise
         finally:
             self.close()
-        summary = run_summary(cfg, acct, self.totals, self.step, self.version,
+        summary = run_summary(cfg, acct, self.tally.totals, self.step, self.version,
                               time.time() - self.t_start, initial, self.final,
                               run_extras(self.r, self.t_start, gen0, peaks,
-                                         bool(initial) and self.reused))
-        files.summary(summary)
+                                         initial is not None and self.reused))
+        written = files.summary(summary)
         files.report()
-        return summary
+        return written
 
     def one_step(self) -> bool:
         """One learner step; True when it was the last."""
         self.step += 1
-        get, t0, g0 = self.dog.get, time.time(), generator_stats(self.roles.generators)
+        t0, g0 = time.time(), generator_stats(self.roles.generators)
         batch, t1 = timed(wait_batch, self.dog, self.coord, self.batch_prompts, self.stop)
         result, t2 = timed(self.dog.call, "learner (train)", self.learner.train_batch, batch)
-        last, eval_due = self.due(self.clock.tick(t2))
+        last, eval_due = self.due(self.tally.tick(t2))
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
-            get("coordinator", self.coord.pause.remote())
+            self.dog.get("coordinator", self.coord.pause.remote())
         if result.skipped:  # the same version: the coordinator reopens its admission for it
-            get("coordinator", self.coord.set_version.remote(self.version))
+            self.dog.get("coordinator", self.coord.set_version.remote(self.version))
         else:
             publish(self.r, self.version + 1)
-        t3 = self.clock.tick_at(self.dog.progress(self.step))
-        ev = self.evaluate() if eval_due else {}
-        if ev and not last:
-            get("coordinator", self.coord.resume.remote())
+        t3 = self.dog.progress(self.step)
+        self.tally.tick(t3)
+        ev = self.evaluate() if eval_due else None
+        if ev is not None and not last:
+            self.dog.get("coordinator", self.coord.resume.remote())
         m = self.record(batch, result, (t0, t1, t2, t3), g0, ev)
-        self.r.telemetry.report.remote(m, [p.k for p in batch.records], m.get("extra_rollouts", 0))
+        self.r.telemetry.report.remote(m.scalars(), [p.k for p in batch.records], m.extra_rollouts)
         self.snapshot_when_due()
         if checkpoint_due(self.cfg.run, self.step, last):
             self.save()
@@ -138,46 +148,46 @@ class Trainer:
 
     def due(self, train_s: float) -> tuple[bool, bool]:
         """(last step, evaluation due) after this step, ``train_s`` into the run."""
-        return last_and_eval_due(self.cfg.run, self.step, train_s, self.totals["last_eval_train_s"])
+        return last_and_eval_due(self.cfg.run, self.step, train_s,
+                                 self.tally.totals.last_eval_train_s)
 
-    def record(self, batch, result, marks: tuple, g0: list, ev: dict) -> dict:
-        """The step's metrics, counted (``Tally``) and written (metrics.jsonl, prompts.jsonl,
-        dropped.jsonl, rollouts.msgpack)."""
+    def record(self, batch, result, marks: tuple, g0: list, ev: HeldOut | None):
+        """The step's ``StepMetrics``, counted (``Tally``) and written (metrics.jsonl,
+        prompts.jsonl, dropped.jsonl, rollouts.msgpack)."""
         r = self.r
         m = step_metrics(self.step, self.version, batch, result, StepTimes(*marks, time.time()),
                          generator_delta(g0, generator_stats(self.roles.generators)),
-                         self.cfg.algo.k_init, r.task.rewards)
-        r.tally.step(batch, result.skipped, m)
-        m.update(ev)
+                         self.cfg.algo.k_init, r.task.rewards, self.tally, ev)
         r.files.step(m)
         r.files.prompts(batch, self.step, self.version, marks[1], result.skipped)
         return m
 
-    def evaluate(self) -> dict:
+    def evaluate(self) -> HeldOut:
         """Held-out accuracy (``Evaluator``); not training time, and the next step gets the
         whole watchdog limit."""
         ev = self.dog.call("generators (evaluation)", self.r.evaluator, self.roles.generators)
-        self.clock.skip(self.dog.progress(self.step))
-        self.r.tally.evaluation(ev)
+        self.tally.skip(self.dog.progress(self.step))
+        self.tally.evaluation(ev)
         self.final = ev
         return ev
 
-    def initial_evaluation(self) -> dict:
-        """The starting weights' held-out accuracy ({} when resuming or not evaluating)."""
+    def initial_evaluation(self) -> HeldOut | None:
+        """The starting weights' held-out accuracy (None when resuming or not evaluating)."""
         if not self.r.evaluator.enabled or self.r.state.resumed:
-            return {}
+            return None
         if self.initial_eval is None:
             self.initial_eval = self.dog.call("generators (evaluation)", self.r.evaluator,
                                               self.roles.generators)
         self.final = ev = self.initial_eval
         self.r.files.note(f"held-out {self.cfg.run.eval_metric} accuracy at the start: "
-                          f"{ev['eval_accuracy']:.3f} +- {ev['eval_accuracy_se']:.3f}")
+                          f"{ev.accuracy:.3f} +- {ev.accuracy_se:.3f}")
         return ev
 
     def save(self) -> None:
         """A whole checkpoint or none (cluster/records/checkpoints.py): learner state with the run's
         counters, and the coordinator's admitted, untrained prompts."""
-        state = {"step": self.step, "policy_version": self.version, "totals": self.totals}
+        state = {"step": self.step, "policy_version": self.version,
+                 "totals": self.tally.totals.to_json()}
         self.dog.call("learner (checkpoint)", self.r.ckpts.save, self.step, self.learner,
                       run_state_writer(self.coord), state)
         self.dog.progress(self.step)  # as after an evaluation
@@ -192,6 +202,32 @@ class Trainer:
         self.dog.call("learner (export)", self.learner.save_hf, str(path))
         self.dog.progress(self.step)
 
+    def preempted(self) -> Preempted:
+        """After a signal: no more admission, a checkpoint now (with every admitted, untrained
+        prompt) unless this step's is already whole, summary.json saying ``preempted``;
+        returns the ``Preempted`` to raise."""
+        stop, t0 = self.stop, time.time()
+        self.dog.get("coordinator", self.coord.pause.remote())
+        if self.r.ckpts.saved_step != self.step:
+            self.save()
+        save_s = time.time() - t0
+        done = stop.saved(self.step, save_s)
+        stop.say(done.line)
+        since = round(time.time() - stop.t_signal, 2) if stop.t_signal else None
+        self.r.files.summary(RunSummary(
+            self.step, self.version, self.tally.totals, status="preempted",
+            signal=signal.Signals(stop.signum).name if stop.signum else None,
+            checkpoint=f"step{self.step}", checkpoint_s=round(save_s, 2),
+            signal_to_checkpoint_s=since, batch_wait_cancelled=stop.cancelled_wait))
+        return done
+
+    def stopped(self, status: str, **why) -> None:
+        """summary.json and report.html of a run that stopped before its end (``status``:
+        stalled, checkpoint_failed), with why and its counters."""
+        self.r.files.summary(RunSummary(self.step, self.version, self.tally.totals,
+                                        status=status, **why))
+        self.r.files.report()
+
     def close(self) -> None:
         """Stop the run's own roles and release its files, threads and scorer workers."""
         import ray
@@ -201,15 +237,6 @@ class Trainer:
         self.r.files.close()
         self.dog.close()
         self.r.evaluator.close()
-
-
-def stopped(trainer, status: str, **why) -> None:
-    """summary.json and report.html of a run that stopped before its end (``status``:
-    stalled, checkpoint_failed), with why and its counters."""
-    files = trainer.r.files
-    files.summary({"status": status, **why, "steps": trainer.step,
-                   "policy_version": trainer.version, **trainer.totals})
-    files.report()
 
 
 def timed(fn, *args):

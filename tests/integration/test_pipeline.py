@@ -123,7 +123,7 @@ def test_sync_grpo_trains_through_the_barrier(fresh, monkeypatch):
     # The barrier: every sample trained on the version that generated it, batch by batch.
     assert all(r["staleness_max"] == 0 and r["rollouts"] == 4 * 4 for r in rows)
     assert rows[-1]["eval_accuracy"] is not None and rows[-1]["eval_greedy"] is not None
-    assert summary["eval_accuracy_initial"] is not None and summary["eval_accuracy_se"] > 0
+    assert summary["eval_accuracy_initial"] is not None and summary["eval_accuracy_final_se"] > 0
     assert_accounted(summary)
     assert summary["prompts_in_flight_at_end"] == 0  # nothing admitted past the last barrier
     assert (cfg.run_dir / "config.yaml").is_file() and (cfg.run_dir / "checkpoints").is_dir()
@@ -420,7 +420,8 @@ def short(tmp, name, steps, **run_kw):
 
 
 def assert_wandb_has_every_metric(run_dir, steps):
-    from cluster.records.wandb_log import compare, numeric, read_offline
+    from cluster.records.step import numeric
+    from cluster.records.wandb_log import compare, read_offline
 
     rows = read_metrics(run_dir)
     got = read_offline(run_dir)

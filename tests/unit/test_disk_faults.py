@@ -24,6 +24,8 @@ import cluster.records.files as rfmod
 from cluster.records.checkpoints import (RUN_STATE, STAGES, Checkpoints, CheckpointWriteError,
                                  resumable)
 from cluster.records.files import RunFiles, read_lines
+from cluster.records.step import StepMetrics
+from cluster.records.summary import RunSummary, Totals
 
 
 class Learner:
@@ -132,17 +134,17 @@ def test_a_run_file_that_cannot_be_written_is_warned_about_counted_and_training_
         tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     w = RunFiles(run, "a: 1\n", progress=False)
-    w.step({"step": 1})
+    w.step(StepMetrics(step=1, policy_version=1))
     metrics = run / "metrics.jsonl"
     monkeypatch.setattr(rfmod, "fault", lambda path: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, "No space left on device", str(path))) if path == metrics else None)
-    w.step({"step": 2})  # does not raise
+    w.step(StepMetrics(step=2, policy_version=2))  # does not raise
     err = capsys.readouterr().err
     assert f"warning: could not write {metrics}: OSError: No space left on device" in err
     assert "training goes on" in err
     monkeypatch.setattr(rfmod, "fault", lambda path: None)
-    w.step({"step": 3})
-    w.summary({"steps": 3})
+    w.step(StepMetrics(step=3, policy_version=3))
+    w.summary(RunSummary(3, 3, Totals()))
     assert [r["step"] for r in read_lines(metrics)] == [1, 3]
     assert json.loads((run / "summary.json").read_text())["run_file_failures"] == 1
 
@@ -150,12 +152,12 @@ def test_a_run_file_that_cannot_be_written_is_warned_about_counted_and_training_
 def test_a_line_cut_short_by_a_crash_is_skipped_on_read_and_dropped_on_resume(tmp_path):
     run = tmp_path / "run"
     w = RunFiles(run, "a: 1\n", progress=False)
-    w.step({"step": 1})
+    w.step(StepMetrics(step=1, policy_version=1))
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 2, "lo')  # SIGKILL mid-line
     assert [r["step"] for r in read_lines(run / "metrics.jsonl")] == [1]
     RunFiles(run, "a: 1\n", resume_step=1, progress=False)
-    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "policy_version": 1}\n'
 
 
 @pytest.fixture
@@ -192,12 +194,13 @@ def test_a_real_full_disk_during_a_checkpoint(tiny_disk):
 def test_a_real_full_disk_cuts_no_run_file_line_short(tiny_disk, capsys):
     run = tiny_disk / "run"
     w = RunFiles(run, "a: 1\n", progress=False)
-    w.step({"step": 1})
+    w.step(StepMetrics(step=1, policy_version=1))
     (tiny_disk / "ballast").write_bytes(b"\0" * 900_000)
-    w.step({"step": 2, "blob": "x" * 300_000})  # part of it fits: cut off again
+    # part of it fits: cut off again
+    w.step(StepMetrics(step=2, policy_version=2, skip_reason="x" * 300_000))
     assert "No space left on device" in capsys.readouterr().err
-    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "policy_version": 1}\n'
     (tiny_disk / "ballast").unlink()
-    w.step({"step": 3})
+    w.step(StepMetrics(step=3, policy_version=3))
     assert [r["step"] for r in read_lines(run / "metrics.jsonl")] == [1, 3]
     assert w.write_failures == 1

@@ -90,10 +90,10 @@ def test_a_raising_verifier_costs_the_answer_and_skipped_requests_are_left_out()
                                                  3: answers("4", "5")}, scorer)
     finally:
         scorer.close()
-    assert out["eval_greedy"] == 1.0 and out["eval_greedy_by_difficulty"] == {"1": 1.0}
-    assert out["eval_sampled"] == 0.5 and out["eval_sampled_by_difficulty"] == {"1": 0.5,
+    assert out["greedy"] == 1.0 and out["greedy_by_difficulty"] == {"1": 1.0}
+    assert out["sampled"] == 0.5 and out["sampled_by_difficulty"] == {"1": 0.5,
                                                                                  "2": 0.5}
-    assert out["eval_score_errors"] == 1 and out["eval_score_timeouts"] == 0
+    assert out["score_errors"] == 1 and out["score_timeouts"] == 0
 
 
 def test_a_hung_verifier_times_out_in_its_worker_and_the_evaluation_finishes():
@@ -104,10 +104,10 @@ def test_a_hung_verifier_times_out_in_its_worker_and_the_evaluation_finishes():
         again = score_answers([P1], requests, {0: answers("4"), 1: answers("3", "3")}, scorer)
     finally:
         scorer.close()
-    assert out["eval_greedy"] == 1.0 and out["eval_sampled"] == 0.5
-    assert out["eval_score_timeouts"] == 1
-    assert again["eval_greedy"] == 0.0 and again["eval_sampled"] == 1.0  # the same scorer
-    assert again["eval_score_timeouts"] == 0
+    assert out["greedy"] == 1.0 and out["sampled"] == 0.5
+    assert out["score_timeouts"] == 1
+    assert again["greedy"] == 0.0 and again["sampled"] == 1.0  # the same scorer
+    assert again["score_timeouts"] == 0
 
 
 @pytest.mark.parametrize("samples", [0, 3])

@@ -133,32 +133,34 @@ def test_the_tally_pools_the_run_and_a_window_and_the_summary_and_gauges_read_th
     continues them), a window of the last steps; the run's figures in summary.json; the two
     dashboard gauges read keys the step metrics carry."""
     from actors.telemetry import GAUGES
+    from dataclasses import replace
+
     from cluster.records.metrics import Tally
+    from cluster.records.step import StepMetrics
+    from cluster.records.summary import Totals
 
     records, *_ = synthetic(160, 0.1, 0.05, seed=3)
     steps = [batch_metrics(records[i:i + 16], 4, (-1.0, 1.0)) for i in range(0, 160, 16)]
     t = Tally()
     t.prior_window = deque(maxlen=3)
     for m in steps:
-        t.prior_error(m)
-    last = steps[-1]
+        last = t.prior_error(m)
     whole = pool_prior_error(steps)
-    assert t.totals["prior_error_n"] == 160
+    assert t.totals.prior_error_n == 160
     assert last["prior_bias_running"] == pytest.approx(whole["prior_bias"])
     assert last["prior_error_sd_corrected_running"] == pytest.approx(whole["prior_error_sd_corrected"])
     assert last["prior_bias_window"] == pytest.approx(pool_prior_error(steps[-3:])["prior_bias"])
     assert last["prior_bias_window"] != pytest.approx(last["prior_bias_running"])
     for name in ("v05_prior_error_sd", "v05_prior_bias"):
-        assert GAUGES[name][1] in last
+        assert GAUGES[name][1] in last and GAUGES[name][1] in StepMetrics.__dataclass_fields__
     # The summary's run-level figures come from the same sums.
-    s = run_prior_error({**t.totals, "prior_error_sum": 8.0, "prior_error_prompts": 160})
+    s = run_prior_error(replace(t.totals, prior_error_sum=8.0, prior_error_prompts=160))
     assert s["prior_abs_error"] == 0.05
     assert s["prior_error_sd_corrected"] == pytest.approx(whole["prior_error_sd_corrected"])
-    assert run_prior_error({}) == {}
+    assert run_prior_error(Totals()) == {}
     # A step without a prior leaves the sums alone but still reports the run's figures.
-    empty = {"prompts": 16}
-    t.prior_error(empty)
-    assert t.totals["prior_error_n"] == 160 and "prior_bias_running" in empty
+    running = t.prior_error({"prompts": 16})
+    assert t.totals.prior_error_n == 160 and "prior_bias_running" in running
 
 
 def test_prior_truth_keeps_each_tasks_command_when_another_task_is_measured():

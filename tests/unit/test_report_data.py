@@ -12,6 +12,8 @@ import numpy as np
 from common.types import PromptRecord
 from cluster.records.metrics import batch_metrics, pool_prior_error
 from cluster.records.files import RunFiles, prompt_fates
+from cluster.records.step import StepMetrics
+from cluster.records.summary import RunSummary
 
 CONFIG = """mode: async
 run:
@@ -73,7 +75,7 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
                  "decode_tokens_per_s": 900.0 + 10 * step, "inflight_prompts": in_flight,
                  "t_start": t, "t_train_start": t + wait, "t_train_end": t + wait + train,
                  "t_step_end": t + wait + train + sync, "prompts_per_s": 8.0, **ev}
-            w.step(m)
+            w.step(StepMetrics.from_json(m))
             rows.append(m)
             for r in recs:
                 plog.write(json.dumps({**r.to_dict(), "step": step, "t_trained": t + wait}) + "\n")
@@ -89,11 +91,11 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
     uid += in_flight
     trained = steps * prompts_per_step
     if stalled:
-        w.summary({"status": "stalled", "stalled_on": "generators (evaluation)",
+        w.summary(RunSummary.from_json({"status": "stalled", "stalled_on": "generators (evaluation)",
                    "stall_report": {"seconds_since_last_step": 600.0, "step": steps},
-                   "steps": steps, "policy_version": steps, "prompts_trained": trained})
+                   "steps": steps, "policy_version": steps, "prompts_trained": trained}))
         return run
-    w.summary({"prompts_admitted": uid + broken_by, "prompts_handed": trained,
+    w.summary(RunSummary.from_json({"prompts_admitted": uid + broken_by, "prompts_handed": trained,
                "prompts_dropped": dropped, "drop_reasons": reasons,
                "prompts_in_flight_at_end": in_flight, "data_pos": uid + broken_by,
                "prompts_trained": trained, "steps": steps, "policy_version": steps,
@@ -102,13 +104,13 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
                "generator_slot_occupancy": 0.5, "decode_tokens_per_s": 950.0,
                "learner_idle_fraction": 0.3, "t_start": T0, "eval_metric": "sampled",
                "eval_accuracy_initial": 0.2, "eval_accuracy_initial_se": 0.05,
-               "eval_accuracy_final": 0.25 + 0.02 * steps, "eval_accuracy_se": 0.05,
+               "eval_accuracy_final": 0.25 + 0.02 * steps, "eval_accuracy_final_se": 0.05,
                "prior_abs_error": float(np.mean([m["prior_abs_error"] for m in rows])),
                **pool_prior_error(rows),
                "generators": [{"index": i, "alive": True, "busy_fraction": 0.8 - 0.1 * i,
                                "slot_occupancy": 0.5, "decode_tokens_per_s": 950.0,
                                "peak_decode_tokens_per_s": 2000.0, "fraction_of_peak": 0.475}
-                              for i in range(gens)]})
+                              for i in range(gens)]}))
     return run
 
 

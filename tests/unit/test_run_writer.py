@@ -1,21 +1,30 @@
 """Run outputs: metrics.jsonl lines parse (NaN -> null), the progress line, TensorBoard scalars."""
 import json
 
-from cluster.records.files import RunFiles, read_metrics
+from cluster.records.files import RunFiles, progress_line, read_metrics
+from cluster.records.step import HeldOut, StepMetrics
+from cluster.records.summary import RunSummary, Totals
 
 
 def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
     w = RunFiles(tmp_path / "run", "a: 1\n", tensorboard=True)
-    w.step({"step": 1, "reward_mean": 0.25, "k_mean": 4.5, "generator_busy_fraction": 0.9,
-            "step_time_s": 1.0, "eval_accuracy": 0.5, "loss": float("nan")})
-    w.summary({"steps": 1})
-    rows = read_metrics(tmp_path / "run")
-    assert rows == [{"step": 1, "reward_mean": 0.25, "k_mean": 4.5, "generator_busy_fraction": 0.9,
-                     "step_time_s": 1.0, "eval_accuracy": 0.5, "loss": None}]
+    w.step(StepMetrics(step=1, policy_version=1, reward_mean=0.25, k_mean=4.5,
+                       generator_busy_fraction=0.9, step_time_s=1.0, loss=float("nan"),
+                       held_out=HeldOut(accuracy=0.5, accuracy_se=0.1)))
+    w.summary(RunSummary(1, 1, Totals()))
+    (row,) = read_metrics(tmp_path / "run")
+    assert {k: v for k, v in row.items() if v is not None} == {
+        "step": 1, "policy_version": 1, "reward_mean": 0.25, "k_mean": 4.5,
+        "generator_busy_fraction": 0.9, "step_time_s": 1.0, "eval_accuracy": 0.5,
+        "eval_accuracy_se": 0.1, "eval_sampled_by_difficulty": {},
+        "eval_greedy_by_difficulty": {}, "eval_score_timeouts": 0, "eval_score_errors": 0,
+        "eval_prompts": 0, "eval_samples": 0, "eval_failed_requests": 0,
+        "eval_generators_lost": [], "eval_duration_s": 0.0}
+    assert "loss" in row and row["loss"] is None  # NaN -> null
     err = capsys.readouterr().err
     assert "step    1" in err and "acc 0.500" in err and "k  4.5" in err and "busy  90%" in err
-    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {
-        "steps": 1, "run_file_failures": 0}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["steps"], summary["status"], summary["run_file_failures"]) == (1, "finished", 0)
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
@@ -23,7 +32,7 @@ def test_resume_drops_lines_written_after_the_checkpoint(tmp_path):
     run = tmp_path / "run"
     w = RunFiles(run, "a: 1\n", progress=False)
     for step in (1, 2, 3, 4):
-        w.step({"step": step})
+        w.step(StepMetrics(step=step, policy_version=step))
     (run / "prompts.jsonl").write_text("".join(json.dumps({"uid": f"p{i}", "step": i}) + "\n"
                                                for i in (1, 2, 3, 4)))
     # The crashed run had written steps 3 and 4 after its checkpoint at step 2.
@@ -67,8 +76,6 @@ def test_a_step_with_no_drops_still_leaves_an_empty_dropped_file(tmp_path):
 def test_the_progress_line_prints_a_zero_reward_as_zero():
     """A step whose mean reward is exactly 0 (as many right as wrong) printed `reward +nan`:
     0.0 is a reward, not a missing one. A missing one still prints nan."""
-    from cluster.records.files import progress_line
-
-    line = progress_line({"step": 5, "reward_mean": 0.0, "k_mean": 4.0}, 12.0)
+    line = progress_line(StepMetrics(step=5, policy_version=5, reward_mean=0.0, k_mean=4.0), 12.0)
     assert "reward +0.000" in line, line
-    assert "reward +nan" in progress_line({"step": 6, "k_mean": 4.0}, 13.0)
+    assert "reward +nan" in progress_line(StepMetrics(step=6, policy_version=6, k_mean=4.0), 13.0)

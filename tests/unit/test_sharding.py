@@ -42,7 +42,7 @@ def test_the_driver_counts_a_batch_by_reference_as_it_counts_one_inline():
     """metrics.jsonl's sample figures are the same from the metadata as from the samples, and
     the batch the driver receives carries none of the samples' tokens."""
     from common.records import StepResult
-    from cluster.records.metrics import StepTimes
+    from cluster.records.metrics import StepTimes, Tally
 
     inline = TrainBatch(records=[], samples=list(SAMPLES), version=5, inflight_prompts=0)
     by_ref = TrainBatch(records=[], samples=[], version=5, inflight_prompts=0,
@@ -51,10 +51,11 @@ def test_the_driver_counts_a_batch_by_reference_as_it_counts_one_inline():
     assert by_ref.sample_tokens() == inline.sample_tokens()
     result = StepResult(loss=0.1, grad_norm=1.0)
     t = StepTimes(0.0, 1.0, 2.0, 3.0, 4.0)
-    keys = ("trained_samples", "trained_tokens", "staleness_mean", "staleness_max")
-    a, b = (step_metrics(1, 5, x, result, t, {}, 4, (-1.0, 1.0)) for x in (inline, by_ref))
-    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
-    assert (a["trained_samples"], a["trained_tokens"], a["staleness_max"]) == (6, 45, 2)
+    a, b = (step_metrics(1, 5, x, result, t, {}, 4, (-1.0, 1.0), Tally(), None)
+            for x in (inline, by_ref))
+    assert (a.trained_samples, a.trained_tokens, a.staleness_mean, a.staleness_max) == \
+        (b.trained_samples, b.trained_tokens, b.staleness_mean, b.staleness_max)
+    assert (a.trained_samples, a.trained_tokens, a.staleness_max) == (6, 45, 2)
     # what crosses the driver: 6 samples inline, only their per-sample counts by reference
     refs = TrainBatch(records=[], samples=[], version=5, inflight_prompts=0,
                       shards=Shards([None] * 3, by_ref.shards.members, by_ref.shards.versions,

@@ -18,6 +18,7 @@ from common.types import TrainBatch
 from cluster.config.schema import build_config
 from cluster.records.metrics import Tally
 from cluster.records.files import RunFiles
+from cluster.records.step import HeldOut
 from cluster.run.start import Run, RunState
 from cluster.run.trainer import Trainer
 from cluster.run.watchdog import Watchdog
@@ -71,7 +72,7 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
     def evaluate(generators):
         clock.advance(EVAL_S)
         log.append("evaluate")
-        return {"eval_time_s": EVAL_S, "eval_accuracy": 0.5, "eval_accuracy_se": 0.1}
+        return HeldOut(accuracy=0.5, accuracy_se=0.1, duration_s=EVAL_S)
 
     def save(step, learner, coord, state):
         clock.advance(SAVE_S)
@@ -141,10 +142,10 @@ def test_a_resumed_run_continues_its_training_clock_and_budget(loop):
              step=20, max_steps=1000, max_train_s=120.0, eval_every=0, eval_every_s=10.0)
     last = [t.one_step() for _ in range(4)]
     assert last == [False, False, False, True]
-    assert t.totals["train_s"] == pytest.approx(120.0)
+    assert t.tally.totals.train_s == pytest.approx(120.0)
     assert t.log.count("evaluate") == 2  # 10 s after the last one (110), and at the end
-    assert t.totals["eval_time_s"] == 2 * EVAL_S
-    assert t.totals["last_eval_train_s"] == pytest.approx(120.0)
+    assert t.tally.totals.eval_time_s == 2 * EVAL_S
+    assert t.tally.totals.last_eval_train_s == pytest.approx(120.0)
 
 
 def test_the_last_step_leaves_its_checkpoint_to_the_end_of_the_run(loop):
@@ -160,7 +161,7 @@ def test_one_step_calls_the_roles_in_the_order_of_the_pseudocode(loop):
     assert [t.one_step(), t.one_step()] == [False, True]
     assert t.log == ["next_batch", "pause", "set_version", "evaluate", "resume",
                      "next_batch", "pause", "set_version", "evaluate"]
-    assert t.version == 2 and t.totals["eval_time_s"] == 2 * EVAL_S
+    assert t.version == 2 and t.tally.totals.eval_time_s == 2 * EVAL_S
 
 
 def test_a_signal_checkpoints_the_last_step_whole_then_stops_the_run(loop, monkeypatch):

@@ -88,17 +88,16 @@ def test_every_kind_of_failed_weight_update_is_counted_by_generator():
 
 
 def test_training_time_is_cumulative_over_resumes_and_excludes_evaluations():
-    from cluster.records.metrics import TrainClock, rates
+    from cluster.records.metrics import Tally, rates
 
-    totals = {"train_s": 100.0, "prompts_trained": 300, "rollouts": 1200,
-              "tokens_generated": 24000}  # restored from the checkpoint
-    clock = TrainClock(totals, now=5000.0)  # this process's loop starts
-    assert clock.tick(5010.0) == 110.0  # a step
-    clock.skip(5040.0)                  # then a 30 s evaluation
-    assert clock.tick(5050.0) == 120.0 and totals["train_s"] == 120.0
-    assert rates(totals) == {"prompts_per_s": 2.5, "rollouts_per_s": 10.0,
-                             "tokens_per_s": 200.0}
-    assert TrainClock({}, now=0.0).totals == {"train_s": 0.0}  # a fresh run
+    tally = Tally({"train_s": 100.0, "prompts_trained": 300, "rollouts": 1200,
+                   "tokens_generated": 24000}, now=5000.0)  # restored; this process starts
+    assert tally.tick(5010.0) == 110.0  # a step
+    tally.skip(5040.0)                  # then a 30 s evaluation
+    assert tally.tick(5050.0) == 120.0 and tally.totals.train_s == 120.0
+    assert rates(tally.totals) == {"prompts_per_s": 2.5, "rollouts_per_s": 10.0,
+                                   "tokens_per_s": 200.0}
+    assert Tally(now=0.0).totals.train_s == 0.0  # a fresh run
 
 
 def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
@@ -107,17 +106,18 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
     this process's wall-clock minus the run's whole evaluation time."""
     from cluster.config.schema import build_config
     from cluster.records.metrics import run_summary
+    from cluster.records.summary import Totals
     from common.records import Accounting
 
-    totals = {"prompts_trained": 300, "prompts_skipped_nan": 0, "rollouts": 1500,
-              "tokens_generated": 30000, "learner_wait_s": 15.0, "eval_time_s": 70.0,
-              "train_s": 150.0}
+    totals = Totals(prompts_trained=300, prompts_skipped_nan=0, rollouts=1500,
+                    tokens_generated=30000, learner_wait_s=15.0, eval_time_s=70.0, train_s=150.0)
     acct = Accounting(prompts_admitted=320)
-    s = run_summary(build_config({}), acct, totals, 30, 30, 60.0, {}, {}, {})
-    assert s["train_wall_time_s"] == 150.0 and s["wall_time_s"] == 60.0
-    assert s["prompts_per_s"] == 2.0 and s["rollouts_per_s"] == 10.0
-    assert s["learner_idle_fraction"] == 0.1
-    assert s["prompts_admitted"] == 320 and "inflight_uids" not in s  # the uids have files
+    s = run_summary(build_config({}), acct, totals, 30, 30, 60.0, None, None, {})
+    assert s.train_wall_time_s == 150.0 and s.wall_time_s == 60.0
+    assert s.prompts_per_s == 2.0 and s.rollouts_per_s == 10.0
+    assert s.learner_idle_fraction == 0.1
+    written = s.to_json()
+    assert written["prompts_admitted"] == 320 and "inflight_uids" not in written  # uids: files
 
 
 def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():

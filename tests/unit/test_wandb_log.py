@@ -11,7 +11,9 @@ wandb = pytest.importorskip("wandb")
 
 from cluster.config.schema import build_config, dump_config  # noqa: E402
 from cluster.records.files import RunFiles, read_metrics  # noqa: E402
-from cluster.records.wandb_log import WandbLog, numeric, read_offline, wandb_mode  # noqa: E402
+from cluster.records.step import HeldOut, StepMetrics, numeric  # noqa: E402
+from cluster.records.summary import RunSummary, Totals  # noqa: E402
+from cluster.records.wandb_log import WandbLog, read_offline, wandb_mode  # noqa: E402
 
 
 @pytest.fixture
@@ -26,8 +28,9 @@ def cfg_in(tmp_path, **logging):
 
 
 def lines(n):
-    return [{"step": s, "reward_mean": 0.1 * s, "rollouts": 16 * s, "k_hist": [1, 2],
-             "eval_accuracy": None if s < n else 0.5, "skipped": False, "nan": float("nan")}
+    return [StepMetrics(step=s, policy_version=s, reward_mean=0.1 * s, rollouts=16 * s,
+                        k_hist=[1, 2], held_out=None if s < n else HeldOut(accuracy=0.5),
+                        skipped=False, loss=float("nan"))
             for s in range(1, n + 1)]
 
 
@@ -38,7 +41,7 @@ def test_every_metric_the_config_summary_and_report_reach_the_offline_run(tmp_pa
     for m in lines(3):
         files.step(m)
     files.close()
-    files.summary({"steps": 3, "status": "done", "generators": [{"id": 0}]})
+    files.summary(RunSummary(3, 3, Totals(), status="done", generators=[{"id": 0}]))
     files.report()  # the report (or its failure) then the W&B run's end
 
     got = read_offline(cfg.run_dir)
@@ -60,10 +63,10 @@ def test_every_metric_the_config_summary_and_report_reach_the_offline_run(tmp_pa
 def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, offline):
     cfg = cfg_in(tmp_path)
     first = WandbLog.open(cfg, resumed=False)
-    first.log({"step": 1, "x": 1.0})
+    first.log(StepMetrics(step=1, policy_version=1, loss=1.0))
     first.finish({"steps": 1})
     again = WandbLog.open(cfg, resumed=True)
-    again.log({"step": 2, "x": 2.0})
+    again.log(StepMetrics(step=2, policy_version=2, loss=2.0))
     again.finish({"steps": 2})
     runs = sorted(cfg.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 2 and len({p.name for p in runs}) == 1  # one id, two offline parts
@@ -102,7 +105,7 @@ def test_a_failing_wandb_is_said_once_and_the_run_goes_on(tmp_path, offline, cap
     files = RunFiles(cfg.run_dir, dump_config(cfg), progress=False, wandb=log)
     for m in lines(3):
         files.step(m)  # no exception: metrics.jsonl has every step
-    files.summary({"steps": 3})
+    files.summary(RunSummary(3, 3, Totals()))
     files.report()
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1, 2, 3]
     warned = [ln for ln in capsys.readouterr().err.splitlines() if "W&B logging stopped" in ln]
@@ -116,3 +119,46 @@ def test_the_numbers_of_a_line_are_what_tensorboard_gets():
     by_level = {"step": 20, "eval_sampled_by_difficulty": {"1": 0.9, "4": 0.5, "note": "x"}}
     assert numeric(by_level) == {"step": 20, "eval_sampled_by_difficulty/1": 0.9,
                                  "eval_sampled_by_difficulty/4": 0.5}
+
+
+def test_the_console_the_report_wandb_and_tensorboard_read_the_same_record(tmp_path, offline,
+                                                                           capsys):
+    """One ``StepMetrics`` per step, written once through ``RunFiles``: the console line,
+    metrics.jsonl, the report's columns, W&B's history and TensorBoard's scalars all carry
+    its values (a reward of exactly 0 included)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from cluster.report.data import held_out, load_run
+
+    cfg = cfg_in(tmp_path)
+    files = RunFiles(cfg.run_dir, dump_config(cfg), tensorboard=True,
+                     wandb=WandbLog.open(cfg, resumed=False))
+    steps = [StepMetrics(step=s, policy_version=s, reward_mean=[0.0, 0.25, -0.5][s - 1],
+                         k_mean=4.0 + s, generator_busy_fraction=0.1 * s, step_time_s=2.0 * s,
+                         held_out=HeldOut(accuracy=0.3 + 0.1 * s, accuracy_se=0.01)
+                         if s % 2 else None) for s in (1, 2, 3)]
+    for m in steps:
+        files.step(m)
+    files.close()
+    files.summary(RunSummary(3, 3, Totals()))
+    files.report()
+
+    console = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("step ")]
+    report = load_run(cfg.run_dir)
+    history = {h["_step"]: h for h in read_offline(cfg.run_dir)["history"]}
+    tb = EventAccumulator(str(cfg.run_dir / "tb"))
+    tb.Reload()
+    for i, m in enumerate(steps):
+        assert f"reward {m.reward_mean:+.3f}" in console[i] and f"k {m.k_mean:4.1f}" in console[i]
+        assert StepMetrics.from_json(read_metrics(cfg.run_dir)[i]) == m
+        assert report.metrics[i] == m
+        assert report.col(lambda r: r.reward_mean)[i] == m.reward_mean
+        for name, value in m.scalars().items():
+            assert history[m.step][name] == pytest.approx(value), name
+            tb_value = {e.step: e.value for e in tb.Scalars(name)}[m.step]
+            assert tb_value == pytest.approx(value, rel=1e-6), name
+        acc = m.held_out.accuracy if m.held_out else None
+        assert (f"acc {acc:.3f}" if acc is not None else "acc   -") in console[i]
+        got = report.col(held_out("accuracy"))[i]
+        assert (got == pytest.approx(acc)) if acc is not None else got != got  # NaN
+        assert ("eval_accuracy" in history[m.step]) == (acc is not None)
