@@ -1,7 +1,7 @@
 """The prior backend interface, the constant baseline, and a bounded LRU embedding cache.
 
 No torch / sentence-transformers import here: the registry and the constant backend must load
-in milliseconds (``python -m actors.prior --help``, unit tests).
+in milliseconds (``python -m actors.priors --help``, unit tests).
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 def bench_latency(batch: int, window: int, repeats: int) -> dict:
     """Milliseconds per ``predict`` of ``batch`` prompts, 1 thread, real encoder and cache."""
-    from actors.prior import PriorServer
+    from actors.priors.server import PriorServer
     import math
     from bench.prior.proxy import arithmetic_problems, word_problems
     pool = word_problems(window + batch * (repeats + 3), seed=7)
@@ -106,7 +106,7 @@ def proxy_runs(scenario: str, steps: int, batch: int, seed: int):
 
 def replay(run, backend: str, options: dict, window: int) -> list[float]:
     """Per-step AUC of one backend served by a real PriorServer (steps >= 1)."""
-    from actors.prior import PriorServer
+    from actors.priors.server import PriorServer
     from bench.prior.proxy import pair_auc
     server = PriorServer(backend, options, window=window)
     aucs = []

@@ -102,7 +102,7 @@ def times_trained(rows: list[dict]) -> float:
 
 
 def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray:
-    from actors.prior import PriorServer
+    from actors.priors.server import PriorServer
 
     server = PriorServer(cfg.prior.backend, {**cfg.prior.options, **options},
                          window=cfg.prior.window, fallback=None, budget_s=None)

@@ -111,7 +111,7 @@ class LearnerPlacement(Section):
 class PriorPlacement(Section):
     """The V0 prior server."""
 
-    backend: str = Field("embedded", description="Prior backend (see actors/prior/).")
+    backend: str = Field("embedded", description="Prior backend (see actors/priors/).")
     gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
     cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
     window: int = Field(256, ge=1, description="Recent (prompt, success rate) pairs the prior conditions on.")

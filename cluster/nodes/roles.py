@@ -159,7 +159,7 @@ def start_learner(cfg, model_path: str, pg):
 def start_prior(cfg, pg):
     import ray
 
-    from actors.prior import PriorServer
+    from actors.priors.server import PriorServer
 
     p = cfg.prior
     handle = ray.remote(PriorServer).options(

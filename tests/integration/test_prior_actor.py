@@ -6,7 +6,7 @@ import pytest
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
-from actors.prior import PriorServer  # noqa: E402
+from actors.priors.server import PriorServer  # noqa: E402
 
 # Two clearly separated families: short sums the policy solves, olympiad proofs it does not.
 EASY = [f"What is {a} plus {b}?" for a, b in zip(range(2, 26), range(30, 54))]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.prior import PriorOutputError, PriorServer, make_prior, prior_names
+from actors.priors.server import PriorOutputError, PriorServer, make_prior, prior_names
 from actors.priors import register_prior
 from actors.priors.base import Context, EmbeddingCache, PriorBackend
 from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
@@ -377,7 +377,7 @@ def test_a_backend_past_its_budget_is_answered_by_the_embedded_prior(encoder):
 
 
 # -- the CLI -----------------------------------------------------------------------------------
-def _cli(*args, cwd=REPO, module="actors.prior"):
+def _cli(*args, cwd=REPO, module="actors.priors"):
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
@@ -390,7 +390,7 @@ def _write(path, rows):
 def test_cli_predicts_one_line_per_query_in_order(tmp_path, capsys):
     """The default (embedded) backend through the CLI's main in this process (a fresh
     interpreter would only load torch and the encoder again), then the command itself."""
-    from actors.prior.cli import main
+    from actors.priors.cli import main
 
     ctx = _write(tmp_path / "c.jsonl", [{"prompt": p, "score": 0.9} for p in EASY[:-3]]
                  + [{"prompt": p, "score": 0.1} for p in HARD[:-3]])
@@ -432,10 +432,10 @@ def test_cli_errors_for_backend_problems_and_help_is_light(tmp_path):
     assert bad.returncode == 2 and "valid: constant, embedded" in bad.stderr
     helped = _cli("--help")
     assert helped.returncode == 0 and "predict" in helped.stdout
-    own = _cli("predict", "--help", module="actors.prior.cli")       # the CLI's own module
+    own = _cli("predict", "--help", module="actors.priors.cli")       # the CLI's own module
     assert own.returncode == 0 and "--fallback" in own.stdout
     probe = subprocess.run([sys.executable, "-c",
-                            "import sys, actors.prior, actors.prior.cli, actors.priors, "
+                            "import sys, actors.priors.server, actors.priors.cli, actors.priors, "
                             "actors.priors.v0; "
                             "print(sorted(m for m in ('torch', 'sentence_transformers', "
                             "'transformers', 'ray') if m in sys.modules))"],

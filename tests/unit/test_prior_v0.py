@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from actors.prior import PriorOutputError, PriorServer, make_prior
+from actors.priors.server import PriorOutputError, PriorServer, make_prior
 from actors.priors.v0 import (EMBEDDING_MODEL, V0FilesMissing, V0Prior, default_dtype,
                               placement_device, register_v0_head)
 from actors.priors.v0_tiny import SIMILARITY_HEAD, write_tiny_v0
@@ -162,9 +162,9 @@ def test_tiny_v0_with_a_random_tabpfn_head(tmp_path):
 
 
 def test_cli_predicts_with_the_tiny_v0(tiny, tmp_path, capsys):
-    """The CLI's v0 path, in this process (``python -m actors.prior predict`` itself runs as
+    """The CLI's v0 path, in this process (``python -m actors.priors predict`` itself runs as
     a command in test_prior.py; a second interpreter here would only reload torch)."""
-    from actors.prior.cli import main
+    from actors.priors.cli import main
 
     ctx = tmp_path / "c.jsonl"
     ctx.write_text("".join(json.dumps({"prompt": p, "score": s}) + "\n" for p, s, _ in CONTEXT))

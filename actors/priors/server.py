@@ -13,8 +13,8 @@ backend but the embedded and constant ones), counted in ``stats()["fallbacks"]``
 server that does not answer at all within the coordinator's ``prior.timeout_s`` makes the
 coordinator use the empirical mean (``actors/coordinator.py``).
 
-Offline evaluation: ``python -m actors.prior predict ...`` (the CLI lives in
-``actors/prior/cli.py``; ``actors/prior/__main__.py`` runs it, so this module never imports
+Offline evaluation: ``python -m actors.priors predict ...`` (the CLI lives in
+``actors/priors/cli.py``; ``actors/priors/__main__.py`` runs it, so this module never imports
 it). Only the standard library is imported at import time.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Offline use of the prior server: ``python -m actors.prior predict --context C.jsonl
---queries Q.jsonl [--backend NAME] [--option key=value ...]`` (or ``python -m actors.prior.cli``).
+"""Offline use of the prior server: ``python -m actors.priors predict --context C.jsonl
+--queries Q.jsonl [--backend NAME] [--option key=value ...]`` (or ``python -m actors.priors.cli``).
 
 Context lines are ``{"prompt": str, "score": float in [0, 1]}``, query lines ``{"prompt": str}``;
 one ``{"prompt", "p"}`` JSON line per query comes out, in order. A bad line, an unknown backend
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from actors.prior import PriorServer, check_prompt, check_score
+from actors.priors.server import PriorServer, check_prompt, check_score
 
 
 class InputError(ValueError):
@@ -63,7 +63,7 @@ def _parse_options(pairs: list[str]) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m actors.prior",
+    parser = argparse.ArgumentParser(prog="python -m actors.priors",
                                      description="Offline use of the V0 prior server.")
     sub = parser.add_subparsers(dest="command", required=True)
     pred = sub.add_parser("predict", help="predict p for queries given a context (JSONL in, JSONL out)")
