@@ -58,9 +58,10 @@ class Shared:
     def trainer(self, cfg, **kw):
         """A ``Trainer`` of ``cfg`` on the shared roles (``kw``: ``after_step``,
         ``initial_eval``)."""
+        from cluster.run.directory import start_on_running_roles
         from cluster.run.trainer import Trainer
 
-        return Trainer.start(cfg, self.roles, self.task, **kw)
+        return Trainer.start(cfg, self.roles, self.task, start_on_running_roles(cfg), **kw)
 
 
 def role_shape(cfg) -> dict:

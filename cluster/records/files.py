@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.records.step import StepMetrics, clean
+from cluster.records.step import StepMetrics
 from cluster.records.summary import RunSummary
 from common.atomic import write_atomic
 

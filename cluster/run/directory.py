@@ -108,3 +108,20 @@ def fresh_run_dir(run_dir: Path, logs: bool = True) -> list[str]:
                 continue
             removed.append(p.name)
     return removed
+
+
+def start_on_running_roles(cfg) -> Start:
+    """How an in-process run on roles that are already up (benchmarks, tests) starts: as
+    the launcher decides it (``plan_start``), a finished run refused (``RunDirError``), the
+    directory cleared for a fresh one but for ``logs/``, which those roles keep writing."""
+    import sys
+
+    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
+    if start.action == "done":
+        raise RunDirError(start.line())
+    if start.action in ("fresh", "overwrite"):
+        fresh_run_dir(cfg.run_dir, logs=False)
+    if start.line():
+        print(start.line(), file=sys.stderr, flush=True)
+    return start
+

@@ -6,7 +6,6 @@ generators. ``cluster.run.trainer.Trainer`` drives the ``Run`` this returns.
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass, field
 
 from common.names import actor_name
@@ -14,8 +13,7 @@ from cluster.records.checkpoints import Checkpoints
 from cluster.config.schema import dump_config
 from cluster.run.evaluation import Evaluator
 from cluster.records.metrics import Tally
-from cluster.config.paths import RunDirError
-from cluster.run.directory import Start, fresh_run_dir, plan_start
+from cluster.run.directory import Start
 from cluster.records.files import RunFiles
 from cluster.nodes.roles import log_path, pg_strategy
 from cluster.records.wandb_log import WandbLog
@@ -129,22 +127,11 @@ class Run:
     update_failed: list = field(default_factory=list)  # (version, generator, why)
 
 
-def start_run(cfg, roles, task, start=None) -> Run:
+def start_run(cfg, roles, task, start: Start) -> Run:
     """Everything a run needs before its first step, on roles already up. ``start``: how the
-    run starts in its directory, as the launcher decided it (``plan_start``) and prepared the
-    directory before the roles started; None (an in-process caller on running roles:
-    benchmarks, tests): decided here. A previous run in its directory is continued, refused
-    (``RunDirError``), or deleted with ``run.overwrite=true`` only."""
-    if start is None:
-        start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
-        if start.action == "done":
-            raise RunDirError(start.line())
-        # A fresh run: nothing of an older run's in its directory (logs/ stays: roles that
-        # outlive a run keep writing theirs).
-        if start.action in ("fresh", "overwrite"):
-            fresh_run_dir(cfg.run_dir, logs=False)
-        if start.line():
-            print(start.line(), file=sys.stderr, flush=True)
+    run starts in its directory, decided once before (by the launcher, or
+    ``cluster.run.directory.start_on_running_roles`` for a run on roles already up), its
+    directory prepared."""
     state = resume_state(cfg, roles, start)
     if not state.resumed:  # the generators serve this version already: nothing to publish
         roles.published = state.version

@@ -77,9 +77,9 @@ class Trainer:
         return self.roles.published
 
     @classmethod
-    def start(cls, cfg, roles, task, after_step=None, initial_eval: HeldOut | None = None,
-              start=None):
-        """On running roles; ``start``: the launcher's decision (``run_start.start_run``)."""
+    def start(cls, cfg, roles, task, start, after_step=None, initial_eval: HeldOut | None = None):
+        """On running roles; ``start``: how the run starts in its directory, decided once
+        (``cluster.run.start.start_run``)."""
         return cls(start_run(cfg, roles, task, start), after_step, initial_eval)
 
     def run(self) -> dict:

@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from cluster.config.schema import build_config  # noqa: E402
 from cluster.records.files import prompt_fates, read_metrics  # noqa: E402
 from cluster.nodes.placement import plan  # noqa: E402
+from cluster.run.directory import start_on_running_roles  # noqa: E402
 
 METRIC_KEYS = {"step", "policy_version", "reward_mean", "rollouts", "tokens_generated",
                "trained_tokens", "grad_norm", "entropy", "clip_fraction", "step_time_s",
@@ -84,7 +85,8 @@ def fresh(system):
 def run(system, cfg, after_step=None):
     from cluster.run.trainer import Trainer
 
-    return Trainer.start(cfg, system["roles"], system["task"], after_step=after_step).run()
+    return Trainer.start(cfg, system["roles"], system["task"], start_on_running_roles(cfg),
+                         after_step=after_step).run()
 
 
 def prompts_of(cfg):
@@ -315,7 +317,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
                     rollout={"batch_prompts": 8, "max_tokens": 32})
     cfg = make_cfg(fresh["tmp"], "preempt", **sections,
                    run={"max_steps": 4, "eval_every": 0, "checkpoint_every": 0})
-    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"])
+    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"], start_on_running_roles(cfg))
     real_wait = trainer_mod.wait_batch
 
     def wait_then_signal(dog, coord, n, stop):
@@ -387,7 +389,7 @@ def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
 
     cfg = make_cfg(fresh["tmp"], "stall", mode="async", rollout={"max_staleness": 1},
                    run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 15})
-    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"])
+    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"], start_on_running_roles(cfg))
     trainer.after_step = lambda step, m: step == 1 and ray.get(trainer.coord.pause.remote())
     with pytest.raises(Stalled) as stall:
         trainer.run()
