@@ -176,11 +176,10 @@ class RunFiles:
         self.write(self.dir / "summary.json", json.dumps(self._summary, indent=2) + "\n")
         return self._summary
 
-    def report(self) -> None:
-        """report.html from the run's files, the run's last; a failed report never fails the
-        run. Then the W&B run ends with the summary, summary.json and report.html."""
-        from cluster.report.page import write_report  # lazy: matplotlib costs ~1 s of import
-
+    def report(self, write_report) -> None:
+        """report.html from the run's files (``write_report(run_dir)``: the report's writer,
+        ``cluster.report.page.write_report``), the run's last; a failed report never fails
+        the run. Then the W&B run ends with the summary, summary.json and report.html."""
         try:
             self.note(f"report: {write_report(self.dir)}")
         except Exception as err:  # noqa: BLE001 - the run's outputs are already written

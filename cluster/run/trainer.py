@@ -117,7 +117,7 @@ class Trainer:
                               run_extras(self.r, self.t_start, gen0, peaks,
                                          initial is not None and self.reused))
         written = files.summary(summary)
-        files.report()
+        self.report()
         return written
 
     def one_step(self) -> bool:
@@ -226,7 +226,13 @@ class Trainer:
         stalled, checkpoint_failed), with why and its counters."""
         self.r.files.summary(RunSummary(self.step, self.version, self.tally.totals,
                                         status=status, **why))
-        self.r.files.report()
+        self.report()
+
+    def report(self) -> None:
+        """report.html, the run's last file (then the W&B run ends)."""
+        from cluster.report.page import write_report  # lazy: matplotlib costs ~1 s of import
+
+        self.r.files.report(write_report)
 
     def close(self) -> None:
         """Stop the run's own roles and release its files, threads and scorer workers."""

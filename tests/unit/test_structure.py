@@ -6,6 +6,7 @@ reads like its pseudocode (``Trainer.one_step`` at most 25 lines, ``Trainer`` at
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +87,31 @@ def test_no_two_modules_import_each_other():
                      if a < b and a in g.get(b, set())
                      and not (b.startswith(a + ".") or a.startswith(b + ".")))
     assert circles == []
+
+
+# cluster/'s rooms (docs/architecture.md), bottom to top: a room imports only the rooms below
+# it; the bottom three import no other room.
+CLUSTER_ROOMS = (("config", "records", "nodes"), ("report",), ("run",), ("launch", "install"))
+
+
+def room(module: str) -> int:
+    name = module.split(".")[1]
+    return next(i for i, floor in enumerate(CLUSTER_ROOMS) if name in floor)
+
+
+def test_clusters_rooms_import_only_the_rooms_below():
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph().items() if m.startswith("cluster.")
+                   for d in deps if d.startswith("cluster.") and d.split(".")[1] != m.split(".")[1]
+                   and room(d) >= room(m))
+    assert wrong == []
+
+
+def test_the_architecture_pages_links_stay_inside_the_repository():
+    page = REPO / "docs" / "architecture.md"
+    links = re.findall(r"\]\(([^)#]+)", page.read_text())
+    outside = [t for t in links if "://" in t or not (page.parent / t).resolve().is_relative_to(REPO)
+               or not (page.parent / t).exists()]
+    assert links and outside == []
 
 
 def test_no_product_file_over_400_lines_and_no_function_over_60():

@@ -14,6 +14,7 @@ from cluster.records.files import RunFiles, read_metrics  # noqa: E402
 from cluster.records.step import HeldOut, StepMetrics, numeric  # noqa: E402
 from cluster.records.summary import RunSummary, Totals  # noqa: E402
 from cluster.records.wandb_log import WandbLog, read_offline, wandb_mode  # noqa: E402
+from cluster.report.page import write_report  # noqa: E402
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_every_metric_the_config_summary_and_report_reach_the_offline_run(tmp_pa
         files.step(m)
     files.close()
     files.summary(RunSummary(3, 3, Totals(), status="done", generators=[{"id": 0}]))
-    files.report()  # the report (or its failure) then the W&B run's end
+    files.report(write_report)  # the report (or its failure) then the W&B run's end
 
     got = read_offline(cfg.run_dir)
     rows = read_metrics(cfg.run_dir)
@@ -106,7 +107,7 @@ def test_a_failing_wandb_is_said_once_and_the_run_goes_on(tmp_path, offline, cap
     for m in lines(3):
         files.step(m)  # no exception: metrics.jsonl has every step
     files.summary(RunSummary(3, 3, Totals()))
-    files.report()
+    files.report(write_report)
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1, 2, 3]
     warned = [ln for ln in capsys.readouterr().err.splitlines() if "W&B logging stopped" in ln]
     assert len(warned) == 1 and "ConnectionError: W&B is down" in warned[0]
@@ -141,7 +142,7 @@ def test_the_console_the_report_wandb_and_tensorboard_read_the_same_record(tmp_p
         files.step(m)
     files.close()
     files.summary(RunSummary(3, 3, Totals()))
-    files.report()
+    files.report(write_report)
 
     console = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("step ")]
     report = load_run(cfg.run_dir)
