@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.config.paths import RunDirError
+from cluster.config.paths import RunDirError, check_links
 from cluster.records.checkpoints import Checkpoints, resumable
 
 # Everything a run writes into its directory (docs/pipeline.md, "Run outputs"). ``logs/`` is
@@ -64,8 +64,10 @@ def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = Fal
     empty directory and refuses (``RunDirError``) where a previous run left results but no
     whole checkpoint; True continues or fails (``cluster.records.checkpoints.resumable``'s
     FileNotFoundError); False starts fresh and refuses where a previous run left results.
-    A checkpoint at ``max_steps`` or later is "done"."""
+    A checkpoint at ``max_steps`` or later is "done". A link among the run's outputs that
+    leads out of ``run_dir`` is refused first (``paths.check_links``)."""
     run_dir = Path(run_dir)
+    check_links(run_dir, RUN_OUTPUTS + (LOGS,))  # before anything there is read or deleted
     found = previous_results(run_dir)
     if overwrite:
         if resume is True:
