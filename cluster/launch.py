@@ -122,7 +122,8 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)  # preflight, files, a head that does not answer
         return 2
     from common.rayproc import prefer_loopback
-    from cluster.records.checkpoints import CHECKPOINT_FAILED, CheckpointWriteError
+    from cluster.records.checkpoints import (CHECKPOINT_FAILED, CheckpointAltered,
+                                             CheckpointWriteError)
     from cluster.run.preempt import PREEMPTED, Preempted
     from cluster.run.watchdog import Stalled
 
@@ -130,9 +131,9 @@ def main(argv=None) -> int:
     print(f"run directory: {cfg.run_dir}", flush=True)
     try:
         summary = run(cfg, (p, task, start, model_path))
-    except (PlacementError, ConnectionError) as err:  # the cluster cannot hold the plan or
-        print(f"error: {err}", file=sys.stderr, flush=True)  # was not reached: no actor, and
-        return 2                                      # nothing of the run directory deleted
+    except (PlacementError, ConnectionError, CheckpointAltered) as err:  # the cluster cannot
+        print(f"error: {err}", file=sys.stderr, flush=True)  # hold the plan or was not reached,
+        return 2  # or a checkpoint file changed after preflight verified it: nothing unpickled
     except Stalled as stall:
         print(f"error: {stall}; see {cfg.run_dir / 'summary.json'} (stall_report)",
               file=sys.stderr, flush=True)

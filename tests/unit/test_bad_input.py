@@ -289,7 +289,7 @@ def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher
     (exit 0, nothing to do); results without a whole checkpoint, or run.resume=false, are
     refused (exit 2, one line naming both ways out) before any actor; a run with a whole
     checkpoint before run.max_steps goes on to the actors (it resumes)."""
-    from cluster.records.checkpoints import RUN_STATE
+    from cluster.records.checkpoints import RUN_STATE, write_digests
 
     (tmp_path / "ok.jsonl").write_text(lines(6))
     args = [*math_task(tmp_path / "ok.jsonl", model_dir), f"run.output_dir={tmp_path / 'runs'}",
@@ -305,6 +305,7 @@ def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher
         assert "run.resume=true" in line and "run.overwrite=true" in line, line
     (run / "checkpoints" / "step4").mkdir(parents=True)
     (run / "checkpoints" / "step4" / RUN_STATE).write_bytes(b"\x80")
+    write_digests(run / "checkpoints" / "step4")
     rc, err = launcher(*args)
     assert rc == 0 and "holds a finished run (checkpoint step4" in err, err
     with pytest.raises(ActorWouldStart):  # a longer run of the same name continues it
