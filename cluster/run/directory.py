@@ -69,7 +69,9 @@ def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = Fal
     skipped, an altered one refused (``CheckpointAltered``, exit 2). A link among the run's
     outputs that leads out of ``run_dir`` is refused first (``paths.check_links``)."""
     run_dir = Path(run_dir)
-    check_links(run_dir, RUN_OUTPUTS + (LOGS,))  # before anything there is read or deleted
+    # Before anything there is read or deleted. W&B's folder holds W&B's own links out (its
+    # debug logs, in ~/.cache/wandb): only the folder and the file we write there are ours.
+    check_links(run_dir, RUN_OUTPUTS + (LOGS, "wandb/v05-run-id"), shallow=("wandb",))
     found = previous_results(run_dir)
     if overwrite:
         if resume is True:

@@ -109,8 +109,14 @@ def test_links_out_of_the_run_directory_are_refused_before_anything_is_deleted(t
     run = tmp_path / "out" / "r"
     (run / "logs").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    # W&B's own folder holds W&B's links to its debug logs: not the run's writes.
+    (run / "wandb" / "offline-run-1").mkdir(parents=True)
+    (run / "wandb" / "offline-run-1" / "debug-core.log").symlink_to(elsewhere / "notes.txt")
+    assert launch.main([str(ROOT / "v05.yaml"), f"run.output_dir={tmp_path / 'out'}",
+                        "run.name=r", "run.overwrite=true", "--dry-run"]) == 0
     for link, target in (("checkpoints", elsewhere / "ckpts"),
-                         ("logs/generator-0.log", elsewhere / "notes.txt")):
+                         ("logs/generator-0.log", elsewhere / "notes.txt"),
+                         ("wandb/v05-run-id", elsewhere / "notes.txt")):
         (run / link).symlink_to(target)
         before = tree(tmp_path)
         for extra in ([], ["run.overwrite=true"], ["--dry-run"]):
