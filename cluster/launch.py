@@ -10,7 +10,8 @@ directory holds one it continues from its newest whole checkpoint (``run.resume=
 default), says so and exits 0 when that checkpoint is at ``run.max_steps`` already, or
 refuses (exit 2) when there is no whole checkpoint (``cluster.run.directory.plan_start``).
 Exit status: 0 done (or nothing to do), 2 a bad request (config, model, data, placement, a
-previous run in the way), 3 the watchdog stopped a stalled run, 4 preempted, resumable
+previous run in the way, a path out of its folder, a tampered checkpoint, a cluster address
+where nothing answers), 3 the watchdog stopped a stalled run, 4 preempted, resumable
 (SIGTERM or SIGINT: a whole checkpoint of the last step with its prompts in flight was written;
 the same command, or ``run.resume=true``, continues it), 5 a checkpoint could not be written
 (disk full, unwritable; the previous checkpoint is whole: free space, then relaunch), 143 or
@@ -25,7 +26,8 @@ import time
 
 from cluster.config.schema import dump_config, load_config
 from cluster.run.directory import fresh_run_dir, plan_start
-from cluster.nodes.placement import plan
+from cluster.nodes.placement import PlacementError, plan
+from cluster.config.door import check_address, resolved_paths
 from cluster.config.preflight import check_model, check_prompts
 
 
@@ -64,19 +66,21 @@ def run(cfg, checked=None) -> dict:
     import ray
 
     from cluster.run.preempt import Preemption
+    from cluster.nodes.placement import check_cluster
     from cluster.nodes.roles import connect, start_roles
     from cluster.run.trainer import Trainer
 
     p, task, start, model_path = checked or (*preflight(cfg), cfg.model_path())
-    if start.action in ("fresh", "overwrite"):  # before the roles open logs/
-        fresh_run_dir(cfg.run_dir)
-    if start.line():  # decided once (preflight), said once: the trainer is handed it
-        print(start.line(), file=sys.stderr, flush=True)
-    started = connect(cfg, p)
+    started = connect(cfg, p)  # refuses a local cluster this machine cannot hold, unstarted
     stop = Preemption(cfg.run.preempt_grace_s)
-    stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
     roles = None
     try:
+        check_cluster(p)  # the cluster holds the plan: said with its numbers, nothing deleted
+        if start.action in ("fresh", "overwrite"):  # before the roles open logs/
+            fresh_run_dir(cfg.run_dir)
+        if start.line():  # decided once (preflight), said once: the trainer is handed it
+            print(start.line(), file=sys.stderr, flush=True)
+        stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
         t0 = time.time()
         roles = start_roles(cfg, p, model_path)
@@ -105,18 +109,21 @@ def main(argv=None) -> int:
         if args.dry_run:
             print(dump_config(cfg))
             print(f"# placement: {p.describe()} = {p.total_gpus:g} GPU, {p.total_cpus:g} CPU")
+            print("\n".join(f"# {key}: {where}" for key, where in resolved_paths(cfg)))
             return 0
         if start.action == "done":
             print(start.line(), file=sys.stderr)
             return 0
+        check_address(cfg.cluster.address)  # a head that does not answer: said now, not hung
         model_path = cfg.model_path()
         check_model(model_path)
         check_prompts(model_path, task, cfg.generators.engine, cfg.rollout.max_tokens)
-    except (ValueError, FileNotFoundError) as err:  # Config/Placement/Preflight errors, files
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, ConnectionError) as err:  # config, placement,
+        print(f"error: {err}", file=sys.stderr)  # preflight, files, a head that does not answer
         return 2
     from common.rayproc import prefer_loopback
-    from cluster.records.checkpoints import CHECKPOINT_FAILED, CheckpointWriteError
+    from cluster.records.checkpoints import (CHECKPOINT_FAILED, CheckpointAltered,
+                                             CheckpointWriteError)
     from cluster.run.preempt import PREEMPTED, Preempted
     from cluster.run.watchdog import Stalled
 
@@ -124,6 +131,9 @@ def main(argv=None) -> int:
     print(f"run directory: {cfg.run_dir}", flush=True)
     try:
         summary = run(cfg, (p, task, start, model_path))
+    except (PlacementError, ConnectionError, CheckpointAltered) as err:  # the cluster cannot
+        print(f"error: {err}", file=sys.stderr, flush=True)  # hold the plan or was not reached,
+        return 2  # or a checkpoint file changed after preflight verified it: nothing unpickled
     except Stalled as stall:
         print(f"error: {stall}; see {cfg.run_dir / 'summary.json'} (stall_report)",
               file=sys.stderr, flush=True)

@@ -66,17 +66,41 @@ class RolloutRecorder:
         self.close()
 
 
-def read_records(path: str | Path) -> Iterator[dict]:
-    """Yield the recorded prompts in order; ``samples`` come back as ``TrainSample``s."""
+def unpacked(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(index, record) of each msgpack map in ``path``. msgpack holds data only (maps, lists,
+    numbers, strings, bytes; an extension type comes back as bytes): reading a file, even one
+    a user swapped, runs nothing. A file that is not such a stream is a ValueError naming the
+    file and the record; a record cut short at the end (a crash mid-append) is left out."""
     import msgpack
 
     with open(path, "rb") as f:
-        for i, rec in enumerate(msgpack.Unpacker(f, raw=False)):
-            missing = [k for k in _KEYS if k not in rec]
-            if missing:
-                raise ValueError(f"{path}: record {i} lacks {missing}")
+        stream = enumerate(msgpack.Unpacker(f, raw=False))
+        while True:
+            try:
+                i, rec = next(stream)
+            except StopIteration:
+                return
+            except ValueError as err:  # FormatError, StackError, ExtraData: not msgpack
+                raise ValueError(f"{path}: not a rollout file written by RolloutRecorder "
+                                 f"({type(err).__name__} after the records that read)") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}: record {i} is a {type(rec).__name__}, not a map: "
+                                 "not a rollout file written by RolloutRecorder")
+            yield i, rec
+
+
+def read_records(path: str | Path) -> Iterator[dict]:
+    """Yield the recorded prompts in order; ``samples`` come back as ``TrainSample``s."""
+    for i, rec in unpacked(path):
+        missing = [k for k in _KEYS if k not in rec]
+        if missing:
+            raise ValueError(f"{path}: record {i} lacks {missing}")
+        try:
             rec["samples"] = [TrainSample.from_dict(s) for s in rec["samples"]]
-            yield rec
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            raise ValueError(f"{path}: record {i}: a sample that is not a TrainSample "
+                             f"({type(err).__name__}: {str(err)[:200]})") from None
+        yield rec
 
 
 def keep_records(path: str | Path, max_step: int) -> int:
@@ -89,12 +113,11 @@ def keep_records(path: str | Path, max_step: int) -> int:
     if not path.exists():
         return 0
     kept, dropped = [], 0
-    with open(path, "rb") as f:
-        for rec in msgpack.Unpacker(f, raw=False):
-            if rec.get("step", 0) <= max_step:
-                kept.append(msgpack.packb(rec, use_bin_type=True))
-            else:
-                dropped += 1
+    for _, rec in unpacked(path):
+        if rec.get("step", 0) <= max_step:
+            kept.append(msgpack.packb(rec, use_bin_type=True))
+        else:
+            dropped += 1
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(b"".join(kept))
     tmp.replace(path)

@@ -12,6 +12,7 @@ float32 as it was trained. The unit tests run all of this on a tiny random V0-sh
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -114,11 +115,35 @@ def _adapter_from_state(state: dict, args: dict, hidden: int, num_heads: int) ->
                         bottleneck=bottleneck, dynamic=dynamic)
 
 
+def load_v0_checkpoint(checkpoint: Path) -> dict:
+    """V0's training checkpoint, read with ``torch.load(weights_only=True)``: tensors,
+    containers and plain values only, so a file that holds code (a pickle's ``__reduce__``)
+    is refused instead of run. What V0 saves is that: ``model_state_dict`` (tensors) and
+    ``args``, a dict of its training settings, or the ``argparse.Namespace`` a training
+    script keeps them in (allowed by name, read back as a dict)."""
+    import argparse
+
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = next((ln for ln in str(err).splitlines() if ln.strip()), "")
+        raise ValueError(f"V0 checkpoint {checkpoint} holds more than weights and settings, "
+                         f"so it is not loaded (torch.load weights_only=True: {first[:300]})"
+                         ) from None
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"V0 checkpoint {checkpoint} holds a {type(ckpt).__name__}, not the "
+                         "dict of model_state_dict and args that V0 saves")
+    if isinstance(ckpt.get("args"), argparse.Namespace):
+        ckpt["args"] = vars(ckpt["args"])
+    return ckpt
+
+
 def build_embedder(checkpoint: Path, model_dir: Path, device: str, num_heads: int,
                    batch_size: int, max_length: int, dtype: str = "float32") -> V0Embedder:
     """The backbone (in ``dtype``) + the adapter (float32) with the checkpoint's weights, on
     ``device``, in eval mode."""
-    ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
+    ckpt = load_v0_checkpoint(checkpoint)
     state = ckpt.get("model_state_dict", ckpt)
     for prefix in ("module.", "embedding_model."):
         if all(k.startswith(prefix) for k in state):

@@ -48,3 +48,36 @@ def inside(run_dir: Path, root: Path) -> Path:
                           f"run.output_dir ({real_root}): a link out of the output folder "
                           "is refused before anything is written or deleted")
     return Path(run_dir)
+
+
+def links_out(run_dir: Path, names, shallow=()) -> list[str]:
+    """The links under ``run_dir/<name>`` (each of ``names``, and what lies under a folder of
+    them but those in ``shallow``, links not followed) that lead out of ``run_dir``: a run
+    writing through one would write, and append to, a file outside its folder. ``shallow``:
+    folders whose insides another program owns (W&B links its own debug logs there)."""
+    run_dir = Path(run_dir)
+    real_root, out = run_dir.resolve(), []
+
+    def leads_out(p: Path) -> bool:
+        return p.is_symlink() and real_root not in p.resolve().parents
+
+    for name in names:
+        top = run_dir / name
+        if leads_out(top):
+            out.append(str(top))
+        elif top.is_dir() and name not in shallow:
+            for folder, dirs, files in os.walk(top):  # followlinks=False: links are leaves
+                out += [str(Path(folder) / n) for n in dirs + files
+                        if leads_out(Path(folder) / n)]
+    return out
+
+
+def check_links(run_dir: Path, names, shallow=()) -> None:
+    """RunDirError naming the links of ``links_out`` (up to three), if any."""
+    bad = links_out(run_dir, names, shallow)
+    if bad:
+        shown = ", ".join(f"{b} -> {Path(b).resolve()}" for b in bad[:3])
+        raise RunDirError(f"{len(bad)} link(s) in the run directory lead out of it ({shown}"
+                          f"{', ...' if len(bad) > 3 else ''}): the run would write there; "
+                          "remove them (an absolute run.output_dir puts the whole run on "
+                          "another disk)")

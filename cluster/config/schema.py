@@ -100,8 +100,8 @@ class RunConfig(Section):
         # nested name (exp1/seed0) is a folder under output_dir too.
         parts = [p for p in v.replace("\\", "/").split("/") if p not in ("", ".")]
         if not parts or v.strip() != v or v.startswith(("/", "~")) or ".." in parts:
-            raise ValueError(f"must name a folder under run.output_dir (a name such as try1 or "
-                             f"exp1/seed0; not absolute, no '..'), got {v!r}")
+            raise ValueError("must name a folder under run.output_dir (a name such as try1 or "
+                             "exp1/seed0; not absolute, no '..')")  # error_lines adds "; got"
         return v
 
 

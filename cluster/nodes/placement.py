@@ -88,14 +88,25 @@ def plan(cfg) -> Plan:
     return Plan(tuple(r for r in roles if r.count > 0))
 
 
-def check_fits(p: Plan, available: dict[str, float]) -> None:
-    """Raise PlacementError if the plan asks for more than the cluster has."""
+def check_fits(p: Plan, available: dict[str, float], where: str = "the cluster") -> None:
+    """Raise PlacementError if the plan asks for more than the cluster (``where``) has."""
     for res, need in (("GPU", p.total_gpus), ("CPU", p.total_cpus)):
         have = available.get(res, 0.0)
         if need > have + 1e-9:
             raise PlacementError(
-                f"placement asks for {need:g} {res} ({p.describe()}) but the cluster has "
+                f"placement asks for {need:g} {res} ({p.describe()}) but {where} has "
                 f"{have:g}; lower the per-role cpus/gpus or the counts")
+
+
+def check_cluster(p: Plan) -> None:
+    """The connected cluster holds the plan, in all (``check_fits``) and each role's actor on
+    some node (``layout`` on the live nodes): PlacementError with the numbers otherwise,
+    before anything is reserved, started or deleted (a plan that can never fit would
+    otherwise wait on its placement groups)."""
+    import ray
+
+    check_fits(p, ray.cluster_resources())
+    layout(p, [n["Resources"] for n in live_nodes()])
 
 
 # Reservation order: the most constrained role first, so that the generators' soft PACK

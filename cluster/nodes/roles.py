@@ -13,7 +13,7 @@ from pathlib import Path
 from common.names import actor_name
 from common.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from common.threads import threads_for
-from cluster.nodes.placement import Plan, reserve
+from cluster.nodes.placement import Plan, check_fits, reserve
 
 
 def log_dir(cfg) -> Path | None:
@@ -48,12 +48,24 @@ def connect(cfg, plan: Plan) -> bool:
         except ConnectionError:
             pass
     cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
+    # Ray would take num_gpus on trust: a plan of more GPUs than this machine has is refused
+    # here, with the numbers, rather than failing in the engines once they start.
+    check_fits(plan, {"CPU": cpus, "GPU": gpus_here()}, "a local cluster on this machine"
+               + (" (cluster.num_cpus)" if cfg.cluster.num_cpus else ""))
     quiet_auth_notice()
     bound_task_events()
     ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
              logging_level="WARNING")
     return True
+
+
+def gpus_here() -> int:
+    """GPUs a Ray node started on this machine would find (Ray's own count: NVIDIA's driver,
+    CUDA_VISIBLE_DEVICES honoured)."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+
+    return int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
 
 
 TASK_EVENTS_VAR = "RAY_task_events_max_num_task_in_gcs"

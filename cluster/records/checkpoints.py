@@ -13,16 +13,31 @@ or a learner rank's torch.save failing) removes what it wrote and raises ``Check
 naming the checkpoint, the stage, the path, the error and the free space; ``latest`` and the
 previous checkpoint are untouched, so the run stops (the launcher's exit status 5) resumable
 from it. ``fault_hook`` is where tests inject such a fault at each stage.
+
+Nothing of a checkpoint is read back unverified: DeepSpeed's files are pickles (its load runs
+``torch.load(weights_only=False)``), and a pickle runs code. The save records the SHA-256 of
+every file of the checkpoint in ``digests.json`` before the checkpoint is renamed into place,
+and a resume checks every file against it first (``check_digests``): a file missing or cut
+short (a torn write, a full disk) makes the checkpoint *damaged*, skipped for the previous one
+as a corrupt checkpoint always was; any other difference (another content at its recorded
+length or longer, a file the record does not list, no record) makes it *altered*:
+``CheckpointAltered`` names the file, and the launcher refuses the run (exit 2).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common.atomic import write_atomic
 
 RUN_STATE = "run_state.msgpack"
+DIGESTS = "digests.json"  # {"sha256": {relative path: [hex digest, bytes]}}
 
 
 CHECKPOINT_FAILED = 5  # the launcher's exit status when a checkpoint could not be written
@@ -37,6 +52,11 @@ class CheckpointError(RuntimeError):
 class CheckpointWriteError(CheckpointError):
     """A checkpoint was not written; nothing of it is left and ``latest`` still names the
     previous whole checkpoint (if any)."""
+
+
+class CheckpointAltered(ValueError):
+    """A checkpoint file differs from the digest its save recorded (or no digest was
+    recorded): nothing of the checkpoint is read. A ValueError: a bad request, exit 2."""
 
 
 def fault_hook(stage: str, path: Path, step: int) -> None:
@@ -75,6 +95,109 @@ def free_space(path: Path) -> str:
         return f"{shutil.disk_usage(p).free / 2**20:.1f} MB free on {p}"
     except OSError as err:
         return f"free space of {p} unknown ({err.strerror})"
+
+
+KEY_ENV = "V05_CHECKPOINT_KEY"  # the key file's path; default <$V05_CACHE or ~/.cache/v05rl>/
+_SEEN: dict[tuple, str] = {}      # checkpoint.key. (dev, inode, size, mtime, ctime) -> SHA-256
+
+
+def signing_key() -> bytes:
+    """This user's key that signs every checkpoint's ``digests.json`` (HMAC-SHA256): whoever
+    can write a run directory but not read the key cannot make a record that verifies.
+    Made on first use (32 random bytes, mode 0600); one that others may read or write is
+    refused."""
+    cache = Path(os.environ.get("V05_CACHE") or Path.home() / ".cache" / "v05rl")
+    path = Path(os.environ.get(KEY_ENV) or cache / "checkpoint.key")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(os.urandom(32).hex())
+        except FileExistsError:  # made meanwhile by another process of ours
+            pass
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise CheckpointAltered(f"the checkpoint signing key {path} is not yours alone (mode "
+                                f"{st.st_mode & 0o777:o}): chmod 600 it, or remove it (checkpoints "
+                                "signed with it then need `python -m cluster.records.checkpoints "
+                                "trust DIR`)")
+    return bytes.fromhex(path.read_text().strip())
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of ``path``; a file is hashed once per process (a change of its content changes
+    its ctime, which no user can set back)."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _SEEN:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        _SEEN[key] = h.hexdigest()
+    return _SEEN[key]
+
+
+def _digests(tag_dir: Path) -> dict[str, list]:
+    """{relative path: [SHA-256, bytes]} of every file under ``tag_dir`` but the record itself,
+    hashed on a few threads (hashlib lets go of the GIL)."""
+    names = sorted(p.relative_to(tag_dir).as_posix() for p in tag_dir.rglob("*")
+                   if p.is_file() and p.relative_to(tag_dir).as_posix() != DIGESTS)
+    with ThreadPoolExecutor(max(1, min(8, len(names)))) as pool:
+        sums = list(pool.map(lambda n: file_digest(tag_dir / n), names))
+    return {n: [d, (tag_dir / n).stat().st_size] for n, d in zip(names, sums)}
+
+
+def _sign(record: dict, key: bytes) -> str:
+    body = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def write_digests(tag_dir: Path) -> dict:
+    """Record (and sign) the SHA-256 of every file of the checkpoint ``tag_dir``."""
+    record = _digests(Path(tag_dir))
+    write_atomic(Path(tag_dir) / DIGESTS, json.dumps(
+        {"sha256": record, "hmac_sha256": _sign(record, signing_key())}, indent=1))
+    return record
+
+
+def check_digests(tag_dir: Path) -> str | None:
+    """None when every file of the checkpoint ``tag_dir`` is the one its save recorded;
+    why it is damaged when a recorded file is missing or shorter (skip it for an older one);
+    ``CheckpointAltered`` naming the file for any other difference. Reads no checkpoint file
+    but to hash it."""
+    tag_dir = Path(tag_dir)
+    again = (f"nothing of {tag_dir.name} was read: restore it, remove {tag_dir} to resume from "
+             "an older checkpoint, or run.overwrite=true to start over")
+    trust = f"(if you trust its files: python -m cluster.records.checkpoints trust {tag_dir})"
+    if not (tag_dir / DIGESTS).is_file():
+        raise CheckpointAltered(f"{tag_dir / DIGESTS} is missing: no record of the checkpoint's "
+                                f"files (saved before checkpoints recorded one, or not by this "
+                                f"program); {again} {trust}")
+    key = signing_key()
+    try:
+        saved = json.loads((tag_dir / DIGESTS).read_text())
+        record = {str(n): [str(d), int(b)] for n, (d, b) in saved["sha256"].items()}
+        signed = hmac.compare_digest(str(saved["hmac_sha256"]), _sign(record, key))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointAltered(f"{tag_dir / DIGESTS}: not a readable record of the "
+                                f"checkpoint's digests ({type(err).__name__}); {again}") from None
+    if not signed:
+        raise CheckpointAltered(f"{tag_dir / DIGESTS}: not signed with this user's checkpoint "
+                                f"key (written by someone else, or edited); {again} {trust}")
+    for name, (_, size) in sorted(record.items()):
+        p = tag_dir / name
+        if not p.is_file() or p.stat().st_size < size:
+            return (f"{p} is missing" if not p.is_file() else
+                    f"{p} is cut short ({p.stat().st_size} of {size} bytes)")
+    for name, (digest, size) in sorted(_digests(tag_dir).items()):
+        if record.get(name, [None])[0] != digest:
+            what = ("a file its save did not write" if name not in record else
+                    f"its SHA-256 {digest[:12]}... is not the {record[name][0][:12]}... "
+                    "recorded when the checkpoint was saved")
+            raise CheckpointAltered(f"{tag_dir / name}: {what}; {again}")
+    return None
 
 
 def resumable(run_dir: Path, keep: int = 2) -> "Checkpoints":
@@ -146,6 +269,8 @@ class Checkpoints:
             at[:] = "run_state", tag_dir / RUN_STATE
             fault_hook(*at, step)
             write_run_state(str(tag_dir / RUN_STATE))
+            at[1] = tag_dir / DIGESTS
+            write_digests(tag_dir)  # every file of it, signed: what a resume checks first
             final = self.commit(tag_dir, step, at)
             self.saved_step = step
             return final
@@ -190,19 +315,38 @@ class Checkpoints:
             pass
         return final
 
+    def candidates(self) -> list[str]:
+        """Whole checkpoints in the order a resume tries them: ``latest`` first, then the
+        others newest first."""
+        tags, latest = self.tags(), self.latest()
+        return ([latest] if latest in tags else []) + [t for t in tags if t != latest]
+
+    def verified(self) -> tuple[str | None, list[str]]:
+        """(the checkpoint a resume loads: the first candidate whose files all match their
+        signed digests, and why the ones before it were skipped as damaged); raises
+        ``CheckpointAltered`` at the first altered one. Hashes; unpickles nothing."""
+        skipped = []
+        for tag in self.candidates():
+            damaged = check_digests(self.root / tag)
+            if not damaged:
+                return tag, skipped
+            skipped.append(f"{tag}: damaged: {damaged}")
+        return None, skipped
+
     def load(self, learner) -> tuple[str, dict, Path, list[str]]:
-        """Restore the newest checkpoint that loads into ``learner``. Returns (tag, the
-        trainer's client state, the coordinator's run-state file, tags skipped as corrupt)."""
+        """Restore the newest checkpoint that verifies (``check_digests``) and loads into
+        ``learner``. Returns (tag, the trainer's client state, the coordinator's run-state
+        file, tags skipped as damaged or corrupt)."""
         import msgpack
 
-        candidates = self.tags()
-        latest = self.latest()
-        if latest in candidates:  # the pointer first; older whole ones as fallbacks
-            candidates.remove(latest)
-            candidates.insert(0, latest)
+        candidates = self.candidates()
         skipped = []
         for tag in candidates:
             state_file = self.root / tag / RUN_STATE
+            damaged = check_digests(self.root / tag)  # CheckpointAltered: nothing read
+            if damaged:
+                skipped.append(f"{tag}: damaged: {damaged}")
+                continue
             try:
                 with open(state_file, "rb") as f:
                     msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
@@ -213,3 +357,21 @@ class Checkpoints:
             return tag, client, state_file, skipped
         raise CheckpointError(f"no loadable checkpoint under {self.root}"
                               + (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m cluster.records.checkpoints trust CHECKPOINT_DIR``: record and sign the
+    digests of a checkpoint's files as they are now (one saved before checkpoints recorded
+    them, or by another user or key), so that a resume loads it. Only for files you trust:
+    they are pickles, and loading one runs whatever it holds."""
+    if len(argv) != 2 or argv[0] != "trust" or not (Path(argv[1]) / RUN_STATE).is_file():
+        print("usage: python -m cluster.records.checkpoints trust CHECKPOINT_DIR (a step<N> "
+              f"folder holding {RUN_STATE})", file=sys.stderr)
+        return 2
+    record = write_digests(Path(argv[1]))
+    print(f"{Path(argv[1]) / DIGESTS}: {len(record)} files recorded and signed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

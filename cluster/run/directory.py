@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.config.paths import RunDirError
+from cluster.config.paths import RunDirError, check_links
 from cluster.records.checkpoints import Checkpoints, resumable
 
 # Everything a run writes into its directory (docs/pipeline.md, "Run outputs"). ``logs/`` is
@@ -64,18 +64,30 @@ def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = Fal
     empty directory and refuses (``RunDirError``) where a previous run left results but no
     whole checkpoint; True continues or fails (``cluster.records.checkpoints.resumable``'s
     FileNotFoundError); False starts fresh and refuses where a previous run left results.
-    A checkpoint at ``max_steps`` or later is "done"."""
+    A checkpoint at ``max_steps`` or later is "done". The checkpoint to resume is the first
+    whose files match their signed digests (``Checkpoints.verified``): a damaged one is
+    skipped, an altered one refused (``CheckpointAltered``, exit 2). A link among the run's
+    outputs that leads out of ``run_dir`` is refused first (``paths.check_links``)."""
     run_dir = Path(run_dir)
+    # Before anything there is read or deleted. W&B's folder holds W&B's own links out (its
+    # debug logs, in ~/.cache/wandb): only the folder and the file we write there are ours.
+    check_links(run_dir, RUN_OUTPUTS + (LOGS, "wandb/v05-run-id"), shallow=("wandb",))
     found = previous_results(run_dir)
     if overwrite:
         if resume is True:
             raise RunDirError("run.resume=true and run.overwrite=true contradict each other: "
                               "continue the run or delete it, not both")
         return Start("overwrite" if found else "fresh", run_dir, found)
-    tags = resumable(run_dir).tags() if resume is True else Checkpoints(run_dir / "checkpoints").tags()
+    ckpts = resumable(run_dir) if resume is True else Checkpoints(run_dir / "checkpoints")
+    tags = ckpts.tags()
     if tags and resume is not False:
-        done = max_steps is not None and int(tags[0][4:]) >= max_steps
-        return Start("done" if done else "resume", run_dir, found, tags[0])
+        if max_steps is not None and int(tags[0][4:]) >= max_steps:
+            return Start("done", run_dir, found, tags[0])  # nothing of it is loaded
+        tag, damaged = ckpts.verified()  # CheckpointAltered: refused, nothing of it read
+        if tag is None:
+            raise RunDirError(f"no checkpoint of {run_dir} is whole on disk ({'; '.join(damaged)})"
+                              f": {AGAIN}")
+        return Start("resume", run_dir, found, tag)
     if not found:
         return Start("fresh", run_dir)
     what = ", ".join(found) + (f", checkpoint {tags[0]}" if tags else "")

@@ -289,7 +289,7 @@ def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher
     (exit 0, nothing to do); results without a whole checkpoint, or run.resume=false, are
     refused (exit 2, one line naming both ways out) before any actor; a run with a whole
     checkpoint before run.max_steps goes on to the actors (it resumes)."""
-    from cluster.records.checkpoints import RUN_STATE
+    from cluster.records.checkpoints import RUN_STATE, write_digests
 
     (tmp_path / "ok.jsonl").write_text(lines(6))
     args = [*math_task(tmp_path / "ok.jsonl", model_dir), f"run.output_dir={tmp_path / 'runs'}",
@@ -305,6 +305,7 @@ def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher
         assert "run.resume=true" in line and "run.overwrite=true" in line, line
     (run / "checkpoints" / "step4").mkdir(parents=True)
     (run / "checkpoints" / "step4" / RUN_STATE).write_bytes(b"\x80")
+    write_digests(run / "checkpoints" / "step4")
     rc, err = launcher(*args)
     assert rc == 0 and "holds a finished run (checkpoint step4" in err, err
     with pytest.raises(ActorWouldStart):  # a longer run of the same name continues it
@@ -313,3 +314,38 @@ def test_a_previous_run_is_never_deleted_by_a_second_launch_of_its_name(launcher
     assert (run / "checkpoints" / "step4" / RUN_STATE).is_file()
     rc, err = launcher(*args, "run.resume=true", "run.overwrite=true")
     assert rc == 2 and "contradict" in err, err
+
+
+def previous_run(run: Path) -> dict:
+    """A previous run's results in ``run``; returns its files' bytes."""
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "model.safetensors").write_bytes(b"trained")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    return {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("ask, message", [
+    (["generators.gpus=64"], r"placement asks for 128 GPU \(generator 2x\{'CPU': 0\.5, 'GPU': "
+                             r"64\.0\}, .*\) but a local cluster on this machine has \d+; "),
+    (["cluster.num_cpus=1"], r"placement asks for 1\.8 CPU \(.*\) but a local cluster on this "
+                             r"machine \(cluster\.num_cpus\) has 1; lower the per-role"),
+], ids=["gpus", "cpus"])
+def test_roles_that_need_more_than_the_machine_has_are_refused_with_the_numbers(
+        model_dir, tmp_path, monkeypatch, capsys, ask, message):
+    """A local cluster this machine cannot hold (Ray would take num_gpus on trust): refused
+    with what the plan asks and what there is, exit 2, before Ray starts, and a previous
+    run's results kept even under run.overwrite=true. The launch is real (no tripwire)."""
+    import ray
+
+    (tmp_path / "ok.jsonl").write_text(lines(6))
+    monkeypatch.chdir(ROOT)
+    kept = previous_run(tmp_path / "runs" / "prev")
+    rc = launch.main(["v05.yaml", *math_task(tmp_path / "ok.jsonl", model_dir), *ask,
+                      f"run.output_dir={tmp_path / 'runs'}", "run.name=prev",
+                      "run.overwrite=true", "cluster.address=local"])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(message, err), err
+    assert err.strip().splitlines()[-1].startswith("error: "), err
+    assert not ray.is_initialized()
+    assert {p: p.read_bytes() for p in (tmp_path / "runs" / "prev").rglob("*")
+            if p.is_file()} == kept

@@ -60,7 +60,7 @@ def test_dotted_overrides_are_typed(monkeypatch):
     ("run.name=", r"run.name: must name a folder under run.output_dir"),
     ("run.name=..", r"run.name: must name a folder"),
     ("run.name=/tmp/elsewhere", r"run.name: must name a folder under run.output_dir .*not "
-                                r"absolute, no '\.\.'\), got '/tmp/elsewhere'"),
+                                r"absolute, no '\.\.'\); got '/tmp/elsewhere'$"),
     ("run.name=../../elsewhere", r"run.name: must name a folder under run.output_dir"),
     ("run.name=exp/../../up", r"run.name: must name a folder under run.output_dir"),
     ("run.name=~/mine", r"run.name: must name a folder under run.output_dir"),

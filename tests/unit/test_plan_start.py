@@ -4,16 +4,18 @@ launches of one name:
 tests/integration/test_pipeline.py::test_two_launches_of_one_name_never_lose_the_first_run."""
 import pytest
 
-from cluster.records.checkpoints import RUN_STATE
+from cluster.records.checkpoints import RUN_STATE, write_digests
 from cluster.config.paths import RunDirError
 from cluster.run.directory import RESULTS, fresh_run_dir, plan_start
 
 
 def finished_run(run, steps=(2, 4), final=True):
-    """What a run leaves: whole checkpoints (``step<N>/run_state.msgpack``), final/, files."""
+    """What a run leaves: whole checkpoints (``step<N>/run_state.msgpack``, their signed
+    ``digests.json``), final/, files."""
     for s in steps:
         (run / "checkpoints" / f"step{s}").mkdir(parents=True)
         (run / "checkpoints" / f"step{s}" / RUN_STATE).write_bytes(b"\x80")
+        write_digests(run / "checkpoints" / f"step{s}")
     if final:
         (run / "final").mkdir(parents=True)
         (run / "final" / "model.safetensors").write_bytes(b"weights")
