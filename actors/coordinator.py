@@ -165,8 +165,12 @@ class Coordinator:
 
         with open(path, "rb") as f:
             snap = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
-        self._restored = checkpoint.restore(self.sched, snap["scheduler"],
-                                            lambda d: Problem(**d), lambda d: Rollout(**d))
+        try:
+            self._restored = checkpoint.restore(self.sched, snap["scheduler"],
+                                                lambda d: Problem(**d), lambda d: Rollout(**d))
+        except (KeyError, TypeError, ValueError) as err:  # the digests refuse an edited file first
+            raise ValueError(f"{path}: not a coordinator state this code wrote "
+                             f"({type(err).__name__}: {err})") from None
         self.sampler.position = snap["data_pos"]
         # Checkpoints written before ``served`` was a list kept it among the counts.
         self.pool.served = snap.get("served") or [snap["counts"].get(f"served{i}", 0)
@@ -235,7 +239,7 @@ class Coordinator:
             if isinstance(a, Dispatch):
                 self._spawn(self._generate(a))
             elif isinstance(a, Cancel):
-                self._spawn(self._cancel(a))
+                self._spawn(self.pool.cancel(a, self.request_timeout_s))
         self._feedback()
         self._wake.set()
 
@@ -357,17 +361,9 @@ class Coordinator:
         runs in the engine, on slots the scheduler stops counting once it re-issues the work.
         Ask the engine to abort all of it (best effort, bounded by ``request_timeout_s``); the
         generator is used again only once that call has ended (see ``_rejoin``)."""
-        every = tuple(range(len(d.indices)))
+        every = Cancel(d.request_id, d.uid, tuple(range(len(d.indices))), d.generator)
         self.pool.aborting(d.generator,
-                           self._spawn(self._cancel(Cancel(d.request_id, d.uid, every, d.generator))))
-
-    async def _cancel(self, c: Cancel) -> None:
-        try:
-            await asyncio.wait_for(self.pool[c.generator].cancel.remote(c.request_id,
-                                                                        list(c.positions)),
-                                   self.request_timeout_s)
-        except Exception:  # a dead generator's requests fail on their own
-            pass
+                           self._spawn(self.pool.cancel(every, self.request_timeout_s)))
 
     # -- faults ------------------------------------------------------------------------------
     def _lost(self, i: int, why: str) -> None:

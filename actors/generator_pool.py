@@ -35,6 +35,16 @@ class GeneratorPool:
             self.incarnations[i] = incarnation
         return incarnation == self.incarnations[i]
 
+    async def cancel(self, c, timeout_s: float) -> None:
+        """Ask generator ``c.generator`` to abort request ``c.request_id``'s ``c.positions``
+        (a ``Cancel``), waiting at most ``timeout_s``; best effort: a dead generator's
+        requests fail on their own."""
+        try:
+            await asyncio.wait_for(self.handles[c.generator].cancel.remote(
+                c.request_id, list(c.positions)), timeout_s)
+        except Exception:
+            pass
+
     def aborting(self, i: int, task: asyncio.Task) -> None:
         """``task`` aborts generator ``i``'s timed-out request; it rejoins only after."""
         self.aborts[i].add(task)
