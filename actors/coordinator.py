@@ -127,6 +127,12 @@ class Coordinator:
             self.pool.payload = payload
         self._kick()
 
+    async def serving(self) -> list[bool]:
+        """Which generators are in service: a lost one (dead, restarting, its node gone) is
+        not until it rejoins with the newest weights, so the driver neither publishes to it
+        nor waits on it."""
+        return list(self.sched.alive)
+
     async def pause(self) -> None:
         """Admit nothing new (evaluation runs on the generators); rollouts in flight go on."""
         self.sched.paused = True
@@ -224,14 +230,6 @@ class Coordinator:
         """Entries held, per container (the scheduler's, and this actor's own): bench.soak."""
         return {**self.sched.sizes(), "tasks": len(self._tasks), "failures": len(self.failures),
                 **self.faults.sizes(), **self.pool.sizes()}
-
-    def status(self) -> dict:
-        s = self.sched
-        return {"inflight": s.in_flight(), "ready": len(s.ready), "load": list(s.load),
-                "alive": list(s.alive), "version": s.version, "room": s.room(),
-                "last_prior_error": self.faults.last_prior_error,
-                "last_error": self.faults.last_error,
-                **self.accounting().summary()}
 
     # -- carrying out the scheduler's actions ---------------------------------------------
     def _apply(self, actions) -> None:

@@ -125,6 +125,7 @@ def main(argv=None) -> int:
     from cluster.records.checkpoints import (CHECKPOINT_FAILED, CheckpointAltered,
                                              CheckpointWriteError)
     from cluster.run.preempt import PREEMPTED, Preempted
+    from cluster.run.trainer import ROLE_LOST, RoleLost
     from cluster.run.watchdog import Stalled
 
     prefer_loopback(cfg.cluster.address)  # before ray is imported
@@ -144,6 +145,9 @@ def main(argv=None) -> int:
     except CheckpointWriteError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return CHECKPOINT_FAILED
+    except RoleLost as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return ROLE_LOST
     print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s "
           f"({summary['train_wall_time_s']:.0f}s training, {summary['eval_time_s']:.0f}s "
           f"evaluating); {summary['prompts_trained']} prompts trained")

@@ -164,6 +164,27 @@ class ClusterConfig(Section):
     cpus_per_node: int | None = Field(None, ge=1, description=(
         "Logical CPUs per node of `--check-placement`'s simulated cluster (None: as many as "
         "the whole plan asks, so that CPUs never limit the check)."))
+    resources: dict[str, dict[str, float]] = Field(default_factory=dict, description=(
+        "Custom Ray resources each actor of a role asks for, by role (generator, learner, "
+        "prior, coordinator): the labels of the nodes it may run on, as given to `ray start "
+        "--resources`. E.g. {generator: {gen_node: 1}, learner: {train_node: 1}} keeps the "
+        "generators on the nodes started with gen_node and the learner on the train_node one; "
+        "with 1 per actor and 1 per node, one generator per node."))
+
+    @field_validator("resources")
+    @classmethod
+    def _known_roles(cls, v: dict) -> dict:
+        roles = ("generator", "learner", "prior", "coordinator")
+        for role, res in v.items():
+            if role not in roles:
+                raise ValueError(f"unknown role {role!r} (roles: {', '.join(roles)})")
+            for name, amount in res.items():
+                if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                    raise ValueError(f"{role}.{name}: set cpus/gpus in the role's section; "
+                                     "resources are custom labels")
+                if not amount > 0:
+                    raise ValueError(f"{role}.{name} must be > 0, got {amount}")
+        return v
 
     @field_validator("weight_sync", mode="before")
     @classmethod

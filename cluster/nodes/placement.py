@@ -38,13 +38,14 @@ class RolePlan:
     count: int          # actors of this role
     cpus: float         # logical CPUs per actor
     gpus: float         # GPUs per actor
+    custom: tuple[tuple[str, float], ...] = ()  # custom resources per actor (node labels)
 
     @property
     def bundle(self) -> dict[str, float]:
         b = {"CPU": self.cpus}
         if self.gpus:
             b["GPU"] = self.gpus
-        return b
+        return {**b, **dict(self.custom)}
 
 
 @dataclass(frozen=True)
@@ -62,21 +63,34 @@ class Plan:
     def total_cpus(self) -> float:
         return sum(r.count * r.cpus for r in self.roles)
 
+    @property
+    def total_custom(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self.roles:
+            for name, amount in r.custom:
+                out[name] = out.get(name, 0.0) + r.count * amount
+        return out
+
     def describe(self) -> str:
         return ", ".join(f"{r.role} {r.count}x{r.bundle}" for r in self.roles)
 
 
 def plan(cfg) -> Plan:
     """The resources each role asks for, from the config's placement sections."""
+    def custom(role: str) -> tuple:  # the nodes a role may use (cluster.resources)
+        return tuple(sorted(cfg.cluster.resources.get(role, {}).items()))
+
     roles = (
-        RolePlan("generator", cfg.generators.count, cfg.generators.cpus, cfg.generators.gpus),
-        RolePlan("learner", cfg.learner.ranks, cfg.learner.cpus, cfg.learner.gpus),
+        RolePlan("generator", cfg.generators.count, cfg.generators.cpus, cfg.generators.gpus,
+                 custom("generator")),
+        RolePlan("learner", cfg.learner.ranks, cfg.learner.cpus, cfg.learner.gpus,
+                 custom("learner")),
         # A prior server only for an estimator that reads a prior (the registry says which).
         RolePlan("prior", 1 if ESTIMATORS[cfg.algo.name].needs_prior else 0,
-                 cfg.prior.cpus, cfg.prior.gpus),
+                 cfg.prior.cpus, cfg.prior.gpus, custom("prior")),
         # The coordinator is light (asyncio bookkeeping, reward checks): a sliver of a CPU.
         # Both modes run through it (sync is its scheduler with a barrier).
-        RolePlan("coordinator", 1, COORDINATOR_CPUS, 0),
+        RolePlan("coordinator", 1, COORDINATOR_CPUS, 0, custom("coordinator")),
     )
     for r in roles:
         if r.gpus > 1 and not float(r.gpus).is_integer():
@@ -89,13 +103,16 @@ def plan(cfg) -> Plan:
 
 
 def check_fits(p: Plan, available: dict[str, float], where: str = "the cluster") -> None:
-    """Raise PlacementError if the plan asks for more than the cluster (``where``) has."""
-    for res, need in (("GPU", p.total_gpus), ("CPU", p.total_cpus)):
+    """Raise PlacementError if the plan asks for more than the cluster (``where``) has, of
+    GPUs, CPUs or a custom resource (``cluster.resources``)."""
+    for res, need in (("GPU", p.total_gpus), ("CPU", p.total_cpus), *p.total_custom.items()):
         have = available.get(res, 0.0)
         if need > have + 1e-9:
+            fix = ("start nodes with it (ray start --resources) or change cluster.resources"
+                   if res not in ("GPU", "CPU") else "lower the per-role cpus/gpus or the counts")
             raise PlacementError(
                 f"placement asks for {need:g} {res} ({p.describe()}) but {where} has "
-                f"{have:g}; lower the per-role cpus/gpus or the counts")
+                f"{have:g}; {fix}")
 
 
 def check_cluster(p: Plan) -> None:

@@ -94,6 +94,10 @@ class RunFiles:
         if self.progress:
             print(msg, file=sys.stderr, flush=True)
 
+    def warn(self, msg: str) -> None:
+        """A line that is always said (stderr): something went wrong and the run goes on."""
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
     def prompts(self, batch, step: int, version: int, t_trained: float, skipped: bool) -> None:
         """prompts.jsonl: one line per trained prompt; dropped.jsonl: one per prompt the
         coordinator dropped since the last batch, and every prompt of a NaN-skipped step;

@@ -221,7 +221,7 @@ def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
                  generators: dict, k_init: int, rewards: tuple[float, float], tally: Tally,
-                 held_out: HeldOut | None) -> StepMetrics:
+                 held_out: HeldOut | None, nodes_alive: int | None = None) -> StepMetrics:
     """One step's record, counted in ``tally`` (``rewards``: the task's range, see
     ``batch_metrics``; ``held_out``: the evaluation that ended the step, if any)."""
     staleness = np.array([batch.version - v for v in batch.sample_versions()] or [0])
@@ -245,7 +245,7 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult
         "t_step_end": t.published, "eval_time_s": t.eval_s}
     running = tally.step(len(batch.records), learner.skipped, figures)
     return StepMetrics(step=step, policy_version=version, **figures, **running,
-                       held_out=held_out)
+                       held_out=held_out, nodes_alive=nodes_alive)
 
 
 def run_summary(cfg, acct: Accounting, totals: Totals, steps: int, version: int, wall: float,

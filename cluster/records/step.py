@@ -140,6 +140,7 @@ class StepMetrics:
     generator_busy_fraction: float | None = None
     generator_slot_occupancy: float | None = None
     decode_tokens_per_s: float | None = None
+    nodes_alive: int | None = None    # Ray nodes alive after the step (cluster.nodes.watch)
     t_start: float | None = None
     t_train_start: float | None = None
     t_train_end: float | None = None

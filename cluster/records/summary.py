@@ -100,6 +100,10 @@ class RunSummary:
     generator_update_failed: list = field(default_factory=list)
     t_start: float | None = None
     startup: dict = field(default_factory=dict)
+    # the cluster's nodes (cluster.nodes.watch): where each role actor was at the start,
+    # and every node lost or joined during the run
+    role_nodes: dict = field(default_factory=dict)
+    node_events: list = field(default_factory=list)
     resumed_from: int | None = None
     skipped_checkpoints: list = field(default_factory=list)
     # held-out accuracy at the start and the end (``eval_initial_reused``: the start's was

@@ -18,6 +18,7 @@ from cluster.records.files import RunFiles
 from cluster.nodes.roles import log_path, pg_strategy
 from cluster.records.wandb_log import WandbLog
 from cluster.nodes.waits import failed_updates, gather_stats
+from cluster.nodes.watch import NodeWatch
 from cluster.run.watchdog import Watchdog, coordinator_blame
 
 STATS_WAIT_S = 5.0  # telemetry: a generator that does not answer in this long is skipped
@@ -124,6 +125,7 @@ class Run:
     tally: Tally
     ckpts: Checkpoints
     evaluator: Evaluator
+    nodes: NodeWatch | None = None  # the cluster's nodes and the roles on them
     update_failed: list = field(default_factory=list)  # (version, generator, why)
 
 
@@ -143,7 +145,8 @@ def start_run(cfg, roles, task, start: Start) -> Run:
     run = Run(cfg, roles, task, state, coord, telemetry,
               Watchdog(cfg.run.stall_timeout_s, coordinator_blame(coord)), files,
               Tally(state.totals), Checkpoints(cfg.run_dir / "checkpoints",
-                                               cfg.run.keep_checkpoints), Evaluator(cfg, task))
+                                               cfg.run.keep_checkpoints), Evaluator(cfg, task),
+              NodeWatch(roles.placement_groups))
     if state.resumed:
         publish(run, state.version)  # generators serve the checkpoint's weights first
     return run
@@ -153,16 +156,19 @@ def publish(run: Run, version: int) -> None:
     """Learner rank 0's weights -> every generator, in place, as ``version``; then the
     coordinator.
 
-    The generators' updates are waited for together, at most ``run.call_timeout_s`` and
-    never past the watchdog's deadline. A generator that did not load them (dead, hung,
+    Only the generators in service get them (``Coordinator.serving``): one the coordinator
+    took out (dead, restarting, its node lost) loads the newest weights when it rejoins, and
+    is not waited for. The updates are waited for together, at most ``run.call_timeout_s``
+    and never past the watchdog's deadline. A generator that did not load them (dead, hung,
     or its ``update_weights`` raised) is counted in ``generator_update_failures`` and
     named in the summary's ``generator_update_failed``; the coordinator re-syncs one
     that Ray restarts (its incarnation changes)."""
     import ray
 
     roles = run.roles
+    serving = in_service(run)
     payload, refs = run.dog.call("learner (weight publish)", roles.learner.publish_weights,
-                                 roles.generators, version)
+                                 [roles.generators[i] for i in serving], version)
     roles.published = version
     refs = list(refs)
     ready, _ = ray.wait(refs, num_returns=len(refs),
@@ -170,14 +176,25 @@ def publish(run: Run, version: int) -> None:
         if refs else ([], [])
     failed = failed_updates(refs, ready, functools.partial(ray.get, timeout=10))
     run.tally.update_failures(len(failed))
-    run.update_failed += [(version, i, why) for i, why in failed.items()]
+    run.update_failed += [(version, serving[i], why) for i, why in failed.items()]
     run.dog.get("coordinator", run.coord.set_version.remote(version, payload))
 
 
-def generator_stats(generators: list) -> list:
+def in_service(run: Run) -> list[int]:
+    """The generators the coordinator has in service, by index."""
+    alive = run.dog.get("coordinator", run.coord.serving.remote())
+    return [i for i, a in enumerate(alive) if a]
+
+
+def generator_stats(generators: list, serving: list[int] | None = None) -> list:
     """Each generator's ``stats()`` (None while it is dead or restarting), waited for at most
-    ``STATS_WAIT_S``."""
+    ``STATS_WAIT_S``; ``serving``: only those (by index) are asked, the others are None."""
     import ray
+
+    if serving is not None:
+        asked = generator_stats([generators[i] for i in serving])
+        got = dict(zip(serving, asked))
+        return [got.get(i) for i in range(len(generators))]
 
     return gather_stats([g.stats.remote() for g in generators], ray.wait, ray.get,
                         STATS_WAIT_S, (ray.exceptions.RayActorError,))
@@ -204,5 +221,7 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
             "eval_initial_reused": initial_reused, "resumed_from": st.resumed_from,
             "startup": dict(run.roles.startup), "skipped_checkpoints": st.skipped_checkpoints,
             "generator_update_failed": run.update_failed,
+            "role_nodes": run.nodes.at_start if run.nodes else {},
+            "node_events": list(run.nodes.events) if run.nodes else [],
             "generators": per_generator(gen0, gen_end, peaks),
             "decode_peak_tokens_per_s": sum(peaks) if peaks else None}

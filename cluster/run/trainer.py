@@ -21,8 +21,8 @@ from cluster.records.metrics import StepTimes, generator_delta, run_summary, ste
 from cluster.records.step import HeldOut
 from cluster.records.summary import RunSummary
 from cluster.run.preempt import Interrupted, Preempted, installed, wait_batch
-from cluster.run.start import (Run, generator_stats, measure_peaks, publish, run_extras,
-                               start_run)
+from cluster.run.start import (Run, generator_stats, in_service, measure_peaks, publish,
+                               run_extras, start_run)
 from cluster.run.watchdog import Stalled
 
 
@@ -64,6 +64,7 @@ class Trainer:
         self.learner = run.roles.learner
         self.batch_prompts = run.cfg.rollout.batch_prompts
         self.step = run.state.step
+        self.recorded = run.state.step  # the last step whose metrics were written
         self.after_step = after_step or (lambda step, metrics: None)
         self.initial_eval = initial_eval
         self.reused = initial_eval is not None
@@ -110,6 +111,8 @@ class Trainer:
         except CheckpointWriteError as err:  # the previous checkpoint is whole: resumable
             self.stopped("checkpoint_failed", error=str(err))
             raise
+        except actor_died() as err:  # the learner's or the coordinator's node lost, say
+            raise self.role_lost(err) from err
         finally:
             self.close()
         summary = run_summary(cfg, acct, self.tally.totals, self.step, self.version,
@@ -123,7 +126,7 @@ class Trainer:
     def one_step(self) -> bool:
         """One learner step; True when it was the last."""
         self.step += 1
-        t0, g0 = time.time(), generator_stats(self.roles.generators)
+        t0, g0 = time.time(), self.generator_stats()
         batch, t1 = timed(wait_batch, self.dog, self.coord, self.batch_prompts, self.stop)
         result, t2 = timed(self.dog.call, "learner (train)", self.learner.train_batch, batch)
         last, eval_due = self.due(self.tally.tick(t2))
@@ -155,17 +158,31 @@ class Trainer:
         """The step's ``StepMetrics``, counted (``Tally``) and written (metrics.jsonl,
         prompts.jsonl, dropped.jsonl, rollouts.msgpack)."""
         r = self.r
+        self.look_at_nodes()
         m = step_metrics(self.step, self.version, batch, result, StepTimes(*marks, time.time()),
-                         generator_delta(g0, generator_stats(self.roles.generators)),
-                         self.cfg.algo.k_init, r.task.rewards, self.tally, ev)
+                         generator_delta(g0, self.generator_stats()),
+                         self.cfg.algo.k_init, r.task.rewards, self.tally, ev,
+                         len(r.nodes.alive) if r.nodes else None)
         r.files.step(m)
         r.files.prompts(batch, self.step, self.version, marks[1], result.skipped)
+        self.recorded = self.step
         return m
+
+    def generator_stats(self) -> list:
+        """The in-service generators' stats (None for the others: a call to a restarting one
+        would wait)."""
+        return generator_stats(self.roles.generators, in_service(self.r))
+
+    def look_at_nodes(self) -> None:
+        """A node lost or joined since the last step: said (cluster.nodes.watch)."""
+        for line in self.r.nodes.look(self.step) if self.r.nodes else []:
+            self.r.files.warn(line)
 
     def evaluate(self) -> HeldOut:
         """Held-out accuracy (``Evaluator``); not training time, and the next step gets the
         whole watchdog limit."""
-        ev = self.dog.call("generators (evaluation)", self.r.evaluator, self.roles.generators)
+        ev = self.dog.call("generators (evaluation)", self.r.evaluator,
+                           [self.roles.generators[i] for i in in_service(self.r)])
         self.tally.skip(self.dog.progress(self.step))
         self.tally.evaluation(ev)
         self.final = ev
@@ -221,6 +238,22 @@ class Trainer:
             signal_to_checkpoint_s=since, batch_wait_cancelled=stop.cancelled_wait))
         return done
 
+    def role_lost(self, err: Exception) -> RoleLost:
+        """A role whose actor Ray cannot restart died (the learner's ranks, the coordinator;
+        generators and the prior restart, and the coordinator carries on without them):
+        summary.json says ``role_lost``; the ``RoleLost`` to raise names the last whole
+        checkpoint, which the same command resumes from."""
+        self.step = self.recorded  # a step the loss interrupted did not happen
+        self.look_at_nodes()  # the node that went, if one did
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        tags = self.r.ckpts.tags()
+        resume = (f"its last whole checkpoint is {tags[0]}: the same command resumes from it"
+                  if tags else "it has no whole checkpoint: the same command starts it over")
+        self.stopped("role_lost", error=why)
+        return RoleLost(f"a role the run cannot go on without is gone, its actor dead or "
+                        f"unreachable ({type(err).__name__}: {why}); the run stopped after "
+                        f"step {self.step}; {resume}")
+
     def stopped(self, status: str, **why) -> None:
         """summary.json and report.html of a run that stopped before its end (``status``:
         stalled, checkpoint_failed), with why and its counters."""
@@ -243,6 +276,20 @@ class Trainer:
         self.r.files.close()
         self.dog.close()
         self.r.evaluator.close()
+
+
+class RoleLost(RuntimeError):
+    """The run stopped because a role it cannot go on without died (exit ``ROLE_LOST``)."""
+
+
+ROLE_LOST = 6  # exit status: a role lost (its node, say); resumable from the last checkpoint
+
+
+def actor_died() -> type:
+    """Ray's error for a call to an actor that died (imported when an error is matched)."""
+    from ray.exceptions import RayActorError
+
+    return RayActorError
 
 
 def timed(fn, *args):

@@ -52,6 +52,7 @@ class FakeCoordinator:
         self.next_batch = _Remote(lambda n: on_next_batch() or log.append("next_batch") or batch)
         for name in ("pause", "resume", "set_version", "start"):
             setattr(self, name, _Remote(lambda *a, name=name: log.append(name)))
+        self.serving = _Remote(lambda: [])  # no generators
 
 
 class Dog(Watchdog):
@@ -84,7 +85,8 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
               FakeCoordinator(log, lambda: left.append(dog.time_left())),
               SimpleNamespace(report=_Remote(lambda *a: None)), dog,
               RunFiles(cfg.run_dir, "", progress=False), Tally(totals),
-              SimpleNamespace(save=save), Evaluating(evaluate))
+              SimpleNamespace(save=save, tags=lambda: [f"step{x}" for x in saves[::-1]]),
+              Evaluating(evaluate))
     return run, log, saves, left
 
 
@@ -109,7 +111,7 @@ def loop(tmp_path, monkeypatch):
         clock = Clock()
         for mod in (trainer_mod, watchdog_mod):
             monkeypatch.setattr(mod, "time", clock)
-        monkeypatch.setattr(trainer_mod, "generator_stats", lambda generators: [])
+        monkeypatch.setattr(trainer_mod, "generator_stats", lambda generators, serving=None: [])
         def publish(r, version):  # as run_start.publish: the owner advances, the coordinator told
             r.roles.published = version
             r.coord.set_version.remote(version)
@@ -208,3 +210,32 @@ def test_a_signal_right_after_a_periodic_checkpoint_does_not_write_it_twice(loop
         t.run()
     t.stop.uninstall()
     assert t.saves == [2, 4]
+
+
+def test_a_learner_that_dies_stops_the_run_naming_the_checkpoint_to_resume_from(loop,
+                                                                                monkeypatch):
+    """The learner's actor dies in step 3 (its node lost, say): Ray cannot restart it, so the
+    run stops after step 2 with RoleLost naming the last whole checkpoint (step 2), and
+    summary.json says role_lost; the launcher exits ROLE_LOST (6)."""
+    import json
+
+    from ray.exceptions import ActorDiedError
+
+    from cluster.run.trainer import RoleLost
+
+    monkeypatch.setattr(Trainer, "close", lambda self: None)
+    t = loop(max_steps=10, eval_every=0, checkpoint_every=2)
+    t.r.cfg.generators.measure_peak = False
+    train = t.learner.train_batch
+
+    def dies_at_step_3(batch):
+        if t.step == 3:
+            raise ActorDiedError()
+        return train(batch)
+    t.learner.train_batch = dies_at_step_3
+    with pytest.raises(RoleLost) as lost:
+        t.run()
+    assert "ActorDiedError" in str(lost.value) and "after step 2" in str(lost.value)
+    assert "its last whole checkpoint is step2: the same command resumes from it" in str(lost.value)
+    summary = json.loads((t.cfg.run_dir / "summary.json").read_text())
+    assert summary["status"] == "role_lost" and summary["steps"] == 2 and t.saves == [2]

@@ -1,0 +1,62 @@
+"""The default job across a local cluster of three Ray nodes on 127.0.0.1
+(``bench.chaos.nodes``: ray.cluster_utils.Cluster, custom resources as node labels): the head
+holds the coordinator, the prior and the learner, each other node one generator, as the run's
+``cluster.resources`` asks. Submitted with ``ray job submit`` to the head, as a user would;
+where each role ran is read back from summary.json (``role_nodes``). Losing and adding nodes
+under a real run is ``python -m bench.chaos --scenarios node_lost_generators,node_added,
+node_lost_learner`` (docs/reliability.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.chaos.nodes import LABEL, PLACE, nodes
+from cluster.records.files import prompt_fates
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["run.max_steps=3", "run.eval_every=0", "generators.measure_peak=false",
+        "run.save_final=false", "rollout.batch_prompts=4", "run.checkpoint_every=0"]
+
+
+def test_the_dry_run_shows_each_roles_node_labels():
+    out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE,
+                          "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    placement = next(ln for ln in out.stdout.splitlines() if ln.startswith("# placement:"))
+    assert f"generator 2x{{'CPU': 0.5, '{LABEL['generator']}': 1.0}}" in placement
+    assert f"learner 1x{{'CPU': 0.5, '{LABEL['learner']}': 1.0}}" in placement
+
+
+def test_the_default_job_trains_with_its_roles_on_three_nodes(tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    with nodes(generators=2, learner_node=False, dashboard=True) as cl:
+        client = JobSubmissionClient(cl.dashboard)
+        job = client.submit_job(
+            entrypoint=" ".join([sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE,
+                                 *FAST, "run.name=three-nodes", f"run.output_dir={tmp_path}"]),
+            runtime_env={"working_dir": str(REPO), "excludes": ["runs/", ".git/"]})
+        deadline = time.time() + 600
+        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
+                                                 JobStatus.STOPPED) and time.time() < deadline:
+            time.sleep(2)
+        status, logs = client.get_job_status(job), client.get_job_logs(job)
+        node_ids = {n.node_id for n in cl.cluster.list_all_nodes()}
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    run = tmp_path / "three-nodes"
+    summary = json.loads((run / "summary.json").read_text())
+    where = {role: at.split()[0] for role, at in summary["role_nodes"].items()}
+    assert set(where) == {"generator-0", "generator-1", "learner-0", "prior", "coordinator"}
+    assert len({where["generator-0"], where["generator-1"], where["learner-0"]}) == 3
+    assert where["coordinator"] == where["prior"] == where["learner-0"]
+    assert {w for w in where.values()} <= {n[:8] for n in node_ids} and len(node_ids) == 3
+    assert summary["steps"] == 3 and summary["node_events"] == []
+    fates = prompt_fates(run)
+    assert fates["lost"] == [] and fates["trained_twice"] == [] and fates["trained"] > 0
