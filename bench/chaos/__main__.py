@@ -27,11 +27,19 @@ injects, one scenario at a time:
                                           then run.resume=true
 12 second_job_killed                      two jobs on one `ray start --head` cluster, the
                                           second stopped (`ray job stop`) once both train
+13 node_lost_generators                   on a local cluster of 4 nodes (head, learner, two
+                                          generators), a generator's node lost whole
+14 node_added                             (the same run) a new generator node joins
+15 node_lost_learner                      the learner's node lost whole; a new one joins and
+                                          the same command resumes
 
 In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
 ``bench.harness`` starts them once and gives each scenario the same starting state); 4, 5, 10
 and 11 run the launcher in subprocesses, each with its own local Ray cluster, and stop only
-what those started; 12 submits two jobs to a `ray start --head` cluster of its own.
+what those started; 12 submits two jobs to a `ray start --head` cluster of its own; 13-15 run
+the launcher joined to a local multi-node cluster of their own (``bench.chaos.nodes``).
+A run of some scenarios keeps the other scenarios' rows of an existing result file, each row
+saying when and by which command it was measured.
 
 Each scenario reports survived, prompts_lost and prompts_trained_twice (by uid, from the run's
 prompts.jsonl / dropped.jsonl / inflight_at_end.json: ``cluster.records.metrics.prompt_fates``), hung
@@ -71,6 +79,9 @@ SCENARIOS = {
     "sigterm_then_resume": "stops",
     "disk_full_at_checkpoint": "stops",
     "second_job_killed": "procs",
+    "node_lost_generators": "nodes",
+    "node_added": "nodes",
+    "node_lost_learner": "nodes",
 }
 QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_loss",
          "driver_sigkill"]
@@ -181,7 +192,44 @@ def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path)
     if remote:
         results.update((o.name, o) for o in run_procs(remote, overrides, workdir, st.steps,
                                                       st.budget_s))
+    on_nodes = [n for n in names if SCENARIOS[n] == "nodes"]
+    if on_nodes:
+        results.update((o.name, o) for o in run_nodes(on_nodes, overrides, workdir, st.steps,
+                                                      st.budget_s) if o.name in on_nodes)
     return results, setup_s
+
+
+def run_nodes(names, overrides, workdir: Path, steps: int, budget_s: float):
+    """The node scenarios: the two generator ones come from one run."""
+    from bench.chaos import nodes, procs
+
+    pb = procs.ProcBench(overrides=overrides, workdir=workdir, steps=steps, budget_s=budget_s)
+    out = []
+    if {"node_lost_generators", "node_added"} & set(names):
+        print("== node_lost_generators, node_added (a local 4-node cluster)", file=sys.stderr,
+              flush=True)
+        out += nodes.generator_nodes(pb)
+    if "node_lost_learner" in names:
+        print("== node_lost_learner (a local 4-node cluster)", file=sys.stderr, flush=True)
+        out.append(nodes.node_lost_learner(pb))
+    for o in out:
+        print(f"   {o.name}: {_line(o)}", file=sys.stderr, flush=True)
+    return out
+
+
+def merged(path: Path, rows: list[dict], when: dict) -> list[dict]:
+    """This run's rows (each stamped with ``when``: date and command) and, from an existing
+    result file, the rows of scenarios not run now; in ``SCENARIOS`` order."""
+    import json
+
+    old = {}
+    if path.exists():
+        prev = json.loads(path.read_text())
+        stamp_old = {"date": prev.get("date"), "command": prev.get("command")}
+        old = {r["name"]: {"measured": stamp_old, **r} for r in prev.get("scenarios", [])}
+    new = {r["name"]: {**r, "measured": when} for r in rows}
+    both = {**old, **new}
+    return [both[n] for n in SCENARIOS if n in both]
 
 
 def main(argv=None) -> int:
@@ -211,8 +259,10 @@ def main(argv=None) -> int:
         if not kept:
             shutil.rmtree(workdir, ignore_errors=True)
     rows = [results[n].to_dict() for n in SCENARIOS if n in results]
+    when = stamp("bench.chaos", argv)
+    rows = merged(Path(args.out), rows, {"date": when.get("date"), "command": when.get("command")})
     out = {
-        **stamp("bench.chaos", argv),
+        **when,
         "config": {"file": "v05.yaml", "overrides": [*overrides, f"run.max_steps={st.steps}"],
                    "steps": st.steps, "batch_prompts": st.batch},
         "budget": {"per_scenario_s": st.budget_s, "per_subprocess_s": st.budget_s,

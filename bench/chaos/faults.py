@@ -104,7 +104,7 @@ def in_service(coord, index: int):
     """Probe: generator ``index`` is in the coordinator's service (alive in its scheduler)."""
     import ray
 
-    return lambda: ray.get(coord.status.remote(), timeout=10)["alive"][index]
+    return lambda: ray.get(coord.serving.remote(), timeout=10)[index]
 
 
 def pid_of(handle, timeout_s: float = 10.0) -> int:
