@@ -25,6 +25,19 @@ FAST = ["run.max_steps=3", "run.eval_every=0", "generators.measure_peak=false",
         "run.save_final=false", "rollout.batch_prompts=4", "run.checkpoint_every=0"]
 
 
+def submit(client, timeout_s: float = 120, **job) -> str:
+    """``client.submit_job(**job)`` once the head's job agent is up: a fresh head answers "No
+    available agent to submit job" for a while (as test_job_submit.py waits for too)."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or time.time() > deadline:
+                raise
+            time.sleep(2)
+
+
 def test_the_dry_run_shows_each_roles_node_labels():
     out = subprocess.run([sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE,
                           "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -39,9 +52,9 @@ def test_the_default_job_trains_with_its_roles_on_three_nodes(tmp_path):
 
     with nodes(generators=2, learner_node=False, dashboard=True) as cl:
         client = JobSubmissionClient(cl.dashboard)
-        job = client.submit_job(
-            entrypoint=" ".join([sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE,
-                                 *FAST, "run.name=three-nodes", f"run.output_dir={tmp_path}"]),
+        job = submit(client, entrypoint=" ".join([
+            sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE, *FAST,
+            "run.name=three-nodes", f"run.output_dir={tmp_path}"]),
             runtime_env={"working_dir": str(REPO), "excludes": ["runs/", ".git/"]})
         deadline = time.time() + 600
         while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
