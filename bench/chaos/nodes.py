@@ -14,9 +14,6 @@ host joining.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -96,30 +93,25 @@ def nodes(generators: int = 2, learner_node: bool = True, dashboard: bool = Fals
     ``generators`` generator nodes; stopped and removed on exit."""
     from ray.cluster_utils import Cluster
 
-    tmp = tempfile.mkdtemp(prefix="v05n-", dir="/tmp")  # short: Ray's socket paths < 108
-    saved = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = tmp
+    from cluster.nodes.check_placement import private_ray_tmpdir
+
     head_labels = {LABEL["head"]: 1, **({} if learner_node else {LABEL["learner"]: 1})}
     cluster = None
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "resources": head_labels, "node_ip_address": "127.0.0.1",
-            "object_store_memory": OBJECT_STORE, "include_dashboard": dashboard,
-            **({"dashboard_host": "127.0.0.1"} if dashboard else {}),
-            "_system_config": SYSTEM_CONFIG})
-        got = Nodes(cluster, tmp, {cluster.head_node: "head"})
-        for kind in ["learner"] * learner_node + ["generator"] * generators:
-            got.add(kind)
-        cluster.wait_for_nodes()
-        yield got
-    finally:
-        if cluster is not None:
-            cluster.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(tmp, ignore_errors=True)
+    with private_ray_tmpdir("v05n-") as tmp:
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "resources": head_labels, "node_ip_address": "127.0.0.1",
+                "object_store_memory": OBJECT_STORE, "include_dashboard": dashboard,
+                **({"dashboard_host": "127.0.0.1"} if dashboard else {}),
+                "_system_config": SYSTEM_CONFIG})
+            got = Nodes(cluster, tmp, {cluster.head_node: "head"})
+            for kind in ["learner"] * learner_node + ["generator"] * generators:
+                got.add(kind)
+            cluster.wait_for_nodes()
+            yield got
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
 
 
 def _args(pb, nodes: Nodes, name: str, steps: int, *extra: str) -> list[str]:

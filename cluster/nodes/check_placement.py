@@ -75,37 +75,48 @@ def simulated_shape(cfg, p: Plan) -> Shape:
 
 
 @contextlib.contextmanager
-def simulated_cluster(shape: Shape):
-    """A Ray cluster of ``shape`` on this machine, this process connected to it as driver.
-    Its files (and Ray's address file, which ``ray.init(address="auto")`` reads) live in a
-    private temp dir, so other Ray drivers on this machine never find or join it."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    tmp = tempfile.mkdtemp(prefix="v05sim-", dir="/tmp")  # short: Ray's socket paths < 108
+def private_ray_tmpdir(prefix: str = "v05sim-"):
+    """A fresh folder as ``RAY_TMPDIR`` while the block runs (then the previous value, and the
+    folder removed): a cluster started in it keeps its files, and Ray's address file, which
+    ``ray.init(address="auto")`` reads, to itself, so other Ray drivers on this machine never
+    find or join it."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: Ray's socket paths < 108
     saved = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = tmp
-    node = dict(num_cpus=shape.cpus_per_node, num_gpus=shape.gpus_per_node,
-                node_ip_address="127.0.0.1", object_store_memory=SIM_OBJECT_STORE)
-    cluster = None
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            **node, "include_dashboard": False, "_system_config": SIM_SYSTEM_CONFIG})
-        for _ in range(shape.nodes - 1):
-            cluster.add_node(**node)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        yield cluster
+        yield tmp
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
         if saved is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = saved
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def simulated_cluster(shape: Shape):
+    """A Ray cluster of ``shape`` on this machine (in a ``private_ray_tmpdir``), this process
+    connected to it as driver."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node = dict(num_cpus=shape.cpus_per_node, num_gpus=shape.gpus_per_node,
+                node_ip_address="127.0.0.1", object_store_memory=SIM_OBJECT_STORE)
+    cluster = None
+    with private_ray_tmpdir():
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={
+                **node, "include_dashboard": False, "_system_config": SIM_SYSTEM_CONFIG})
+            for _ in range(shape.nodes - 1):
+                cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+            yield cluster
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
 
 
 class _Probe:
