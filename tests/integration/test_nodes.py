@@ -1,7 +1,7 @@
 """The default job across a local cluster of three Ray nodes on 127.0.0.1
 (``bench.chaos.nodes``: ray.cluster_utils.Cluster, custom resources as node labels): the head
 holds the coordinator, the prior and the learner, each other node one generator, as the run's
-``cluster.resources`` asks. Submitted with ``ray job submit`` to the head, as a user would;
+``cluster.resources`` asks. Submitted as a Ray job to the head, as a user would;
 where each role ran is read back from summary.json (``role_nodes``). Losing and adding nodes
 under a real run is ``python -m bench.chaos --scenarios node_lost_generators,node_added,
 node_lost_learner`` (docs/reliability.md)."""
@@ -52,10 +52,11 @@ def test_the_default_job_trains_with_its_roles_on_three_nodes(tmp_path):
 
     with nodes(generators=2, learner_node=False, dashboard=True) as cl:
         client = JobSubmissionClient(cl.dashboard)
+        # The nodes share this machine's files: the job runs the checkout in place (the
+        # --working-dir upload is test_job_submit.py's).
         job = submit(client, entrypoint=" ".join([
-            sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE, *FAST,
-            "run.name=three-nodes", f"run.output_dir={tmp_path}"]),
-            runtime_env={"working_dir": str(REPO), "excludes": ["runs/", ".git/"]})
+            "cd", str(REPO), "&&", sys.executable, "-m", "cluster.launch", "v05.yaml", *PLACE,
+            *FAST, "run.name=three-nodes", f"run.output_dir={tmp_path}"]))
         deadline = time.time() + 600
         while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
                                                  JobStatus.STOPPED) and time.time() < deadline:
