@@ -25,10 +25,11 @@ import sys
 import time
 
 from cluster.config.schema import dump_config, load_config
-from cluster.run.directory import fresh_run_dir, plan_start
+from cluster.run.directory import plan_start, prepare
 from cluster.nodes.placement import PlacementError, plan
 from cluster.config.door import check_address, resolved_paths
 from cluster.config.preflight import check_model, check_prompts
+from cluster.records.summary import RunSummary
 
 
 def parse_args(argv):
@@ -76,10 +77,7 @@ def run(cfg, checked=None) -> dict:
     roles = None
     try:
         check_cluster(p)  # the cluster holds the plan: said with its numbers, nothing deleted
-        if start.action in ("fresh", "overwrite"):  # before the roles open logs/
-            fresh_run_dir(cfg.run_dir)
-        if start.line():  # decided once (preflight), said once: the trainer is handed it
-            print(start.line(), file=sys.stderr, flush=True)
+        prepare(start)  # before the roles open logs/; decided once (preflight), said once
         stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
         t0 = time.time()
@@ -148,22 +146,21 @@ def main(argv=None) -> int:
     except RoleLost as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return ROLE_LOST
-    print(f"done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s "
-          f"({summary['train_wall_time_s']:.0f}s training, {summary['eval_time_s']:.0f}s "
-          f"evaluating); {summary['prompts_trained']} prompts trained")
-    for line in accuracy_lines(summary):
+    s = RunSummary.from_json(summary)
+    print(f"done: {s.steps} steps in {s.wall_time_s:.0f}s ({s.train_wall_time_s:.0f}s "
+          f"training, {s.totals.eval_time_s:.0f}s evaluating); {s.totals.prompts_trained} "
+          "prompts trained")
+    for line in accuracy_lines(s):
         print(line)
     print(f"run directory: {cfg.run_dir}", flush=True)
     return 0
 
 
-def accuracy_lines(summary: dict) -> list[str]:
+def accuracy_lines(s: RunSummary) -> list[str]:
     """'held-out <metric> accuracy: start +- se -> end +- se (+n SE)' for the headline metric
-    first, then the other one (``summary``: summary.json's object)."""
+    first, then the other one."""
     from cluster.records.step import HeldOut
-    from cluster.records.summary import RunSummary
 
-    s = RunSummary.from_json(summary)
     out = []
     for kind in sorted(HeldOut.KINDS, key=lambda k: k != s.eval_metric):
         a1, se1 = s.eval_final.of(kind) if s.eval_final else (None, None)

@@ -279,8 +279,8 @@ def run_prior_error(totals: Totals) -> dict:
     if totals.prior_error_prompts:
         out["prior_abs_error"] = totals.prior_error_sum / totals.prior_error_prompts
     if totals.prior_error_n:
-        out.update({k: v for k, v in prior_error_summary(
-            totals.prior_error_sq_sum, totals.prior_bias_sum, totals.prior_error_n).items()})
+        out.update(prior_error_summary(totals.prior_error_sq_sum, totals.prior_bias_sum,
+                                       totals.prior_error_n))
     return out
 
 

@@ -122,18 +122,24 @@ def fresh_run_dir(run_dir: Path, logs: bool = True) -> list[str]:
     return removed
 
 
+def prepare(start: Start, logs: bool = True) -> None:
+    """Act on a decided start before anything of the run is written: a fresh or overwritten
+    run's directory cleared (``fresh_run_dir``; ``logs``: its ``logs/`` too), and the start's
+    line said (none for a fresh start)."""
+    import sys
+
+    if start.action in ("fresh", "overwrite"):
+        fresh_run_dir(start.run_dir, logs=logs)
+    if start.line():
+        print(start.line(), file=sys.stderr, flush=True)
+
+
 def start_on_running_roles(cfg) -> Start:
     """How an in-process run on roles that are already up (benchmarks, tests) starts: as
     the launcher decides it (``plan_start``), a finished run refused (``RunDirError``), the
-    directory cleared for a fresh one but for ``logs/``, which those roles keep writing."""
-    import sys
-
+    directory prepared but for ``logs/``, which those roles keep writing."""
     start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
     if start.action == "done":
         raise RunDirError(start.line())
-    if start.action in ("fresh", "overwrite"):
-        fresh_run_dir(cfg.run_dir, logs=False)
-    if start.line():
-        print(start.line(), file=sys.stderr, flush=True)
+    prepare(start, logs=False)
     return start
-

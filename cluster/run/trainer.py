@@ -103,7 +103,7 @@ class Trainer:
             if cfg.run.save_final:  # the trained policy, loadable by transformers and vLLM
                 self.export(cfg.run_dir / "final")
         except Interrupted:  # a signal (cluster/run/preempt.py): checkpoint, then stop
-            self.step -= 1  # the step whose batch never came
+            self.step = self.recorded  # the step whose batch never came did not happen
             raise self.preempted() from None
         except Stalled as stall:
             self.stopped("stalled", stalled_on=stall.role, stall_report=stall.report)

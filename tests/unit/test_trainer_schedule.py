@@ -6,6 +6,7 @@ import pytest
 
 from cluster.config.schema import RunConfig
 from cluster.launch import accuracy_lines
+from cluster.records.summary import RunSummary
 from cluster.records.metrics import pair_auc
 from cluster.run.trainer import last_and_eval_due
 
@@ -50,11 +51,11 @@ def test_accuracy_lines_headline_first_with_gain_in_standard_errors():
          "eval_sampled_final": 0.92, "eval_sampled_final_se": 0.007,
          "eval_greedy_initial": 0.998, "eval_greedy_initial_se": 0.002,
          "eval_greedy_final": 0.996, "eval_greedy_final_se": 0.003}
-    head, other = accuracy_lines(s)
+    head, other = accuracy_lines(RunSummary.from_json(s))
     assert head == ("held-out sampled accuracy (the headline), 500 prompts: 0.570 +- 0.014 -> "
                     "0.920 +- 0.007 (+50.0 SE)")
     assert other.startswith("held-out greedy accuracy, 500 prompts: 0.998 +- 0.002 -> 0.996")
-    assert accuracy_lines({"eval_metric": "greedy"}) == []
+    assert accuracy_lines(RunSummary.from_json({"eval_metric": "greedy"})) == []
 
 
 def test_pair_auc_counts_ordered_pairs_and_ties():
