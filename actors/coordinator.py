@@ -133,6 +133,16 @@ class Coordinator:
         nor waits on it."""
         return list(self.sched.alive)
 
+    async def replace_generator(self, i: int, handle) -> None:
+        """Generator ``i`` is a new actor (its node was lost: ``cluster.nodes.replace``): out
+        of service until it has loaded the newest weights, as one Ray restarted."""
+        self.pool.replace(i, handle)
+        self._lost(i, "replaced")
+        # What the old actor still had in flight goes elsewhere now, not at its timeout.
+        old = [rid for rid, r in self.sched.requests.items() if r.dispatch.generator == i]
+        self._apply([a for rid in old for a in self.sched.on_request_failed(rid)])
+        self._kick()
+
     async def pause(self) -> None:
         """Admit nothing new (evaluation runs on the generators); rollouts in flight go on."""
         self.sched.paused = True
@@ -298,11 +308,13 @@ class Coordinator:
         req = RolloutRequest(d.request_id, pif.problem.id, pif.problem.prompt, len(d.indices),
                              self.sampling, priority=d.priority,
                              messages=pif.problem.messages)
+        g = self.pool[d.generator]
         try:
-            rollouts = await asyncio.wait_for(self.pool[d.generator].generate.remote(req),
-                                              self.request_timeout_s)
+            rollouts = await asyncio.wait_for(g.generate.remote(req), self.request_timeout_s)
         except Exception as err:
-            return self._apply(self._request_failed(d, err))
+            return self._apply(self._request_failed(d, err, g))
+        if g is not self.pool[d.generator]:  # the old actor's answer: its work went elsewhere
+            return self._apply(self.sched.on_request_failed(d.request_id))
         try:
             actions = await self._completed(d, pif, rollouts)
         except Exception as err:  # a bug on this side: a scorer or the scheduler raised
@@ -310,10 +322,12 @@ class Coordinator:
         self._apply(actions)
         self._kick()
 
-    def _request_failed(self, d: Dispatch, err: Exception) -> list:
-        """The scheduler's actions for a request whose generator call raised."""
+    def _request_failed(self, d: Dispatch, err: Exception, g) -> list:
+        """The scheduler's actions for a request whose call to generator handle ``g`` raised."""
         import ray
 
+        if g is not self.pool[d.generator]:  # replaced since: nothing to abort or take out
+            return self.sched.on_request_failed(d.request_id)
         if isinstance(err, asyncio.TimeoutError):
             self._abort_timed_out(d)  # before it is out of service: its rejoin waits for it
         if isinstance(err, (ray.exceptions.RayActorError, asyncio.TimeoutError)):

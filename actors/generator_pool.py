@@ -26,6 +26,11 @@ class GeneratorPool:
     def __getitem__(self, i: int):
         return self.handles[i]
 
+    def replace(self, i: int, handle) -> None:
+        """Generator ``i`` is a new actor now (its node was lost; the driver started another):
+        a rejoin under way waits for the new one."""
+        self.handles[i] = handle
+
     def answered(self, i: int, incarnation: str | None) -> bool:
         """Generator ``i`` answered a request from ``incarnation``: False when that is not the
         one it had (restarted between two calls: it served initial weights)."""
@@ -52,11 +57,12 @@ class GeneratorPool:
 
     async def rejoin(self, i: int, version: Callable[[], int], stopped: Callable[[], bool],
                      timeout_s: float) -> int | None:
-        """Wait for Ray to restart generator ``i``, give it the newest weights (at
-        ``version()``, the scheduler's, read again after each load), wait for its aborts;
-        returns the version it serves, or None once ``stopped()``."""
-        g = self.handles[i]
+        """Wait for generator ``i`` to be back (Ray restarted it, or ``replace`` gave a new
+        one), give it the newest weights (at ``version()``, the scheduler's, read again after
+        each load), wait for its aborts; returns the version it serves, or None once
+        ``stopped()``."""
         while not stopped():
+            g = self.handles[i]  # read each time: ``replace`` may swap it meanwhile
             try:
                 await asyncio.wait_for(g.ready.remote(), timeout_s)
                 loaded = await g.version.remote()

@@ -181,7 +181,7 @@ def generator_nodes(pb) -> list[Outcome]:
     """One run on 1 head + 1 learner node + 2 generator nodes, ``run.max_train_s`` long: the
     second generator's node is lost after step 6; once the run has said so and trained 3
     steps on the generator left, a new generator node joins; the run trains to its budget.
-    The head's GCS CPU use is sampled while the lost generator's bundle waits for a node,
+    The head's GCS CPU use is sampled while the lost generator's new group waits for a node,
     and after one joined.
     Two rows: ``node_lost_generators`` (throughput with one generator left against a
     one-generator run) and ``node_added`` (how long until the added node's generator
@@ -219,6 +219,7 @@ def generator_nodes(pb) -> list[Outcome]:
     common = dict(wall_s=time.time() - t0, budget_s=budget + 3 * pb.budget_s + 360,
                   t_fault=t_lose, rollouts_per_s=tp, node_events=events,
                   role_nodes=s.get("role_nodes"), exit_code=rc, steps=s.get("steps"),
+                  generators_replaced=s.get("generators_replaced", []),
                   loss_said_after_s=round(t_said - t_lose, 1) if said else None,
                   gcs_cpu_percent={"lost_bundle_waiting": gcs_busy,
                                    "after_the_node_joined": gcs_after},
@@ -252,15 +253,17 @@ def _lost_words(events: list, tp: dict, ratio: float | None, said_s: float,
     return (where + f"it went on with generator 0: {tp['one_generator_left']} rollouts/s, "
             f"{tp['before_loss']} with both, {tp['one_generator_alone']} for a one-generator "
             f"run" + (f" ({ratio:.0%} of it)" if ratio else "") + f". While the lost "
-            f"generator's bundle waited for a node, Ray's GCS used {gcs:.0f}% of a core (this "
-            "machine's 2 cores are every node's).")
+            f"generator's new placement group waited for a node (the old one removed: "
+            f"cluster.nodes.replace), Ray's GCS used {gcs:.0f}% of a core (this machine's 2 "
+            "cores are every node's).")
 
 
 def _added_words(events: list, tp: dict, served: float | None, t_add: float,
                  gen: int | None) -> str:
     joined = next((e for e in events if e["event"] == "joined"), None)
     return ((f"The run saw the node join after step {joined['step']}; " if joined else "")
-            + (f"Ray restarted generator-{gen} there and it served {served - t_add:.0f} s "
+            + (f"the run started a new generator-{gen} there and it served "
+               f"{served - t_add:.0f} s "
                f"after the node joined, at the current weights; "
                f"{tp['after_the_added_node_serves']} rollouts/s after ({tp['before_loss']} "
                "before the loss)." if served else f"generator-{gen} never served again."))

@@ -142,8 +142,8 @@ def actor_options(p: Plan, groups: dict, reservations: tuple[Reservation, ...]) 
             out["learner"] = rank_options(r.count, r.cpus, r.gpus, groups["learner"])
         else:
             out[res.role] = [{"num_cpus": r.cpus, "num_gpus": r.gpus,
-                              "scheduling_strategy": pg_strategy(groups[res.role], slot)}
-                             for slot in res.slots]
+                              "scheduling_strategy": pg_strategy(groups[key], bundle)}
+                             for key, bundle in map(res.where, range(len(res.slots)))]
     return out
 
 

@@ -12,9 +12,12 @@ The rules (docs/cluster.md):
   as evenly as possible over the fewest nodes that hold them: one bundle per node holding
   that node's ranks, on distinct nodes (STRICT_SPREAD); rank 0's node hosts the rendezvous.
 - prior and coordinator: one bundle each (the coordinator asks for no GPU).
-- generators: one bundle per engine (an engine's GPUs always share a node), PACK: reserved
-  after the learner and the prior, they fill the GPUs left on those nodes before taking
-  whole nodes, and PACK is soft, so they never need one node that holds them all.
+- generators: one bundle per engine (an engine's GPUs always share a node), each in a group of
+  its own, reserved after the learner and the prior (they take what those leave). A group of
+  its own, because a node is lost one at a time: the lost engine's group is removed and a new
+  one asked for (``cluster.nodes.replace``) while the others serve on. A group that lost its
+  node is one Ray keeps trying to place again, and on Ray 2.60 that retry loop holds the
+  head's GCS at a whole core until a node returns (bench.chaos ``node_lost_generators``).
 """
 from __future__ import annotations
 
@@ -140,13 +143,32 @@ class Reservation:
     strategy: str           # Ray placement strategy
     slots: tuple[int, ...]  # slots[i]: bundle index of the role's actor i
     why: str                # the rule that chose the strategy, for people reading a report
+    per_actor: bool = False  # one placement group per actor (bundle i its own group)
+
+    def groups(self) -> list[tuple[str, tuple[dict[str, float], ...]]]:
+        """(key, bundles) of each placement group ``reserve`` asks for: the role's one group
+        under its name, or with ``per_actor`` one group per actor under ``group_key``."""
+        if self.per_actor:
+            return [(group_key(self.role, i), (b,)) for i, b in enumerate(self.bundles)]
+        return [(self.role, self.bundles)]
+
+    def where(self, actor: int) -> tuple[str, int]:
+        """The key of actor ``actor``'s placement group and its bundle index there."""
+        return (group_key(self.role, actor), 0) if self.per_actor else (self.role,
+                                                                        self.slots[actor])
 
     def describe(self) -> str:
         shapes: dict[tuple, int] = {}  # bundle shape -> how many, in order
         for b in self.bundles:
             shapes[tuple(b.items())] = shapes.get(tuple(b.items()), 0) + 1
         body = " + ".join(f"{n}x{dict(sh)}" for sh, n in shapes.items())
-        return f"{self.role}: {len(self.slots)} actor(s) in {body} {self.strategy} ({self.why})"
+        how = "a group each" if self.per_actor else self.strategy
+        return f"{self.role}: {len(self.slots)} actor(s) in {body} {how} ({self.why})"
+
+
+def group_key(role: str, actor: int) -> str:
+    """The key of a per-actor placement group in ``reserve``'s answer: ``generator-3``."""
+    return f"{role}-{actor}"
 
 
 def _scaled(bundle: dict[str, float], n: int) -> dict[str, float]:
@@ -193,7 +215,8 @@ def layout(p: Plan, nodes: list[dict[str, float]] | None = None) -> tuple[Reserv
             out.append(_learner(r, nodes))
         elif role == "generator":
             out.append(Reservation(role, (r.bundle,) * r.count, "PACK", tuple(range(r.count)),
-                                   "one bundle per engine, filling what learner and prior leave"))
+                                   "one bundle per engine, taking what learner and prior "
+                                   "leave; a lost one is replaced alone", per_actor=True))
         else:
             out.append(Reservation(role, (r.bundle,), "STRICT_PACK", (0,), "one bundle"))
     return tuple(out)
@@ -208,8 +231,9 @@ def live_nodes() -> list[dict]:
 
 
 def reserve(p: Plan, timeout_s: float = 60.0) -> dict:
-    """One placement group per role (``layout`` on the live nodes), each ready before the
-    next is asked for; returns {role: placement_group}. On failure the groups made so far
+    """The placement groups of ``layout`` on the live nodes, each ready before the next is
+    asked for; returns {key: placement_group}, a key per group (``Reservation.groups``: the
+    role, or ``generator-<i>`` for each generator's own). On failure the groups made so far
     are removed and PlacementError says which role did not fit and what was left."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -219,8 +243,9 @@ def reserve(p: Plan, timeout_s: float = 60.0) -> dict:
     groups = {}
     try:
         for res in layout(p, [n["Resources"] for n in nodes]):
-            groups[res.role] = placement_group(list(res.bundles), strategy=res.strategy)
-            _wait_ready(groups, res, nodes, timeout_s)
+            for key, bundles in res.groups():
+                groups[key] = placement_group(list(bundles), strategy=res.strategy)
+                _wait_ready(groups, key, res, nodes, timeout_s)
     except BaseException:
         for pg in groups.values():
             remove_placement_group(pg)
@@ -228,13 +253,14 @@ def reserve(p: Plan, timeout_s: float = 60.0) -> dict:
     return groups
 
 
-def _wait_ready(groups: dict, res: Reservation, nodes: list[dict], timeout_s: float) -> None:
+def _wait_ready(groups: dict, key: str, res: Reservation, nodes: list[dict],
+                timeout_s: float) -> None:
     import time
 
     import ray
     from ray.util.placement_group import placement_group_table
 
-    pg = groups[res.role]
+    pg = groups[key]
     ready = pg.ready()
     deadline = time.monotonic() + timeout_s
     while not ray.wait([ready], timeout=0.5)[0]:
@@ -244,9 +270,9 @@ def _wait_ready(groups: dict, res: Reservation, nodes: list[dict], timeout_s: fl
         if infeasible or time.monotonic() > deadline:
             why = "no set of this cluster's nodes can hold it" if infeasible else (
                 f"not ready after {timeout_s:g}s; is the cluster busy?")
-            raise PlacementError(f"{res.describe()}: {why}. Free per node after "
-                                 f"{[r for r in groups if r != res.role] or 'nothing'}: "
-                                 f"{free_per_node(groups, nodes, skip=res.role)}")
+            raise PlacementError(f"{res.describe()}: {key} {why}. Free per node after "
+                                 f"{[r for r in groups if r != key] or 'nothing'}: "
+                                 f"{free_per_node(groups, nodes, skip=key)}")
 
 
 def free_per_node(groups: dict, nodes: list[dict], skip: str = "") -> str:

@@ -4,16 +4,18 @@ Everything here imports Ray lazily so that ``cluster.config.schema`` and ``--hel
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from common.names import actor_name
 from common.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from common.threads import threads_for
-from cluster.nodes.placement import Plan, check_fits, reserve
+from cluster.nodes.placement import Plan, check_fits, group_key, reserve
 
 
 def log_dir(cfg) -> Path | None:
@@ -110,13 +112,18 @@ class Roles:
     generators: list
     learner: object
     prior: object | None = None
-    placement_groups: dict = field(default_factory=dict)  # role -> Ray placement group
+    # Ray placement groups by key: a role's, or generator-<i> for each generator's own
+    # (cluster.nodes.placement.reserve); a replaced generator's is its new one.
+    placement_groups: dict = field(default_factory=dict)
     # The policy version: the newest weights the learner published to the generators. Its one
     # owner: only a publish (run_start.publish, reset_roles) advances it, and a fresh run
     # takes what the generators serve; the trainer reads it, the coordinator's scheduler and
     # each generator hold a copy they are told about (set_version, update_weights).
     published: int = 0
     startup: dict = field(default_factory=dict)  # seconds from the start to each role's ready
+    # Starts generator i in a placement group, as ``start_roles`` started the first ones
+    # (``cluster.nodes.replace``: a generator whose node was lost). None: not replaceable.
+    new_generator: Callable | None = None
 
     def shutdown(self) -> None:
         import ray
@@ -135,27 +142,30 @@ def pg_strategy(pg, index: int):
     return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
 
 
-def start_generators(cfg, model_path: str, pg) -> list:
+def start_generator(cfg, model_path: str, i: int, pg):
+    """Generator ``i`` in placement group ``pg`` (its own, bundle 0); not waited for."""
     import ray
 
     from actors.generator import Generator
 
     g = cfg.generators
-    engine_cfg = g.engine
     threads = threads_for(g.cpus, g.threads)
     ncores = os.cpu_count() or 1
-    cls = ray.remote(Generator)
-    handles = []
-    for i in range(g.count):
-        # Pin each CPU engine's threads to its own cores so two engines do not share core 0.
-        first = (i * threads) % ncores
-        bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
-        handles.append(cls.options(
-            name=actor_name(cfg.run.name, f"generator-{i}"),
-            num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
-            max_concurrency=1024, scheduling_strategy=pg_strategy(pg, i),
-        ).remote(model_path, i, engine_cfg, threads, bind, log_path(cfg, f"generator-{i}")))
-    return handles  # not waited for: engines start while the learner starts
+    # Pin each CPU engine's threads to its own cores so two engines do not share core 0.
+    first = (i * threads) % ncores
+    bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
+    return ray.remote(Generator).options(
+        name=actor_name(cfg.run.name, f"generator-{i}"),
+        num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
+        max_concurrency=1024, scheduling_strategy=pg_strategy(pg, 0),
+    ).remote(model_path, i, g.engine, threads, bind, log_path(cfg, f"generator-{i}"))
+
+
+def start_generators(cfg, model_path: str, groups: dict) -> list:
+    """Every generator, each in its own group; not waited for: engines start while the
+    learner starts."""
+    return [start_generator(cfg, model_path, i, groups[group_key("generator", i)])
+            for i in range(cfg.generators.count)]
 
 
 def start_learner(cfg, model_path: str, pg):
@@ -190,12 +200,13 @@ def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
 
     t0 = time.perf_counter()
     groups = reserve(plan)
-    roles = Roles(generators=[], learner=None, placement_groups=groups)
+    roles = Roles(generators=[], learner=None, placement_groups=groups,
+                  new_generator=functools.partial(start_generator, cfg, model_path))
     try:
         # Actor constructors run concurrently: engines, prior and DeepSpeed start together;
         # each role's time is measured to its ready answer (the split goes to summary.json).
         roles.startup["placement_s"] = time.perf_counter() - t0
-        roles.generators = start_generators(cfg, model_path, groups["generator"])
+        roles.generators = start_generators(cfg, model_path, groups)
         if "prior" in groups:
             roles.prior = start_prior(cfg, groups["prior"])
         waits = {"generators": [h.ready.remote() for h in roles.generators]}

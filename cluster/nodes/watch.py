@@ -4,9 +4,9 @@ node lost, with the roles that were on it, or a node that joined. The trainer lo
 every step and says each change on the console, in metrics.jsonl (``nodes_alive``) and in
 summary.json (``node_events``, and ``role_nodes``: where each role was at the start).
 
-What a lost node costs is the roles' business: a generator's actor is restarted by Ray once
-its bundle finds room again (on a node that joins), and the coordinator re-issues its work
-meanwhile; the learner's loss stops the run (``cluster.run.trainer``), resumable from the last
+What a lost node costs is the roles' business: a generator's is replaced by the run once a
+node has room (``cluster.nodes.replace``), and the coordinator re-issues its work meanwhile;
+the learner's loss stops the run (``cluster.run.trainer``), resumable from the last
 whole checkpoint."""
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ def _alive_nodes() -> dict[str, str]:
 
 
 def role_nodes(groups: dict) -> dict[str, list[str]]:
-    """Each role actor's node id as its placement group places it now (``groups``: role ->
-    placement group): generator-<i> for generator i's bundle, learner-<j> for the learner's
-    j-th bundle (one per node it spans), prior, coordinator. A bundle waiting for room
-    (its node lost, none free yet) has no node: it is left out."""
+    """Each role actor's node id as its placement group places it now (``groups``: key ->
+    placement group, as ``cluster.nodes.placement.reserve`` names them): generator-<i> for
+    generator i's own group, learner-<j> for the learner's j-th bundle (one per node it
+    spans), prior, coordinator. A bundle waiting for room (its node lost, none free yet)
+    has no node: it is left out."""
     from ray.util.placement_group import placement_group_table
 
     out: dict[str, list[str]] = {}
@@ -32,7 +33,7 @@ def role_nodes(groups: dict) -> dict[str, list[str]]:
         where = placement_group_table(pg)["bundles_to_node_id"]
         for i in sorted(where):
             if where[i]:
-                name = f"{role}-{i}" if role in ("generator", "learner") else role
+                name = f"{role}-{i}" if role == "learner" else role
                 out.setdefault(where[i], []).append(name)
     return out
 

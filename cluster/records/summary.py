@@ -104,6 +104,9 @@ class RunSummary:
     # and every node lost or joined during the run
     role_nodes: dict = field(default_factory=dict)
     node_events: list = field(default_factory=list)
+    # each generator replaced after its node was lost (cluster.nodes.replace): its group
+    # asked for anew ("regrouped"), its new actor started ("started", on which node)
+    generators_replaced: list = field(default_factory=list)
     resumed_from: int | None = None
     skipped_checkpoints: list = field(default_factory=list)
     # held-out accuracy at the start and the end (``eval_initial_reused``: the start's was

@@ -18,6 +18,7 @@ from cluster.records.files import RunFiles
 from cluster.nodes.roles import log_path, pg_strategy
 from cluster.records.wandb_log import WandbLog
 from cluster.nodes.waits import failed_updates, gather_stats
+from cluster.nodes.replace import Replacer
 from cluster.nodes.watch import NodeWatch
 from cluster.run.watchdog import Watchdog, coordinator_blame
 
@@ -126,6 +127,7 @@ class Run:
     ckpts: Checkpoints
     evaluator: Evaluator
     nodes: NodeWatch | None = None  # the cluster's nodes and the roles on them
+    replacer: Replacer | None = None  # replaces a generator whose node was lost
     update_failed: list = field(default_factory=list)  # (version, generator, why)
 
 
@@ -146,7 +148,7 @@ def start_run(cfg, roles, task, start: Start) -> Run:
               Watchdog(cfg.run.stall_timeout_s, coordinator_blame(coord)), files,
               Tally(state.totals), Checkpoints(cfg.run_dir / "checkpoints",
                                                cfg.run.keep_checkpoints), Evaluator(cfg, task),
-              NodeWatch(roles.placement_groups))
+              NodeWatch(roles.placement_groups), Replacer(roles, coord))
     if state.resumed:
         publish(run, state.version)  # generators serve the checkpoint's weights first
     return run
@@ -223,5 +225,6 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
             "generator_update_failed": run.update_failed,
             "role_nodes": run.nodes.at_start if run.nodes else {},
             "node_events": list(run.nodes.events) if run.nodes else [],
+            "generators_replaced": list(run.replacer.events) if run.replacer else [],
             "generators": per_generator(gen0, gen_end, peaks),
             "decode_peak_tokens_per_s": sum(peaks) if peaks else None}

@@ -94,6 +94,8 @@ class Trainer:
         self.tally.skip(self.t_start)  # after the initial evaluation
         try:
             self.dog.get("coordinator", self.coord.start.remote())
+            if self.r.replacer:
+                self.r.replacer.start()
             last = self.step >= cfg.run.max_steps
             while not last:
                 last = self.one_step()
@@ -174,8 +176,11 @@ class Trainer:
         return generator_stats(self.roles.generators, in_service(self.r))
 
     def look_at_nodes(self) -> None:
-        """A node lost or joined since the last step: said (cluster.nodes.watch)."""
+        """A node lost or joined since the last step (cluster.nodes.watch), and a generator
+        replaced meanwhile (cluster.nodes.replace): said."""
         for line in self.r.nodes.look(self.step) if self.r.nodes else []:
+            self.r.files.warn(line)
+        for line in self.r.replacer.said() if self.r.replacer else []:
             self.r.files.warn(line)
 
     def evaluate(self) -> HeldOut:
@@ -271,6 +276,8 @@ class Trainer:
         """Stop the run's own roles and release its files, threads and scorer workers."""
         import ray
 
+        if self.r.replacer:
+            self.r.replacer.stop()
         ray.kill(self.coord)
         ray.kill(self.r.telemetry)
         self.r.files.close()

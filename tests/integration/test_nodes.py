@@ -74,3 +74,97 @@ def test_the_default_job_trains_with_its_roles_on_three_nodes(tmp_path):
     assert summary["steps"] == 3 and summary["node_events"] == []
     fates = prompt_fates(run)
     assert fates["lost"] == [] and fates["trained_twice"] == [] and fates["trained"] > 0
+
+
+def until(cond, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not cond():
+        assert time.time() < deadline, f"no {what} after {timeout_s:g} s"
+        time.sleep(0.5)
+
+
+def test_a_generator_whose_node_is_lost_is_replaced_on_a_node_that_joins():
+    """The default job's placement groups reserved on 1 head + 2 generator nodes; a generator
+    node lost whole: the Replacer removes that generator's group (its actor ends, and the
+    group no longer waits in Ray's RESCHEDULING loop) and asks for a new one; a generator
+    node joins: a new generator starts there, the driver's handle is swapped, the
+    coordinator is told; the other generator is left alone."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+    from ray.util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy)
+
+    from cluster.config.schema import load_config
+    from cluster.nodes.placement import group_key, plan, reserve
+    from cluster.nodes.replace import Replacer
+    from cluster.nodes.roles import Roles
+
+    # Defined here so that Ray ships them by value (the workers cannot import a test module).
+    class StandIn:
+        """A generator's stand-in in the real placement group (no vLLM): says where it runs."""
+
+        def where(self) -> str:
+            import ray
+
+            return ray.get_runtime_context().get_node_id()
+
+    class Told:
+        """The coordinator's side of a replacement, as a real actor: which generator it was
+        told about, and the new handle's answer."""
+
+        def __init__(self):
+            self.told = []
+
+        def replace_generator(self, i: int, handle) -> None:
+            self.told.append((i, handle))
+
+        def log(self) -> list:
+            import ray
+
+            return [(i, ray.get(h.where.remote())) for i, h in self.told]
+
+    def new_generator(i, pg):
+        return ray.remote(StandIn).options(num_cpus=0.5, scheduling_strategy=(
+            PlacementGroupSchedulingStrategy(placement_group=pg,
+                                             placement_group_bundle_index=0))).remote()
+
+    stops = []
+    with nodes(generators=2, learner_node=False) as cl:
+        ray.init(address=cl.address, include_dashboard=False, logging_level="ERROR")
+        try:
+            groups = reserve(plan(load_config(REPO / "v05.yaml", PLACE)))
+            roles = Roles([new_generator(i, groups[group_key("generator", i)])
+                           for i in range(2)], None, placement_groups=groups,
+                          new_generator=new_generator)
+            first = ray.get([g.where.remote() for g in roles.generators])
+            told = ray.remote(Told).options(num_cpus=0, scheduling_strategy=(  # on the head
+                NodeAffinitySchedulingStrategy(cl.cluster.head_node.node_id, soft=False))).remote()
+            rep = Replacer(roles, told, poll_s=0.5)
+            stops.append(rep.stop)
+            rep.start()
+            lost_node = cl.lose("generator")
+            lost = first.index(lost_node)
+            old_handle, old_group = roles.generators[lost], groups[group_key("generator", lost)]
+            until(lambda: any(e["event"] == "regrouped" for e in rep.events), 90, "regroup")
+            assert [(e["generator"], e["event"]) for e in rep.events] == [(lost, "regrouped")]
+            assert placement_group_table(old_group)["state"] == "REMOVED"
+            new_group = groups[group_key("generator", lost)]
+            assert placement_group_table(new_group)["state"] == "PENDING"
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(old_handle.where.remote(), timeout=60)
+            joined = cl.add("generator").node_id
+            until(lambda: len(rep.events) >= 2, 90, "new generator")
+            rep.stop()
+            said = rep.said()
+            assert rep.events[1]["event"] == "started", said
+            assert rep.events[1]["node"] == joined
+            assert ray.get(roles.generators[lost].where.remote(), timeout=60) == joined
+            assert ray.get(told.log.remote()) == [(lost, joined)]
+            kept = 1 - lost
+            assert ray.get(roles.generators[kept].where.remote()) == first[kept]
+            assert [ln.split(":")[0] for ln in said] == [f"generator-{lost}"] * 2
+            roles.shutdown()
+        finally:
+            for stop in stops:  # its thread makes Ray calls: none after the shutdown
+                stop()
+            ray.shutdown()

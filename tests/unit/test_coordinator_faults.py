@@ -192,3 +192,31 @@ def test_a_timed_out_request_is_aborted_in_the_engine_before_the_generator_is_us
         await c.stop()
 
     asyncio.run(main())
+
+
+def test_a_replaced_generator_takes_over_its_slot_and_the_old_ones_work_is_reissued():
+    """The driver replaced generator 0 (its node was lost: cluster.nodes.replace): the old
+    actor's request still in flight is re-issued at once (not at its timeout), the new actor
+    is brought in with the newest weights before it gets work, and nothing is sent to it on
+    the old actor's behalf (no abort of the old request)."""
+    async def main():
+        old, new = HungGenerator(), HungGenerator()
+        c = Coordinator([old], None, make_estimator("grpo"),
+                        CoordinatorConfig(TaskConfig(), SchedulerConfig(
+                            batch_prompts=1, max_staleness=0, slots_per_generator=4),
+                            request_timeout_s=60.0))
+        await c.start()
+        await until(lambda: old.log, "the first request", turns=1000, pause_s=0.01)
+        first = old.log[0][1]
+        await c.replace_generator(0, new)
+        await until(lambda: new.log and new.log[-1][0] == "generate", "the re-issued request",
+                    turns=1000, pause_s=0.01)
+        assert old.log == [("generate", first)]
+        assert new.log == [("ready",), ("incarnation",), ("generate", new.log[-1][1])]
+        assert new.log[-1][1] != first and c.sched.counts["reissued_requests"] == 1
+        assert c.sched.alive == [True]
+        assert [e[1:] for e in c.faults.events][:2] == [("lost", 0, "replaced"),
+                                                        ("rejoined", 0, 0)]
+        await c.stop()
+
+    asyncio.run(main())

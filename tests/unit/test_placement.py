@@ -51,6 +51,11 @@ def test_paper_plan_learner_on_fewest_nodes_generators_one_gpu_each(overrides):
         assert sum(b["GPU"] for b in lrn.bundles) == cfg.learner.ranks * cfg.learner.gpus
     gen = res["generator"]
     assert gen.strategy == "PACK" and len(gen.bundles) == cfg.generators.count
+    # A group per engine, so that a lost node's engine is replaced alone (cluster.nodes.replace).
+    assert gen.groups() == [(f"generator-{i}", (b,)) for i, b in enumerate(gen.bundles)]
+    assert gen.where(3) == ("generator-3", 0) and "a group each" in gen.describe()
+    assert lrn.groups() == [("learner", lrn.bundles)]
+    assert [lrn.where(j) for j in range(cfg.learner.ranks)] == [("learner", s) for s in lrn.slots]
     assert all(b == {"CPU": cfg.generators.cpus, "GPU": 1} for b in gen.bundles)
     assert res["prior"].bundles == ({"CPU": cfg.prior.cpus, "GPU": cfg.prior.gpus},)
     assert "GPU" not in res["coordinator"].bundles[0]
