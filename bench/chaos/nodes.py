@@ -29,6 +29,9 @@ PLACE = [f"cluster.resources.coordinator.{LABEL['head']}=0.5",
          f"cluster.resources.learner.{LABEL['learner']}=1",
          f"cluster.resources.generator.{LABEL['generator']}=1"]
 OBJECT_STORE = 200 * 1024 * 1024
+# Steps trained on the one generator left before a node joins: the window its throughput is
+# measured in (at ~2 s a step, about 16 s).
+STEPS_ONE_LEFT = 8
 SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False,
                  "worker_maximum_startup_concurrency": 2}
 
@@ -179,8 +182,8 @@ def _served(run_dir: Path, generator: int, t: float):
 
 def generator_nodes(pb) -> list[Outcome]:
     """One run on 1 head + 1 learner node + 2 generator nodes, ``run.max_train_s`` long: the
-    second generator's node is lost after step 6; once the run has said so and trained 3
-    steps on the generator left, a new generator node joins; the run trains to its budget.
+    second generator's node is lost after step 6; once the run has said so and trained
+    ``STEPS_ONE_LEFT`` steps on the generator left, a new generator node joins; the run trains to its budget.
     The head's GCS CPU use is sampled while the lost generator's new group waits for a node,
     and after one joined.
     Two rows: ``node_lost_generators`` (throughput with one generator left against a
@@ -197,7 +200,7 @@ def generator_nodes(pb) -> list[Outcome]:
         said = run.wait_until(_said(log, "lost after step"), 180)
         t_said, gen = time.time(), _lost_generator(log)
         gcs_busy = cl.gcs_cpu_percent()  # while the lost bundle waits for a node
-        at_add = said and run.wait_until(_steps_after(run_dir, t_said, 3), pb.budget_s)
+        at_add = said and run.wait_until(_steps_after(run_dir, t_said, STEPS_ONE_LEFT), pb.budget_s)
         t_add = time.time()
         if at_add:
             cl.add("generator")
@@ -235,8 +238,9 @@ def generator_nodes(pb) -> list[Outcome]:
         lost_node=lost_node,
         throughput_left_over_alone=ratio and round(ratio, 2), **common)
     added_row = judge(
-        "node_added", "a new generator node joined once the run had trained 3 steps on the "
-        "generator left", run_dir, completed=done and served is not None, hung=rc is None,
+        "node_added", f"a new generator node joined once the run had trained {STEPS_ONE_LEFT} "
+        "steps on the generator left", run_dir, completed=done and served is not None,
+        hung=rc is None,
         recovery_time_s=(served - t_add) if served else None,
         recovery="from the node's joining to the lost generator's first rollout there",
         what_happened=_added_words(events, tp, served, t_add, gen), **common)
@@ -250,12 +254,12 @@ def _lost_words(events: list, tp: dict, ratio: float | None, said_s: float,
              f"({said_s:.0f} s after the kill: Ray's health checks), holding "
              f"{', '.join(lost['roles']) or 'nothing'}; the steps went on meanwhile; "
              if lost else "No node loss was seen; ")
-    return (where + f"it went on with generator 0: {tp['one_generator_left']} rollouts/s, "
-            f"{tp['before_loss']} with both, {tp['one_generator_alone']} for a one-generator "
-            f"run" + (f" ({ratio:.0%} of it)" if ratio else "") + f". While the lost "
-            f"generator's new placement group waited for a node (the old one removed: "
-            f"cluster.nodes.replace), Ray's GCS used {gcs:.0f}% of a core (this machine's 2 "
-            "cores are every node's).")
+    return (where + f"it went on with the generator left: {tp['one_generator_left']} "
+            f"rollouts/s, {tp['before_loss']} with both, {tp['one_generator_alone']} for a "
+            f"one-generator run" + (f" ({ratio:.0%} of it)" if ratio else "") +
+            f". While the lost generator's new placement group waited for a node (the old "
+            f"one removed: cluster.nodes.replace), Ray's GCS used {gcs:.0f}% of a core (this "
+            "machine's 2 cores are every node's).")
 
 
 def _added_words(events: list, tp: dict, served: float | None, t_add: float,

@@ -30,8 +30,9 @@ def log_path(cfg, role: str) -> str | None:
 
 
 def connect(cfg, plan: Plan) -> bool:
-    """Join the configured or running Ray cluster, else start a local one on 127.0.0.1.
-    Returns True if this process started the cluster (and so should stop it)."""
+    """Join the configured cluster, or one started with ``ray start --head`` on this machine,
+    else start a local one of this launch's own on 127.0.0.1 (``own_temp_dir``). Returns
+    True if this process started the cluster (and so should stop it)."""
     import ray
 
     if ray.is_initialized():
@@ -43,11 +44,12 @@ def connect(cfg, plan: Plan) -> bool:
     if address and address != "local":
         ray.init(address=address, log_to_driver=True)
         return False
-    if address is None:
-        try:  # a cluster started with `ray start --head` on this machine
-            ray.init(address="auto")
+    started_by_ray_start = ray_start_address() if address is None else None
+    if started_by_ray_start:
+        try:
+            ray.init(address=started_by_ray_start)
             return False
-        except ConnectionError:
+        except ConnectionError:  # its address file outlived it: start one of our own
             pass
     cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
     # Ray would take num_gpus on trust: a plan of more GPUs than this machine has is refused
@@ -58,8 +60,32 @@ def connect(cfg, plan: Plan) -> bool:
     bound_task_events()
     ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
              _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
-             logging_level="WARNING")
+             logging_level="WARNING", _temp_dir=own_temp_dir())
     return True
+
+
+def ray_start_address() -> str | None:
+    """The cluster ``ray start --head`` started on this machine, as ``ray.init()`` finds it
+    (Ray's address file), or None. Not Ray's ``address="auto"``, which falls back to any Ray
+    cluster whose process it sees on this machine: another launch's own, whose resources its
+    roles hold."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    return canonicalize_bootstrap_address(None)
+
+
+def own_temp_dir(root: str | None = None) -> str:
+    """A folder of its own, under Ray's usual one, for a cluster this launch starts: its
+    session files and its address file, which ``ray.init(address="auto")`` reads. In Ray's
+    shared folder a second launch on this machine would find this cluster there, join it,
+    and wait for resources that this run's roles hold; in a folder of its own it is found by
+    no other driver, and the second launch starts a cluster of its own. A cluster started
+    with ``ray start --head`` stays where Ray puts it, and launches join it."""
+    import tempfile
+
+    base = Path(root or Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray")  # Ray's rule
+    base.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix="v05-", dir=base)  # short: Ray's socket paths < 108
 
 
 def gpus_here() -> int:
