@@ -98,6 +98,9 @@ def parse_args(argv):
     ap.add_argument("--out", default=str(RESULTS / "chaos.json"))
     ap.add_argument("--workdir", help="where runs are written (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the run folders and logs")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of node_lost_generators/node_added, each on a cluster of its own "
+                         "(default 1): their throughput ratio is the mean, with its SE")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     return ap.parse_args(argv)
 
@@ -175,8 +178,10 @@ class Settings:
                 "run.save_final=false", f"run.stall_timeout_s={self.stall_s:g}", *extra]
 
 
-def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path):
-    """In-process scenarios on one cluster, then the subprocess ones; {name: Outcome}."""
+def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path,
+            repeats: int = 1):
+    """In-process scenarios on one cluster, then the subprocess ones; {name: Outcome}.
+    ``repeats``: runs of the generator node scenarios."""
     from cluster.config.schema import load_config
 
     results, setup_s = {}, None
@@ -195,12 +200,13 @@ def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path)
     on_nodes = [n for n in names if SCENARIOS[n] == "nodes"]
     if on_nodes:
         results.update((o.name, o) for o in run_nodes(on_nodes, overrides, workdir, st.steps,
-                                                      st.budget_s) if o.name in on_nodes)
+                                                      st.budget_s, repeats)
+                       if o.name in on_nodes)
     return results, setup_s
 
 
-def run_nodes(names, overrides, workdir: Path, steps: int, budget_s: float):
-    """The node scenarios: the two generator ones come from one run."""
+def run_nodes(names, overrides, workdir: Path, steps: int, budget_s: float, repeats: int = 1):
+    """The node scenarios: the two generator ones come from one run (``repeats`` runs)."""
     from bench.chaos import nodes, procs
 
     pb = procs.ProcBench(overrides=overrides, workdir=workdir, steps=steps, budget_s=budget_s)
@@ -208,7 +214,7 @@ def run_nodes(names, overrides, workdir: Path, steps: int, budget_s: float):
     if {"node_lost_generators", "node_added"} & set(names):
         print("== node_lost_generators, node_added (a local 4-node cluster)", file=sys.stderr,
               flush=True)
-        out += nodes.generator_nodes(pb)
+        out += nodes.generator_nodes(pb, repeats)
     if "node_lost_learner" in names:
         print("== node_lost_learner (a local 4-node cluster)", file=sys.stderr, flush=True)
         out.append(nodes.node_lost_learner(pb))
@@ -254,7 +260,7 @@ def main(argv=None) -> int:
     kept = args.keep or bool(args.workdir)
     t0 = time.time()
     try:
-        results, setup_s = run_all(names, st, overrides, workdir)
+        results, setup_s = run_all(names, st, overrides, workdir, args.repeats)
     finally:
         if not kept:
             shutil.rmtree(workdir, ignore_errors=True)

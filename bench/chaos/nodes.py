@@ -14,6 +14,7 @@ host joining.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -148,15 +149,26 @@ def _step_reached(run_dir: Path, step: int):
     return lambda: len(_rows(run_dir)) >= step
 
 
-def _reference(pb, nodes: Nodes, steps: int) -> float | None:
-    """Rollouts/s of the same run with one generator: what the surviving one gives alone."""
-    name = "node_reference_one_generator"
-    run = launch(_args(pb, nodes, name, steps, "generators.count=1"),
+def steps_within(rows: list[dict], t_from: float, t_to: float) -> tuple[int, int] | None:
+    """The first and last step that ran wholly within [t_from, t_to], or None."""
+    inside = [r["step"] for r in rows if r["t_start"] >= t_from and r["t_step_end"] <= t_to]
+    return (min(inside), max(inside)) if len(inside) >= 2 else None
+
+
+def _reference(pb, nodes: Nodes, steps: tuple[int, int] | None, k: int = 0) -> float | None:
+    """Rollouts/s of the same run with one generator from the start, over the same steps
+    (``steps``: first, last) as the window measured with the generator left: the same
+    prompts (same seed) at the same point of training, so that what the policy has learned
+    by then (the rollouts a step asks for, their lengths) is not part of the comparison."""
+    if steps is None:
+        return None
+    name, (first, last) = f"node_reference_one_generator{'' if not k else f'_{k + 1}'}", steps
+    run = launch(_args(pb, nodes, name, last, "generators.count=1"),
                  pb.workdir / f"{name}.log")
-    run.wait_exit(pb.budget_s)
+    run.wait_exit(pb.budget_s + 5 * last)
     run.tree.kill_leftovers(grace_s=10)
-    rows = _rows(pb.workdir / name)
-    return rollouts_per_s(rows[2:], 0.0, float("inf")) if len(rows) > 3 else None
+    rows = [r for r in _rows(pb.workdir / name) if first <= r["step"] <= last]
+    return rollouts_per_s(rows, 0.0, float("inf"))
 
 
 def _said(log: Path, text: str):
@@ -180,19 +192,62 @@ def _served(run_dir: Path, generator: int, t: float):
     return lambda: first_served_by(run_dir, generator, t) is not None
 
 
-def generator_nodes(pb) -> list[Outcome]:
+def generator_nodes(pb, repeats: int = 1) -> list[Outcome]:
+    """``generator_run`` ``repeats`` times, each on a cluster of its own (the runs' timings
+    spread more than the aims' margins: one run cannot tell). The rows are the last run's,
+    judged on every run (survived: all did; prompts lost and trained twice: summed), with the
+    throughput ratio their mean and each run's figures in ``repeats``."""
+    import statistics
+
+    runs = []
+    for k in range(repeats):
+        if repeats > 1:
+            print(f"   run {k + 1} of {repeats}", file=sys.stderr, flush=True)
+        runs.append(generator_run(pb, k))
+    if repeats == 1:
+        return list(runs[0])
+    per = [{"one_generator_left": r.detail["rollouts_per_s"]["one_generator_left"],
+            "one_generator_alone": r.detail["rollouts_per_s"]["one_generator_alone"],
+            "throughput_left_over_alone": r.detail.get("throughput_left_over_alone"),
+            "gcs_cpu_percent": r.detail["gcs_cpu_percent"]["lost_bundle_waiting"],
+            "added_served_after_s": a.recovery_time_s, "survived": r.survived and a.survived}
+           for r, a in runs]
+    ratios = [x["throughput_left_over_alone"] for x in per if x["throughput_left_over_alone"]]
+    mean = round(statistics.mean(ratios), 3) if ratios else None
+    se = round(statistics.stdev(ratios) / len(ratios) ** 0.5, 3) if len(ratios) > 1 else None
+    out = []
+    for row in runs[-1]:
+        both = [r for pair in runs for r in pair if r.name == row.name]
+        row.survived = all(r.survived for r in both)
+        row.hung = any(r.hung for r in both)
+        for field_ in ("prompts_lost", "prompts_trained_twice"):
+            got = [getattr(r, field_) for r in both]
+            setattr(row, field_, None if None in got else sum(got))
+        row.wall_s = sum(r.wall_s for r in both)
+        row.budget_s = sum(r.budget_s for r in both)
+        row.detail.update(repeats=per, throughput_left_over_alone=mean,
+                          throughput_left_over_alone_se=se)
+        row.what_happened += (f" Over {repeats} runs: the generator left gave "
+                              f"{mean} of a one-generator run's rollouts/s (SE {se}; each: "
+                              f"{[x['throughput_left_over_alone'] for x in per]}).")
+        out.append(row)
+    return out
+
+
+def generator_run(pb, k: int = 0) -> tuple[Outcome, Outcome]:
     """One run on 1 head + 1 learner node + 2 generator nodes, ``run.max_train_s`` long: the
     second generator's node is lost after step 6; once the run has said so and trained
-    ``STEPS_ONE_LEFT`` steps on the generator left, a new generator node joins; the run trains to its budget.
-    The head's GCS CPU use is sampled while the lost generator's new group waits for a node,
-    and after one joined.
+    ``STEPS_ONE_LEFT`` steps on the generator left, a new generator node joins; the run
+    trains to its budget. The head's GCS CPU use is sampled while the lost generator's new
+    group waits for a node, and after one joined. Then, on the nodes left, the same run with
+    one generator from the start, to the last step of the window with one generator left
+    (``_reference``).
     Two rows: ``node_lost_generators`` (throughput with one generator left against a
     one-generator run) and ``node_added`` (how long until the added node's generator
     serves, and the throughput after)."""
-    name, t0, budget = "node_generators", time.time(), 240
+    name, t0, budget = f"node_generators{'' if not k else f'_{k + 1}'}", time.time(), 240
     run_dir, log = pb.workdir / name, pb.workdir / f"{name}.log"
     with nodes(generators=2) as cl:
-        reference = _reference(pb, cl, 16)
         run = launch(_args(pb, cl, name, 10_000, f"run.max_train_s={budget}"), log)
         at_lose = run.wait_until(_step_reached(run_dir, 6), pb.budget_s)
         t_lose = time.time()
@@ -208,12 +263,15 @@ def generator_nodes(pb) -> list[Outcome]:
         gcs_after = cl.gcs_cpu_percent()
         rc = run.wait_exit(budget + pb.budget_s)
         run.tree.kill_leftovers(grace_s=10)
+        rows = _rows(run_dir)
+        one_left = steps_within(rows, t_said, t_add) if at_add else None
+        reference = _reference(pb, cl, one_left, k)  # then, on the nodes left: one generator
     s = summary_of(run_dir) or {}
-    rows = _rows(run_dir)
     after_loss = next((r for r in rows if r["t_step_end"] > t_lose), None)
     served = first_served_by(run_dir, gen, t_add) if at_add and gen is not None else None
     tp = {"before_loss": rollouts_per_s(rows[2:], 0.0, t_lose),
           "one_generator_left": rollouts_per_s(rows, t_said, t_add),
+          "one_generator_left_steps": one_left,
           "one_generator_alone": reference,
           "after_the_added_node_serves": rollouts_per_s(rows, served or float("inf"),
                                                         float("inf"))}
@@ -236,7 +294,7 @@ def generator_nodes(pb) -> list[Outcome]:
         recovery="from the node's loss to the end of the first step after it",
         what_happened=_lost_words(events, tp, ratio, t_said - t_lose, gcs_busy),
         lost_node=lost_node,
-        throughput_left_over_alone=ratio and round(ratio, 2), **common)
+        throughput_left_over_alone=ratio and round(ratio, 3), **common)
     added_row = judge(
         "node_added", f"a new generator node joined once the run had trained {STEPS_ONE_LEFT} "
         "steps on the generator left", run_dir, completed=done and served is not None,
@@ -244,7 +302,7 @@ def generator_nodes(pb) -> list[Outcome]:
         recovery_time_s=(served - t_add) if served else None,
         recovery="from the node's joining to the lost generator's first rollout there",
         what_happened=_added_words(events, tp, served, t_add, gen), **common)
-    return [lost_row, added_row]
+    return lost_row, added_row
 
 
 def _lost_words(events: list, tp: dict, ratio: float | None, said_s: float,
