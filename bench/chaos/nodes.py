@@ -227,9 +227,12 @@ def generator_nodes(pb, repeats: int = 1) -> list[Outcome]:
         row.budget_s = sum(r.budget_s for r in both)
         row.detail.update(repeats=per, throughput_left_over_alone=mean,
                           throughput_left_over_alone_se=se)
-        row.what_happened += (f" Over {repeats} runs: the generator left gave "
-                              f"{mean} of a one-generator run's rollouts/s (SE {se}; each: "
-                              f"{[x['throughput_left_over_alone'] for x in per]}).")
+        row.what_happened += (
+            f" Over {repeats} runs: the generator left gave {mean} of a one-generator run's "
+            f"rollouts/s (SE {se}; each: {[x['throughput_left_over_alone'] for x in per]})."
+            if row.name == "node_lost_generators" else
+            f" Over {repeats} runs, the added node's generator served after "
+            f"{[round(x['added_served_after_s'] or 0, 1) for x in per]} s.")
         out.append(row)
     return out
 
