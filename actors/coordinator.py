@@ -14,8 +14,8 @@ back. Both training modes run through it: ``mode: sync`` is the same coordinator
     coord.set_version.remote(v, payload)               # after each weight publish
 
 Faults: a generator whose calls raise ``RayActorError`` (dead or restarting) is taken out of
-service and its requests re-issued to the others; once Ray has restarted it, it gets the
-newest weights and rejoins. A generator restarted without a failed call in flight is caught
+service and its requests re-issued to the others; once Ray has restarted it (or the driver
+replaced it: ``replace_generator``), it gets the newest weights and rejoins. A generator restarted without a failed call in flight is caught
 by its incarnation token changing. A prior that fails, times out or answers garbage sends
 its prompts to the empirical-mean fallback (counted). An error on this side while a
 request's completions are handled (a scorer or the scheduler raising) drops the prompt as
@@ -134,13 +134,13 @@ class Coordinator:
         return list(self.sched.alive)
 
     async def replace_generator(self, i: int, handle) -> None:
-        """Generator ``i`` is a new actor (its node was lost: ``cluster.nodes.replace``): out
-        of service until it has loaded the newest weights, as one Ray restarted."""
+        """Generator ``i`` is a new actor (its node was lost: ``cluster.nodes.replace``): in
+        service once it has the newest weights, as one Ray restarted; the old one's work is
+        re-issued now."""
         self.pool.replace(i, handle)
         self._lost(i, "replaced")
-        # What the old actor still had in flight goes elsewhere now, not at its timeout.
-        old = [rid for rid, r in self.sched.requests.items() if r.dispatch.generator == i]
-        self._apply([a for rid in old for a in self.sched.on_request_failed(rid)])
+        for rid in [r for r, q in self.sched.requests.items() if q.dispatch.generator == i]:
+            self._apply(self.sched.on_request_failed(rid))
         self._kick()
 
     async def pause(self) -> None:
@@ -308,13 +308,15 @@ class Coordinator:
         req = RolloutRequest(d.request_id, pif.problem.id, pif.problem.prompt, len(d.indices),
                              self.sampling, priority=d.priority,
                              messages=pif.problem.messages)
-        g = self.pool[d.generator]
+        g, failed = self.pool[d.generator], None
         try:
             rollouts = await asyncio.wait_for(g.generate.remote(req), self.request_timeout_s)
         except Exception as err:
-            return self._apply(self._request_failed(d, err, g))
-        if g is not self.pool[d.generator]:  # the old actor's answer: its work went elsewhere
+            failed = err
+        if g is not self.pool[d.generator]:  # a replaced actor's answer: its work went elsewhere
             return self._apply(self.sched.on_request_failed(d.request_id))
+        if failed is not None:
+            return self._apply(self._request_failed(d, failed))
         try:
             actions = await self._completed(d, pif, rollouts)
         except Exception as err:  # a bug on this side: a scorer or the scheduler raised
@@ -322,14 +324,13 @@ class Coordinator:
         self._apply(actions)
         self._kick()
 
-    def _request_failed(self, d: Dispatch, err: Exception, g) -> list:
-        """The scheduler's actions for a request whose call to generator handle ``g`` raised."""
+    def _request_failed(self, d: Dispatch, err: Exception) -> list:
+        """The scheduler's actions for a request whose generator call raised."""
         import ray
 
-        if g is not self.pool[d.generator]:  # replaced since: nothing to abort or take out
-            return self.sched.on_request_failed(d.request_id)
         if isinstance(err, asyncio.TimeoutError):
-            self._abort_timed_out(d)  # before it is out of service: its rejoin waits for it
+            # before it is out of service: its rejoin waits for the abort
+            self.pool.abort_timed_out(d, self._spawn, self.request_timeout_s)
         if isinstance(err, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
             # Died, restarting (ActorUnavailableError) or hung: out of service until it
             # answers again with the newest weights; its work goes elsewhere.
@@ -367,15 +368,6 @@ class Coordinator:
         reason = f"coordinator_error: {type(err).__name__}"
         actions = self.sched.on_request_failed(d.request_id, drop_reason=reason)
         return actions + self.sched.drop(d.uid, reason)  # [] if it was dropped just now
-
-    def _abort_timed_out(self, d: Dispatch) -> None:
-        """``wait_for`` gave up on request ``d`` but does not cancel the Ray task: it still
-        runs in the engine, on slots the scheduler stops counting once it re-issues the work.
-        Ask the engine to abort all of it (best effort, bounded by ``request_timeout_s``); the
-        generator is used again only once that call has ended (see ``_rejoin``)."""
-        every = Cancel(d.request_id, d.uid, tuple(range(len(d.indices))), d.generator)
-        self.pool.aborting(d.generator,
-                           self._spawn(self.pool.cancel(every, self.request_timeout_s)))
 
     # -- faults ------------------------------------------------------------------------------
     def _lost(self, i: int, why: str) -> None:

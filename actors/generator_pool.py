@@ -9,6 +9,8 @@ import asyncio
 import time
 from typing import Callable
 
+from actors.scheduler import Cancel
+
 
 class GeneratorPool:
     def __init__(self, generators: list):
@@ -50,10 +52,16 @@ class GeneratorPool:
         except Exception:
             pass
 
-    def aborting(self, i: int, task: asyncio.Task) -> None:
-        """``task`` aborts generator ``i``'s timed-out request; it rejoins only after."""
-        self.aborts[i].add(task)
-        task.add_done_callback(self.aborts[i].discard)
+    def abort_timed_out(self, d, spawn: Callable, timeout_s: float) -> None:
+        """``wait_for`` gave up on request ``d`` (a ``Dispatch``) but does not cancel the Ray
+        task: it still runs in the engine, on slots the scheduler stops counting once it
+        re-issues the work. Ask the engine to abort all of it (best effort, bounded by
+        ``timeout_s``) in a task ``spawn`` starts; the generator rejoins only once that has
+        ended (``rejoin``)."""
+        every = Cancel(d.request_id, d.uid, tuple(range(len(d.indices))), d.generator)
+        task = spawn(self.cancel(every, timeout_s))
+        self.aborts[d.generator].add(task)
+        task.add_done_callback(self.aborts[d.generator].discard)
 
     async def rejoin(self, i: int, version: Callable[[], int], stopped: Callable[[], bool],
                      timeout_s: float) -> int | None:
