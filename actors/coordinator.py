@@ -299,7 +299,7 @@ class Coordinator:
         done = self.sched.drain_finished()
         if done and self.prior is not None and self.needs_prior:
             self.prior.observe.remote([(g.problem.prompt, success_rate(g, self.task.rewards),
-                                        self.sched.version) for g in done])
+                                        self.sched.version, int(g.state.k)) for g in done])
 
     async def _generate(self, d: Dispatch) -> None:
         pif = self.sched.inflight.get(d.uid)

@@ -21,12 +21,15 @@ class Context:
     """The in-context profile of the current policy, as the server hands it to a backend.
 
     ``prompts`` (N,), ``scores`` (N,) observed success rates in [0, 1], ``ages`` (N,) how many
-    policy versions ago each score was observed (0 = the newest version seen), oldest first.
+    policy versions ago each score was observed (0 = the newest version seen), oldest first;
+    ``counts`` (N,) the rollouts behind each score (None: one each, or unknown). A score from 16
+    rollouts is four times as precise as one from 4 (binomial variance p(1 - p) / n).
     """
 
     prompts: tuple[str, ...]
     scores: np.ndarray
     ages: np.ndarray
+    counts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)

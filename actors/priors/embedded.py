@@ -8,6 +8,7 @@ sentence-transformers are imported only when an encoder is built.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,7 +72,8 @@ class SentenceEncoder:
 
 NGRAM_DIM = 2048       # hashed buckets of the character n-gram view
 NGRAM_ORDERS = (1, 2, 3)
-VIEWS = ("embedding", "ngram", "both")
+VIEWS = ("embedding", "ngram", "both", "surface")
+SURFACE_NUMBERS = 3    # the surface view reads the last this many numbers of a prompt
 # A window smaller than this is searched over every view at every fit (``reselect``): its
 # eigendecompositions are cheap (N^3), and a small window's best view moves most.
 FULL_SEARCH_BELOW = 128
@@ -98,6 +100,26 @@ def hashed_ngrams(texts: list[str], dim: int = NGRAM_DIM,
     return out / np.maximum(norms, 1e-12)
 
 
+_NUMBER = re.compile(r"\d+")
+
+
+def surface_features(texts: list[str], last: int = SURFACE_NUMBERS) -> np.ndarray:
+    """What any prompt's surface says about its size, in a few numbers: for each of its last
+    ``last`` numbers (runs of digits, the last first) log(1 + value), its digit count and
+    whether it is absent; how many numbers it holds; log(1 + characters). A count, a step
+    number, an operand's size: the magnitudes a linear model can rank by, which hashed n-grams
+    (one bucket per literal) and a sentence embedding cannot. Reads digits, not a format:
+    the same for any task. (n, 3 * last + 2)"""
+    out = np.zeros((len(texts), 3 * last + 2))
+    for i, t in enumerate(texts):
+        nums = _NUMBER.findall(t)
+        for j, d in enumerate(reversed(nums[-last:])):
+            out[i, 3 * j:3 * j + 2] = np.log1p(float(d[-15:])), len(d)
+        out[i, 3 * len(nums[-last:]) + 2:3 * last:3] = 1.0   # the absent ones' flags
+        out[i, 3 * last:] = len(nums), np.log1p(len(t))
+    return out
+
+
 class EmbeddedPrior(PriorBackend):
     """Generalist in-context predictor: embeddings + kernel ridge chosen by leave-one-out.
 
@@ -106,13 +128,15 @@ class EmbeddedPrior(PriorBackend):
     ``drift`` (fit the scores' trend on age, kept when it wins leave-one-out, and predict
     ``lead`` versions past the newest observation: the policy's movement, see kernel.py),
     ``views`` (feature views the LOO choice may pick from: "embedding" (MiniLM), "ngram"
-    (``hashed_ngrams``), "both" (concatenated); each costs its own eigendecompositions),
+    (``hashed_ngrams``), "both" (concatenated), "surface" (``surface_features``, not
+    time-decayed); each costs its own eigendecompositions),
     ``reselect`` (the share of the window that must be new since the last choice among the
     views before they are all searched again; in between, a refit searches the chosen view
     alone, at one view's cost: 0 = every view at every fit; a window of fewer than
     ``FULL_SEARCH_BELOW`` prompts is searched in full at every fit),
     ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
-    much as leave-one-out says they predict it: kernel.py, "A prompt seen before"),
+    much as leave-one-out says they predict it: history.py),
+    ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -131,7 +155,7 @@ class EmbeddedPrior(PriorBackend):
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool = True,
-                 reselect: float = 0.25, encoder=None):
+                 reselect: float = 0.25, weigh_rollouts: bool = True, encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -152,6 +176,7 @@ class EmbeddedPrior(PriorBackend):
         if not self.views or any(v not in VIEWS for v in self.views):
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {views!r}")
         self.same_prompt = bool(same_prompt)
+        self.weigh_rollouts = bool(weigh_rollouts)
         if not 0.0 <= float(reselect) <= 1.0:
             raise ValueError(f"reselect must lie in [0, 1], got {reselect!r}")
         self.reselect = float(reselect)
@@ -164,6 +189,7 @@ class EmbeddedPrior(PriorBackend):
         self._context = Context.empty()
         self._fit: Fitted | None = None
         self._id_of: dict[str, int] = {}
+        self._surface_sd = np.ones(3 * SURFACE_NUMBERS + 2)
         self.fit_s = 0.0
         self.n_fits = 0
         self.n_view_searches = 0  # fits that searched every view
@@ -179,8 +205,11 @@ class EmbeddedPrior(PriorBackend):
         ng = self.ngram_cache.get(prompts) if {"ngram", "both"} & set(want) else None
         out = {}
         for v in want:
-            out[v] = emb if v == "embedding" else ng if v == "ngram" else \
-                np.concatenate([emb, ng], axis=1) / np.sqrt(2.0)
+            if v == "surface":  # its columns in the window's units (the kernel centers them)
+                out[v] = surface_features(prompts) / self._surface_sd
+            else:
+                out[v] = emb if v == "embedding" else ng if v == "ngram" else \
+                    np.concatenate([emb, ng], axis=1) / np.sqrt(2.0)
         return out
 
     def _ids(self, prompts) -> np.ndarray:
@@ -204,11 +233,15 @@ class EmbeddedPrior(PriorBackend):
             self._id_of = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
             loglen = log_length(prompts) if self.use_length else None
             only = self._view_to_search(prompts)
+            sd = surface_features(prompts).std(axis=0)
+            self._surface_sd = np.where(sd > 1e-9, sd, 1.0)
             self._fit = fit_context(self._features(prompts, only), ctx.scores, ctx.ages,
                                     self.halflife, loglen, prior_mean=self.prior_mean,
                                     prior_strength=self.prior_strength, kernels=self.kernels,
                                     drift=self.drift, lead=self.lead,
-                                    ids=self._ids(prompts) if self.same_prompt else None)
+                                    ids=self._ids(prompts) if self.same_prompt else None,
+                                    counts=ctx.counts if self.weigh_rollouts else None,
+                                    undecayed=("surface",))
             if only is None:  # a full search: its choice stands for the window it saw
                 self._chosen = (None if self._fit.kernel is None else
                                 (self._fit.view, frozenset(prompts)))

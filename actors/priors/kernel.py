@@ -34,17 +34,17 @@ linear trend on age when that wins leave-one-out.
 
 **Views.** ``X`` may be several feature views of the same prompts (a dict: the sentence
 embedding, hashed character n-grams that see the prompt's literal tokens, both
-concatenated). The choice is made in two stages to keep the cost near one view's: every view
-and base kernel without the age term, then the age weights on the best of them.
+concatenated, a few surface magnitudes). The choice is made in two stages to keep the cost
+near one view's: every view and base kernel without the age term, then the age weights on
+the best of them. A view in ``undecayed`` goes without T: one coefficient per feature over
+the whole window (a step count costs the same at version 3 as at 20); the age term moves it.
 
-**A prompt seen before.** With ``ids`` (N,) (equal for the same prompt text), the chosen
-model's prediction for a prompt that is in the window is fused with that prompt's own earlier
-outcomes by shrinkage (as GRESO and SPO track a prompt's history across epochs):
-p = (n h + kappa f) / (n + kappa), h the prompt's mean observed score and n its observation
-count, each observation discounted by ``0.5 ** (age / halflife)``, f the model's prediction;
-kappa (pseudo-observations of f) is chosen by leave-one-out on the window's repeated prompts
-(each point's model prediction without it against its other observations), or no history
-when that predicts worse. A prompt never seen gets f alone (its cold start).
+**Rollouts.** With ``counts`` (N,), the rollouts behind each score (a rate of k rollouts has
+variance p (1 - p) / k), a score weighs its recency weight times its count over the window's
+mean count: in the mean, the fit and the leave-one-out criterion, not in T.
+
+**A prompt seen before** (``ids``): the chosen model's prediction fused with the prompt's own
+earlier outcomes, ``history.py``.
 
 Everything here is task-agnostic: the only inputs are feature vectors of the prompt text, the
 generic log length, scores, versions and weights.
@@ -55,14 +55,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actors.priors.history import fit_history, fuse_history
+
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
 LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
 # Weights g of the standardized log-length feature; 0 = not used.
 LENGTH_WEIGHTS = (0.0, 0.3, 1.0)
 # Weights g_a of the standardized age feature (drift); 0 = no drift.
 AGE_WEIGHTS = (0.0, 0.3, 1.0, 3.0)
-# kappa of the history fusion: pseudo-observations of the model's prediction.
-KAPPAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 # Base kernels: "linear" = inner products of centered embeddings, scaled to mean diagonal 1;
 # "rbf" = exp(-|x - x'|^2 / median pairwise |x - x'|^2). Each costs one (N, N) eigh per fit.
 BASE_KERNELS = ("linear", "rbf")
@@ -106,9 +106,11 @@ class Fitted:
     age_feat: np.ndarray | None = None       # (N,) standardized age of the context
     age_query: float = 0.0                   # standardized age of a query (-lead)
     view: str = "embedding"                  # the feature view the kernel is on
+    timed: bool = True                       # its base kernel carries the time decay T
     kappa: float | None = None               # history fusion (None: no history used)
     ids: np.ndarray | None = None            # (N,) prompt ids of the context (history)
     y: np.ndarray | None = None              # (N,) its observed scores (history)
+    counts: np.ndarray | None = None         # (N,) their rollout weights (history)
 
     def label(self) -> str:
         if self.kernel is None:
@@ -185,25 +187,24 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 halflife: float | None = None, loglen: np.ndarray | None = None,
                 prior_mean: float = 0.5, prior_strength: float = 1.0,
                 kernels: tuple[str, ...] = ("linear",), drift: bool = False,
-                lead: float = 0.0, ids: np.ndarray | None = None) -> Fitted:
+                lead: float = 0.0, ids: np.ndarray | None = None,
+                counts: np.ndarray | None = None, undecayed: tuple[str, ...] = ()) -> Fitted:
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
     X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
-    same prompt (None: no history). ``prior_strength`` pseudo-observations of ``prior_mean``
-    shrink the context mean (tiny contexts). ``drift``: fit the scores' trend on age and
-    predict ``lead`` versions past the newest observation."""
+    same prompt (None: no history), counts: (N,) the rollouts behind each score (None: equal).
+    ``prior_strength`` pseudo-observations of ``prior_mean`` shrink the context mean (tiny
+    contexts). ``drift``: fit the scores' trend on age and predict ``lead`` versions past the
+    newest observation. ``undecayed``: views whose base kernel goes without the time decay T
+    (a few features whose effect holds at every version: one coefficient each over the
+    window, the age term moving the level)."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
-    w = recency_weights(ages, halflife)
-    if halflife is None:
-        T, decay = None, np.ones(len(y))
-    else:
-        T = np.power(0.5, np.abs(ages[:, None] - ages[None, :]) / halflife)   # (N, N)
-        decay = w
+    decay, T, w = window_weights(ages, halflife, counts)
     bad = [k for k in kernels if k not in BASE_KERNELS]
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
@@ -231,15 +232,36 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                                  const_loo_mse=best.const_loo_mse, decay=decay,
                                  len_feat=len_feat, len_mu=len_mu, len_sd=len_sd,
                                  age_feat=age_feat, age_query=age_query))
-    for base, BT in _base_kernels(views, kernels, wn, T):  # stage 1: views, no age term
+    for base, BT in _base_kernels(views, kernels, wn, T, undecayed):  # stage 1: no age term
         search.over(base, BT, (0.0,))
     if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
         search.over(*search.top, age_weights[1:])
     best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        _fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w)
+        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w,
+                     rollout_weights(counts, len(y)))
     return best
+
+
+def window_weights(ages: np.ndarray, halflife: float | None, counts: np.ndarray | None):
+    """The context's weights: (recency decay (N,), the time-decay kernel T (N, N) or None
+    without a halflife, each score's weight w (N,): its decay times its rollout weight)."""
+    decay = recency_weights(ages, halflife)
+    T = None if halflife is None else \
+        np.power(0.5, np.abs(ages[:, None] - ages[None, :]) / halflife)
+    return decay, T, decay * rollout_weights(counts, len(ages))
+
+
+def rollout_weights(counts: np.ndarray | None, n: int) -> np.ndarray:
+    """Each score's weight for the rollouts behind it, relative to the window's mean (a score
+    of k rollouts has variance p(1 - p) / k): ones when the counts are not known. (n,)"""
+    if counts is None:
+        return np.ones(n)
+    c = np.asarray(counts, dtype=np.float64)
+    if c.shape != (n,) or not np.all(c >= 1):
+        raise ValueError(f"counts must be {n} rollout counts >= 1, got {counts!r}")
+    return c / c.mean()
 
 
 @dataclass
@@ -277,37 +299,17 @@ class _Search:
                     self.loo_pred = self.y_raw - loo / sw
 
 
-def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None):
-    """Every candidate base kernel of the context, time-decayed: per view and base kernel,
-    yields (its ``Fitted`` fields, the (N, N) matrix)."""
+def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=()):
+    """Every candidate base kernel of the context, time-decayed (but the ``undecayed`` views'):
+    per view and base kernel, yields (its ``Fitted`` fields, the (N, N) matrix)."""
     for view, Xv in views.items():
         center = wn @ Xv                                       # (d,)
         for kind in kernels:
             scale = kernel_scale(kind, Xv, center)
             B = base_kernel(kind, Xv, Xv, center, scale)
-            yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale},
-                   B if T is None else B * T)
-
-
-def _fit_history(fit: Fitted, ids, y, loo_pred, T: np.ndarray | None, w) -> None:
-    """Choose kappa of the history fusion (module docstring) by weighted leave-one-out on
-    the window's repeated prompts: point i's model prediction without it (``loo_pred``)
-    fused with its prompt's other observations, against its score. Sets ``fit.kappa`` (None
-    where no kappa beats the model alone), ``fit.ids``, ``fit.y``."""
-    same = ids[:, None] == ids[None, :]
-    np.fill_diagonal(same, False)
-    if not same.any():
-        return
-    Tm = same if T is None else same * T  # the kernel's own time decay between observations
-    n = Tm.sum(axis=1)
-    has = n > 0
-    n, h, f, yy, ww = n[has], (Tm @ y)[has] / n[has], loo_pred[has], y[has], w[has]
-    best_k, best_e = None, float(ww @ (yy - f) ** 2)
-    for k in KAPPAS:
-        e = float(ww @ (yy - (n * h + k * f) / (n + k)) ** 2)
-        if e < best_e * (1.0 - 1e-9):  # strictly better: a tie keeps the model alone
-            best_k, best_e = k, e
-    fit.kappa, fit.ids, fit.y = best_k, ids, y
+            timed = T is not None and view not in undecayed
+            yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale,
+                    "timed": timed}, B * T if timed else B)
 
 
 def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -353,7 +355,9 @@ def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
     if fit.kernel is None:
         f = np.full(len(Q), fit.mean + fit.lead_shift)
     else:
-        Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale) * fit.decay   # (M, N)
+        Kq = base_kernel(fit.kernel, Q, fit.X, fit.center, fit.scale)   # (M, N)
+        if fit.timed:
+            Kq = Kq * fit.decay
         if fit.length_weight:
             if loglen is None:
                 raise ValueError("this fit uses the length feature: pass loglen for the queries")
@@ -362,12 +366,4 @@ def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
         if fit.age_weight:
             Kq = Kq + fit.age_weight ** 2 * fit.age_query * fit.age_feat[None, :]
         f = fit.mean + Kq @ fit.alpha
-    if fit.kappa is None:
-        return f
-    if ids is None:
-        raise ValueError("this fit uses the prompts' history: pass ids for the queries")
-    # A query is at age 0: each earlier observation of it counts 0.5 ** (age / halflife).
-    S = (np.asarray(ids)[:, None] == fit.ids[None, :]) * fit.decay[None, :]
-    n = S.sum(axis=1)
-    h = (S @ fit.y) / np.maximum(n, 1e-12)
-    return (n * h + fit.kappa * f) / (n + fit.kappa)
+    return f if fit.kappa is None else fuse_history(fit, f, ids)

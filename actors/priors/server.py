@@ -128,7 +128,7 @@ class PriorServer:
         self.backend = make_prior(backend, **_with_threads(backend, options, cpu_threads))
         self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(
             backend, fallback, fallback_options, cpu_threads)
-        self._items: deque[tuple[str, float, int]] = deque(maxlen=self.window)
+        self._items: deque[tuple[str, float, int, int]] = deque(maxlen=self.window)
         self._dirty = True                  # the primary's context is stale
         self._fallback_dirty = True         # the fallback's context is stale
         self._latest_version = 0
@@ -141,17 +141,21 @@ class PriorServer:
         self._n_fallback_predicted = 0
         self.last_fallback = ""
 
-    def reset(self) -> bool:
+    def reset(self, options: dict | None = None) -> bool:
         """Back to the state of a server just started (new backends, empty window, counters
         at zero), in place: another run on the same actor (benchmarks, tests) without a new
-        process. False, and nothing changed, while a primary call past its budget still runs
-        in its helper thread, or when Ray restarted this actor (its restart is spent): such a
-        server is replaced instead."""
+        process; ``options``: the primary backend's options from now on (None: unchanged).
+        False, and nothing changed, while a primary call past its budget still runs in its
+        helper thread, or when Ray restarted this actor (its restart is spent): such a server
+        is replaced instead."""
         if self._job is not None and not self._job.done():
             return False
         if _restarted_actor():
             return False
         self._job = None
+        if options is not None:
+            backend, _, *rest = self._build
+            self._build = (backend, dict(options), *rest)
         self._fresh()
         return True
 
@@ -159,17 +163,24 @@ class PriorServer:
         return True
 
     def observe(self, items: Iterable[Sequence]) -> int:
-        """Add (prompt, success rate in [0, 1], policy version) triples; returns the window size.
-        All items are validated before any is added."""
+        """Add (prompt, success rate in [0, 1], policy version[, rollouts]) items; returns the
+        window size. ``rollouts`` (an int >= 1, default 1) is how many sampled responses the
+        rate is the mean of: the backend weighs a score by it. All items are validated before
+        any is added."""
         checked = []
         for i, item in enumerate(items):
-            if not isinstance(item, (tuple, list)) or len(item) != 3:
-                raise ValueError(f"observe item {i}: expected (prompt, score, version), got {item!r}")
-            prompt, score, version = item
+            if not isinstance(item, (tuple, list)) or len(item) not in (3, 4):
+                raise ValueError(f"observe item {i}: expected (prompt, score, version) or "
+                                 f"(prompt, score, version, rollouts), got {item!r}")
+            prompt, score, version, *rest = item
             where = f"observe item {i}"
             if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version < 0:
                 raise ValueError(f"{where}: version must be an int >= 0, got {version!r}")
-            checked.append((check_prompt(prompt, where), check_score(score, where), int(version)))
+            n = rest[0] if rest else 1
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise ValueError(f"{where}: rollouts must be an int >= 1, got {n!r}")
+            checked.append((check_prompt(prompt, where), check_score(score, where), int(version),
+                            int(n)))
         for it in checked:
             self._items.append(it)
             self._latest_version = max(self._latest_version, it[2])
@@ -181,10 +192,11 @@ class PriorServer:
     def _context(self):
         import numpy as np
         from actors.priors import Context
-        prompts = tuple(p for p, _, _ in self._items)
-        scores = np.array([s for _, s, _ in self._items], dtype=np.float64)
-        ages = np.array([self._latest_version - v for _, _, v in self._items], dtype=np.float64)
-        return Context(prompts, scores, np.maximum(ages, 0.0))
+        prompts = tuple(p for p, _, _, _ in self._items)
+        scores = np.array([s for _, s, _, _ in self._items], dtype=np.float64)
+        ages = np.array([self._latest_version - v for _, _, v, _ in self._items], dtype=np.float64)
+        counts = np.array([n for _, _, _, n in self._items], dtype=np.float64)
+        return Context(prompts, scores, np.maximum(ages, 0.0), counts)
 
     def predict(self, prompts: Sequence[str]) -> list[float]:
         """p in [0, 1] for each prompt, in order."""

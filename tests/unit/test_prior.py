@@ -513,7 +513,8 @@ def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_th
     from actors.priors.embedded import EmbeddedPrior
 
     prompts, y = rule_prompts(120, seed=3)
-    prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
+    prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False,
+                          views=("embedding", "ngram", "both"))
     prior.set_context(Context(tuple(prompts[:100]), y[:100], np.zeros(100)))
     p = prior.predict(prompts[100:])
     assert prior.stats()["model"].split(":")[0] in ("ngram", "both")
@@ -540,7 +541,7 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
         return p
 
     fit_on(0, 200)
-    assert seen[-1][0] == 1 and seen[-1][1] in ("ngram", "both")
+    assert seen[-1][0] == 1 and seen[-1][1] != "embedding"   # a view that reads the tokens
     chosen = seen[-1][1]
     p = fit_on(20, 220)                   # 10% new: the chosen view alone
     assert seen[-1] == (1, chosen)
@@ -586,3 +587,87 @@ def test_a_recurring_prompt_is_pulled_toward_its_own_earlier_outcomes():
     moved = predict_fitted(flat, X0[:10], ids=np.arange(10)) - predict_fitted(
         flat.__class__(**{**flat.__dict__, "kappa": None}), X0[:10])
     assert flat.kappa is None or np.abs(moved).mean() < 0.05
+
+
+def test_surface_features_read_the_last_numbers_their_count_and_the_length():
+    from actors.priors.embedded import surface_features
+
+    f = surface_features(["37+8 x5\n", "no digits here", "9-4+2=", "x 123456789012345678"])
+    assert f.shape == (4, 11)
+    # the last number first: 5, then 8, then 37; none absent; 3 numbers; log(1 + 8 chars)
+    np.testing.assert_allclose(f[0], [np.log(6), 1, 0, np.log(9), 1, 0, np.log(38), 2, 0, 3,
+                                      np.log(9)])
+    np.testing.assert_allclose(f[1], [0, 0, 1, 0, 0, 1, 0, 0, 1, 0, np.log(15)])
+    np.testing.assert_allclose(f[2, [0, 3, 6]], np.log([3, 5, 10]))
+    # one number: the two slots behind it absent; a huge one read from its last 15 digits
+    assert list(f[3, [2, 5, 8]]) == [0, 1, 1] and f[3, 1] == 18 and np.isfinite(f[3, 0])
+
+
+def test_the_surface_view_ranks_a_step_count_it_never_saw_where_ngrams_cannot():
+    from actors.priors.base import Context
+    from actors.priors.embedded import EmbeddedPrior
+
+    rng = np.random.default_rng(5)
+    ks = np.array([k for k in rng.integers(1, 13, size=200) if k != 7][:150])
+    prompts = [f"{rng.integers(10, 99)}+{rng.integers(2, 9)} x{k}\n" for k in ks]
+    y = np.clip(0.9 ** ks + rng.normal(0, 0.05, size=len(ks)), 0, 1)
+    queries = [f"{rng.integers(10, 99)}+{rng.integers(2, 9)} x7\n" for _ in range(20)]
+
+    def fitted(views):
+        prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False, views=views)
+        prior.set_context(Context(tuple(prompts), y, np.zeros(len(y))))
+        return prior, prior.predict(queries)
+
+    prior, p = fitted(("embedding", "ngram", "both", "surface"))
+    assert prior.stats()["model"].startswith("surface:")
+    assert np.abs(p - 0.9 ** 7).mean() < 0.05            # between x6's and x8's, unseen
+    _, p_ngram = fitted(("ngram",))
+    assert np.abs(p_ngram - 0.9 ** 7).mean() > 2 * np.abs(p - 0.9 ** 7).mean()
+
+
+def test_a_score_counts_by_the_rollouts_behind_it():
+    from actors.priors.kernel import fit_context, predict_fitted
+
+    scores = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    counts = np.array([16, 16, 16, 16, 1, 1, 1, 1])
+    X = np.zeros((8, 1))                           # the text says nothing: the mean answers
+
+    def mean_prediction(counts) -> float:
+        fit = fit_context(X, scores, prior_strength=0.0, counts=counts)
+        return float(predict_fitted(fit, np.zeros((1, 1)))[0])
+
+    assert mean_prediction(counts) == pytest.approx(64 / 68)
+    assert mean_prediction(None) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="counts must be 8 rollout counts >= 1"):
+        fit_context(X, scores, counts=np.zeros(8))
+
+
+def test_the_surface_view_shares_its_coefficients_over_the_window_not_decayed_by_age():
+    from actors.priors.kernel import fit_context, predict_fitted
+
+    rng = np.random.default_rng(2)
+    k = np.r_[rng.integers(1, 5, 60), rng.integers(5, 9, 60)].astype(float)
+    ages = np.r_[np.full(60, 24.0), np.zeros(60)]    # the small counts seen long ago only
+    y = 1.0 - 0.1 * k + rng.normal(0, 0.02, 120)
+    X = {"surface": k[:, None]}
+    shared = fit_context(X, y, ages, halflife=8.0, undecayed=("surface",))
+    decayed = fit_context(X, y, ages, halflife=8.0)
+    assert not shared.timed and decayed.timed
+    q = {"surface": np.array([[2.0]])}   # a query now, of a kind seen only 24 versions ago
+    assert abs(predict_fitted(shared, q)[0] - 0.8) < 0.05
+    assert abs(predict_fitted(decayed, q)[0] - 0.8) > 2 * abs(predict_fitted(shared, q)[0] - 0.8)
+
+
+def test_observe_takes_the_rollouts_behind_a_score_and_names_a_bad_count():
+    from actors.priors.server import PriorServer
+
+    server = PriorServer("constant", {}, window=8)
+    server.observe([("a", 0.5, 0), ("b", 0.25, 1, 4)])
+    ctx = server._context()
+    assert list(ctx.counts) == [1, 4]
+    for bad in (0, 2.5, True, -3):
+        with pytest.raises(ValueError, match="item 0: rollouts must be an int >= 1"):
+            server.observe([("c", 0.5, 1, bad)])
+    with pytest.raises(ValueError, match="rollouts"):
+        server.observe([("c", 0.5, 1, 4, 9)])
+    assert server.stats()["n_context"] == 2

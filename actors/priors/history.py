@@ -1,0 +1,53 @@
+"""A prompt seen before: the kernel model's prediction fused with the prompt's own history.
+
+When the window holds a prompt more than once (a fixed training set swept for epochs), the
+chosen model's prediction f for a prompt in the window is fused with that prompt's own earlier
+outcomes by shrinkage (as GRESO and SPO track a prompt's history across epochs):
+p = (n h + kappa f) / (n + kappa), h the prompt's mean observed score and n its observation
+count, each observation discounted by ``0.5 ** (age / halflife)`` and counted by its rollout
+weight; kappa (pseudo-observations of f) is chosen by leave-one-out on the window's repeated
+prompts (each point's model prediction without it against its other observations), or no
+history when that predicts worse. A prompt never seen gets f alone (its cold start).
+Pure NumPy; ``kernel.fit_context`` and ``kernel.predict_fitted`` call it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# kappa of the history fusion: pseudo-observations of the model's prediction.
+KAPPAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def fit_history(fit, ids, y, loo_pred, T: np.ndarray | None, w, rw) -> None:
+    """Choose kappa of the history fusion (module docstring) by weighted leave-one-out on
+    the window's repeated prompts: point i's model prediction without it (``loo_pred``)
+    fused with its prompt's other observations (each counted by its rollout weight ``rw``),
+    against its score. Sets ``fit.kappa`` (None where no kappa beats the model alone),
+    ``fit.ids``, ``fit.y``, ``fit.counts``."""
+    same = ids[:, None] == ids[None, :]
+    np.fill_diagonal(same, False)
+    if not same.any():
+        return
+    # the kernel's own time decay between observations, and their rollouts
+    Tm = (same if T is None else same * T) * rw[None, :]
+    n = Tm.sum(axis=1)
+    has = n > 0
+    n, h, f, yy, ww = n[has], (Tm @ y)[has] / n[has], loo_pred[has], y[has], w[has]
+    best_k, best_e = None, float(ww @ (yy - f) ** 2)
+    for k in KAPPAS:
+        e = float(ww @ (yy - (n * h + k * f) / (n + k)) ** 2)
+        if e < best_e * (1.0 - 1e-9):  # strictly better: a tie keeps the model alone
+            best_k, best_e = k, e
+    fit.kappa, fit.ids, fit.y, fit.counts = best_k, ids, y, rw
+
+
+def fuse_history(fit, f: np.ndarray, ids) -> np.ndarray:
+    """The model's predictions ``f`` (M,) of queries with context ids ``ids`` (M,) fused with
+    each query's own earlier outcomes in the fit's window (a query never seen keeps f)."""
+    if ids is None:
+        raise ValueError("this fit uses the prompts' history: pass ids for the queries")
+    # A query is at age 0: each earlier observation of it counts 0.5 ** (age / halflife).
+    S = (np.asarray(ids)[:, None] == fit.ids[None, :]) * (fit.decay * fit.counts)[None, :]
+    n = S.sum(axis=1)
+    h = (S @ fit.y) / np.maximum(n, 1e-12)
+    return (n * h + fit.kappa * f) / (n + fit.kappa)
