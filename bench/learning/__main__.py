@@ -77,6 +77,11 @@ MODES = {
     "async_v05_k4": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 4}},
     "async_oracle4": {"mode": "async", "algo": {"name": "oracle", "k_init": 16, "k_max": 16,
                                                 "train_k": 4}},
+    # V0.5 with the prior of 2026-12-03 (no surface view, every score weighed alike), beside
+    # the shipped prior in the same study: what issue 29's second prior changed.
+    "async_v05_prior1203": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16},
+                            "prior": {"options": {"views": ["embedding", "ngram", "both"],
+                                                  "weigh_rollouts": False}}},
 }
 # The controlled study's modes: V0.5 against async GRPO at every G (the best is the baseline
 # to beat) and the colocated synchronous GRPO-16, every update on the same S samples.
@@ -127,7 +132,8 @@ def parse_args(argv):
 def run_config(base: dict, mode: str, seed: int, run_dir: Path):
     spec = MODES[mode]
     return config_for(base, f"{mode}-seed{seed}", run_dir, mode=spec["mode"],
-                      algo=spec["algo"], run={"seed": seed})
+                      algo=spec["algo"], run={"seed": seed},
+                      **{k: spec[k] for k in ("prior",) if k in spec})
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,12 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "drift_lead1_halflife16": {"drift": True, "lead": 1.0, "halflife": 16.0},
             "halflife4": {"halflife": 4.0},
             # the prior before issue 29: the sentence embedding alone, no same-prompt term
-            "embedding_only": {"views": ["embedding"], "same_prompt": False}}
+            "embedding_only": {"views": ["embedding"], "same_prompt": False},
+            # the prior of 2026-12-03: no surface view, every score weighed alike
+            "no_surface_unweighted": {"views": ["embedding", "ngram", "both"],
+                                      "weigh_rollouts": False},
+            "no_surface": {"views": ["embedding", "ngram", "both"]},
+            "unweighted": {"weigh_rollouts": False}}
 
 
 def log(msg: str) -> None:
@@ -106,7 +111,7 @@ def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray
 
     server = PriorServer(cfg.prior.backend, {**cfg.prior.options, **options},
                          window=cfg.prior.window, fallback=None, budget_s=None)
-    server.observe([(o.prompt, o.score, o.version) for o in ctx])
+    server.observe([(o.prompt, o.score, o.version, o.rollouts) for o in ctx])
     return np.array(server.predict(prompts))
 
 

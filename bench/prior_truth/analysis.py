@@ -92,12 +92,13 @@ def reliability(p: np.ndarray, truth: np.ndarray, bins: int = 5) -> list[dict]:
 @dataclass(frozen=True)
 class Observation:
     """One finished prompt as the coordinator told the prior: its text, its observed success
-    rate, the version at which it finished, and when."""
+    rate, the version at which it finished, when, and the rollouts behind the rate."""
 
     prompt: str
     score: float
     version: int
     t_done: float
+    rollouts: int = 1
 
 
 def observations(prompt_rows: list[dict], rewards: tuple[float, float]) -> list[Observation]:
@@ -112,7 +113,8 @@ def observations(prompt_rows: list[dict], rewards: tuple[float, float]) -> list[
     for r in sorted(prompt_rows, key=lambda r: r["t_done"]):
         score = (float(np.mean(r["rewards"])) - lo) / (hi - lo)
         version = int(np.searchsorted(times, r["t_done"], side="right"))
-        out.append(Observation(r["prompt"], min(1.0, max(0.0, score)), version, r["t_done"]))
+        out.append(Observation(r["prompt"], min(1.0, max(0.0, score)), version, r["t_done"],
+                               len(r["rewards"])))
     return out
 
 
