@@ -153,10 +153,15 @@ class PriorServer:
         if _restarted_actor():
             return False
         self._job = None
+        kept = self._build
         if options is not None:
             backend, _, *rest = self._build
             self._build = (backend, dict(options), *rest)
-        self._fresh()
+        try:
+            self._fresh()
+        except Exception:
+            self._build = kept      # bad options: the server keeps the ones it had
+            raise
         return True
 
     def ready(self) -> bool:
