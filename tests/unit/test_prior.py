@@ -683,3 +683,17 @@ def test_observe_takes_the_rollouts_behind_a_score_and_names_a_bad_count():
     with pytest.raises(ValueError, match="rollouts"):
         server.observe([("c", 0.5, 1, 4, 9)])
     assert server.stats()["n_context"] == 2
+
+
+def test_a_window_with_too_few_repeats_to_choose_kappa_uses_no_history():
+    from actors.priors.history import MIN_REPEATED
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(60, 3))
+    y = rng.uniform(0, 1, size=60)
+    few = np.arange(60)
+    few[1] = few[0]                                       # one prompt seen twice
+    assert fit_context(X, y, ids=few).kappa is None
+    many = np.arange(60) % (60 - MIN_REPEATED // 2)       # MIN_REPEATED observations repeat
+    y_many = np.clip(0.5 + 0.4 * np.sin(many) + rng.normal(0, 0.02, 60), 0, 1)
+    assert fit_context(X, y_many, ids=many).kappa is not None
