@@ -51,8 +51,9 @@ def _median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def bench_latency(batch: int, window: int, repeats: int) -> dict:
-    """Milliseconds per ``predict`` of ``batch`` prompts, 1 thread, real encoder and cache."""
+def bench_latency(batch: int, window: int, repeats: int, options: dict | None = None) -> dict:
+    """Milliseconds per ``predict`` of ``batch`` prompts, 1 thread, real encoder and cache;
+    ``options``: the embedded prior's (its defaults when None)."""
     from actors.priors.server import PriorServer
     import math
     from bench.prior.proxy import arithmetic_problems, word_problems
@@ -60,7 +61,7 @@ def bench_latency(batch: int, window: int, repeats: int) -> dict:
     words = [p.prompt for p in pool]
     ariths = [p.prompt for p in arithmetic_problems(batch * (repeats + 1), seed=7)]
     t0 = time.perf_counter()
-    server = PriorServer("embedded", {}, window=window, cpu_threads=1)
+    server = PriorServer("embedded", dict(options or {}), window=window, cpu_threads=1)
     load_s = time.perf_counter() - t0
     context, queries = words[:window], words[window:window + batch]
     server.predict(context)                          # encode the context once, as in production
