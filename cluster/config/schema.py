@@ -43,7 +43,7 @@ class RunConfig(Section):
         "excluded; counted over the run and its resumes) to this many seconds; None: "
         "max_steps alone decides. Runs compared on the same wall-clock budget "
         "(bench.learning) use it."))
-    seed: int = Field(0, description="Seed of the prompt order, sampling and the learner.")
+    seed: int = Field(0, description="Seed of the prompt order and the held-out sampling.")
     eval_every: int = Field(5, ge=0, description=(
         "Held-out evaluation every N steps, and after the last step (0: never, unless "
         "eval_every_s)."))
