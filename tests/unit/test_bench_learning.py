@@ -272,3 +272,15 @@ def test_versus_puts_a_variant_in_v05s_place_and_refuses_unlike_studies(tmp_path
     written = json.loads((tmp_path / "new.json").read_text())["versus"]
     assert written["v05_minus_best_grpo_at_equal_rollouts"]["mean"] == pytest.approx(0.075)
     assert (tmp_path / "new.png").stat().st_size > 0 and (tmp_path / "new_stats.png").is_file()
+
+
+def test_a_mode_with_its_own_prior_options_gets_them_in_its_config(tmp_path):
+    from bench.learning.__main__ import run_config
+    from cluster.config.schema import load_config
+
+    base = json.loads(json.dumps(load_config("v05.yaml", []).model_dump(mode="json")))
+    old = run_config(base, "async_v05_prior1203", 3, tmp_path)
+    assert old.prior.options == {"views": ["embedding", "ngram", "both"],
+                                 "weigh_rollouts": False}
+    assert old.algo.name == "v05" and old.run.seed == 3
+    assert run_config(base, "async_v05", 3, tmp_path).prior.options == base["prior"]["options"]
