@@ -305,10 +305,10 @@ def reset_roles(cfg, roles: Roles, init_dir: str) -> None:
         ray.get(roles.prior.ready.remote())
 
 
-def _reset_in_place(prior, options: dict, timeout_s: float = 60.0) -> bool:
-    """The prior back to its just-started state in its own process, with ``options``
-    (``PriorServer.reset``); False when it cannot be (dead, hung, or a call past its budget
-    still running)."""
+def _reset_in_place(prior, options: dict | None = None, timeout_s: float = 60.0) -> bool:
+    """The prior back to its just-started state in its own process, with ``options`` (None:
+    its own; ``PriorServer.reset``); False when it cannot be (dead, hung, or a call past its
+    budget still running)."""
     import ray
 
     try:

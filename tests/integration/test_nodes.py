@@ -25,9 +25,10 @@ FAST = ["run.max_steps=3", "run.eval_every=0", "generators.measure_peak=false",
         "run.save_final=false", "rollout.batch_prompts=4", "run.checkpoint_every=0"]
 
 
-def submit(client, timeout_s: float = 120, **job) -> str:
+def submit(client, timeout_s: float = 300, **job) -> str:
     """``client.submit_job(**job)`` once the head's job agent is up: a fresh head answers "No
-    available agent to submit job" for a while (as test_job_submit.py waits for too)."""
+    available agent to submit job" for a while (as test_job_submit.py waits for too); in a
+    loaded suite (shuffled, beside another cluster's test) 120 s was once not enough."""
     deadline = time.time() + timeout_s
     while True:
         try:
