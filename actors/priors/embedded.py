@@ -182,6 +182,7 @@ class EmbeddedPrior(PriorBackend):
         self.reselect = float(reselect)
         self._chosen: tuple[str, frozenset] | None = None  # (view, the window it was chosen on)
         self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
+        self.surface_cache = EmbeddingCache(surface_features, cache_size)
         self.encoder = encoder if encoder is not None else SentenceEncoder(
             model_dir, device=device, batch_size=batch_size, max_seq_length=max_seq_length,
             threads=threads)
@@ -206,7 +207,7 @@ class EmbeddedPrior(PriorBackend):
         out = {}
         for v in want:
             if v == "surface":  # its columns in the window's units (the kernel centers them)
-                out[v] = surface_features(prompts) / self._surface_sd
+                out[v] = self.surface_cache.get(prompts) / self._surface_sd
             else:
                 out[v] = emb if v == "embedding" else ng if v == "ngram" else \
                     np.concatenate([emb, ng], axis=1) / np.sqrt(2.0)
@@ -233,8 +234,9 @@ class EmbeddedPrior(PriorBackend):
             self._id_of = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
             loglen = log_length(prompts) if self.use_length else None
             only = self._view_to_search(prompts)
-            sd = surface_features(prompts).std(axis=0)
-            self._surface_sd = np.where(sd > 1e-9, sd, 1.0)
+            if "surface" in ((only,) if only else self.views):
+                sd = self.surface_cache.get(prompts).std(axis=0)
+                self._surface_sd = np.where(sd > 1e-9, sd, 1.0)
             self._fit = fit_context(self._features(prompts, only), ctx.scores, ctx.ages,
                                     self.halflife, loglen, prior_mean=self.prior_mean,
                                     prior_strength=self.prior_strength, kernels=self.kernels,

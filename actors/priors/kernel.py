@@ -204,7 +204,8 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
-    decay, T, w = window_weights(ages, halflife, counts)
+    decay, T, rw = window_weights(ages, halflife, counts)
+    w = decay * rw
     bad = [k for k in kernels if k not in BASE_KERNELS]
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
@@ -239,18 +240,17 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w,
-                     rollout_weights(counts, len(y)))
+        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw)
     return best
 
 
 def window_weights(ages: np.ndarray, halflife: float | None, counts: np.ndarray | None):
     """The context's weights: (recency decay (N,), the time-decay kernel T (N, N) or None
-    without a halflife, each score's weight w (N,): its decay times its rollout weight)."""
+    without a halflife, the rollout weights (N,)); a score's weight is decay x rollout weight."""
     decay = recency_weights(ages, halflife)
     T = None if halflife is None else \
         np.power(0.5, np.abs(ages[:, None] - ages[None, :]) / halflife)
-    return decay, T, decay * rollout_weights(counts, len(ages))
+    return decay, T, rollout_weights(counts, len(ages))
 
 
 def rollout_weights(counts: np.ndarray | None, n: int) -> np.ndarray:

@@ -197,11 +197,12 @@ class PriorServer:
     def _context(self):
         import numpy as np
         from actors.priors import Context
-        prompts = tuple(p for p, _, _, _ in self._items)
-        scores = np.array([s for _, s, _, _ in self._items], dtype=np.float64)
-        ages = np.array([self._latest_version - v for _, _, v, _ in self._items], dtype=np.float64)
-        counts = np.array([n for _, _, _, n in self._items], dtype=np.float64)
-        return Context(prompts, scores, np.maximum(ages, 0.0), counts)
+        if not self._items:
+            return Context.empty()
+        prompts, scores, versions, counts = zip(*self._items)
+        ages = self._latest_version - np.array(versions, dtype=np.float64)
+        return Context(prompts, np.array(scores, dtype=np.float64), np.maximum(ages, 0.0),
+                       np.array(counts, dtype=np.float64))
 
     def predict(self, prompts: Sequence[str]) -> list[float]:
         """p in [0, 1] for each prompt, in order."""
