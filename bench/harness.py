@@ -97,8 +97,9 @@ def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
     lent roles, with this config's task, left running."""
     import ray
 
-    from cluster.nodes.placement import plan
-    from cluster.nodes.roles import connect, start_roles
+    from cluster.nodes.connect import connect
+    from cluster.nodes.placement import plan, reserve
+    from cluster.nodes.roles import start_roles
     from tasks import make_task_from_config
 
     if _lent:
@@ -113,7 +114,7 @@ def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
     p = plan(cfg)
     started = connect(cfg, p)
     try:
-        roles = start_roles(cfg, p, cfg.model_path())
+        roles = start_roles(cfg, reserve(p), cfg.model_path())
         try:
             init_dir = str(Path(workdir) / "init")
             roles.learner.save_checkpoint(init_dir, {"step": 0})

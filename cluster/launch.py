@@ -58,7 +58,8 @@ def preflight(cfg):
     task = make_task_from_config(cfg.task)
     task.train(), task.heldout()  # splits are built on first use: their errors are said now
     # nothing to resume, or a run in the way, is said now, not once the actors are up
-    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
+    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps,
+                       cfg.run.keep_checkpoints)
     return p, task, start
 
 
@@ -67,29 +68,33 @@ def run(cfg, checked=None) -> dict:
     import ray
 
     from cluster.run.preempt import Preemption
-    from cluster.nodes.placement import check_cluster
-    from cluster.nodes.roles import connect, start_roles
+    from cluster.nodes.connect import connect
+    from cluster.nodes.placement import reserve
+    from cluster.nodes.roles import start_roles
     from cluster.run.trainer import Trainer
 
     p, task, start, model_path = checked or (*preflight(cfg), cfg.model_path())
-    started = connect(cfg, p)  # refuses a local cluster this machine cannot hold, unstarted
     stop = Preemption(cfg.run.preempt_grace_s)
+    started = connect(cfg, p)  # refuses a local cluster this machine cannot hold, unstarted
     roles = None
     try:
-        check_cluster(p)  # the cluster holds the plan: said with its numbers, nothing deleted
+        t0 = time.perf_counter()
+        # The cluster holds the plan, or PlacementError says so with its numbers, before
+        # anything of a previous run is deleted.
+        groups = reserve(p)
         prepare(start)  # before the roles open logs/; decided once (preflight), said once
         stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
-        t0 = time.time()
-        roles = start_roles(cfg, p, model_path)
+        roles = start_roles(cfg, groups, model_path, t0=t0)
         up = roles.startup
-        print(f"actors up in {time.time() - t0:.0f}s (learner {up['learner_s']:.0f}s, generators "
-              f"{up['generators_s']:.0f}s" + (f", prior {up['prior_s']:.0f}s" if "prior_s" in up
-                                              else "") + ")", file=sys.stderr, flush=True)
+        print(f"actors up in {time.perf_counter() - t0:.0f}s (learner {up['learner_s']:.0f}s, "
+              f"generators {up['generators_s']:.0f}s" + (f", prior {up['prior_s']:.0f}s"
+                                                         if "prior_s" in up else "") + ")",
+              file=sys.stderr, flush=True)
         return Trainer.start(cfg, roles, task, start=start).run()
     finally:
-        if roles is not None:
-            roles.shutdown()
+        if roles is not None:  # its placement groups too; a group whose roles never started
+            roles.shutdown()  # goes with this driver's job (or the cluster it started)
         if started:
             ray.shutdown()
         stop.uninstall()

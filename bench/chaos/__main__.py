@@ -241,7 +241,7 @@ def merged(path: Path, rows: list[dict], when: dict) -> list[dict]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    from cluster.nodes.roles import prefer_loopback
+    from common.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     names = [n for n in (args.scenarios.split(",") if args.scenarios
@@ -289,6 +289,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from cluster.nodes.roles import run_main
+    from common.rayproc import run_main
 
     run_main(main)

@@ -129,7 +129,7 @@ def soak(args, workdir: Path) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    from cluster.nodes.roles import prefer_loopback
+    from common.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
     for kv in args.env:  # inherited by the cluster this process starts
@@ -158,6 +158,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from cluster.nodes.roles import run_main
+    from common.rayproc import run_main
 
     run_main(main)

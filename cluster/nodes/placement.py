@@ -118,17 +118,6 @@ def check_fits(p: Plan, available: dict[str, float], where: str = "the cluster")
                 f"{have:g}; {fix}")
 
 
-def check_cluster(p: Plan) -> None:
-    """The connected cluster holds the plan, in all (``check_fits``) and each role's actor on
-    some node (``layout`` on the live nodes): PlacementError with the numbers otherwise,
-    before anything is reserved, started or deleted (a plan that can never fit would
-    otherwise wait on its placement groups)."""
-    import ray
-
-    check_fits(p, ray.cluster_resources())
-    layout(p, [n["Resources"] for n in live_nodes()])
-
-
 # Reservation order: the most constrained role first, so that the generators' soft PACK
 # fills what the learner (one node) and the prior leave, not the other way round.
 ORDER = ("learner", "prior", "generator", "coordinator")
@@ -233,10 +222,13 @@ def live_nodes() -> list[dict]:
 def reserve(p: Plan, timeout_s: float = 60.0) -> dict:
     """The placement groups of ``layout`` on the live nodes, each ready before the next is
     asked for; returns {key: placement_group}, a key per group (``Reservation.groups``: the
-    role, or ``generator-<i>`` for each generator's own). On failure the groups made so far
-    are removed and PlacementError says which role did not fit and what was left."""
+    role, or ``generator-<i>`` for each generator's own). A cluster that cannot hold the plan,
+    in all (``check_fits``) or some role's actor on any node (``layout``), is refused with
+    the numbers before any group is asked for (a plan that can never fit would otherwise wait
+    on its groups); on a later failure the groups made so far are removed and PlacementError
+    says which role did not fit and what was left."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import placement_group
 
     check_fits(p, ray.cluster_resources())
     nodes = live_nodes()
@@ -247,10 +239,17 @@ def reserve(p: Plan, timeout_s: float = 60.0) -> dict:
                 groups[key] = placement_group(list(bundles), strategy=res.strategy)
                 _wait_ready(groups, key, res, nodes, timeout_s)
     except BaseException:
-        for pg in groups.values():
-            remove_placement_group(pg)
+        release(groups)
         raise
     return groups
+
+
+def release(groups: dict) -> None:
+    """Remove ``reserve``'s placement groups (Ray ends any actor still in one)."""
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in groups.values():
+        remove_placement_group(pg)
 
 
 def _wait_ready(groups: dict, key: str, res: Reservation, nodes: list[dict],

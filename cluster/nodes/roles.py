@@ -1,11 +1,12 @@
-"""Bring the cluster up and the role actors with it: Ray connection, placement, handles.
+"""The role actors in their reserved placement groups (``cluster.nodes.placement.reserve``,
+on the cluster ``cluster.nodes.connect`` joined): generators, prior and learner started
+together and waited for, and ``Roles``, the handles the driver holds.
 
 Everything here imports Ray lazily so that ``cluster.config.schema`` and ``--help`` stay fast.
 """
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -13,9 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from common.names import actor_name
-from common.rayproc import LOOPBACK_SWITCH, exit_process, prefer_loopback, run_main  # noqa: F401
 from common.threads import threads_for
-from cluster.nodes.placement import Plan, check_fits, group_key, reserve
+from cluster.nodes.placement import group_key, release
 
 
 def log_dir(cfg) -> Path | None:
@@ -27,108 +27,6 @@ def log_dir(cfg) -> Path | None:
 def log_path(cfg, role: str) -> str | None:
     d = log_dir(cfg)
     return None if d is None else str(d / f"{role}.log")
-
-
-def connect(cfg, plan: Plan) -> bool:
-    """Join the configured cluster, or one started with ``ray start --head`` on this machine,
-    else start a local one of this launch's own on 127.0.0.1 (``own_temp_dir``). Returns
-    True if this process started the cluster (and so should stop it)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    env = {"env_vars": {"PYTHONPATH": os.getcwd(), "TOKENIZERS_PARALLELISM": "false"}}
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
-    # Joining: the job's own runtime env (ray job submit --working-dir) or the installed
-    # package makes our modules importable on the workers; ours would fight the job's.
-    if address and address != "local":
-        ray.init(address=address, log_to_driver=True)
-        return False
-    started_by_ray_start = ray_start_address() if address is None else None
-    if started_by_ray_start:
-        try:
-            ray.init(address=started_by_ray_start)
-            return False
-        except ConnectionError:  # its address file outlived it: start one of our own
-            pass
-    cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(plan.total_cpus + 0.5))
-    # Ray would take num_gpus on trust: a plan of more GPUs than this machine has is refused
-    # here, with the numbers, rather than failing in the engines once they start.
-    check_fits(plan, {"CPU": cpus, "GPU": gpus_here()}, "a local cluster on this machine"
-               + (" (cluster.num_cpus)" if cfg.cluster.num_cpus else ""))
-    quiet_auth_notice()
-    bound_task_events()
-    ray.init(address="local", num_cpus=cpus, num_gpus=int(plan.total_gpus) or None,
-             _node_ip_address="127.0.0.1", include_dashboard=False, runtime_env=env,
-             logging_level="WARNING", _temp_dir=own_temp_dir())
-    return True
-
-
-def ray_start_address() -> str | None:
-    """The cluster ``ray start --head`` started on this machine, as ``ray.init()`` finds it
-    (Ray's address file), or None. Not Ray's ``address="auto"``, which falls back to any Ray
-    cluster whose process it sees on this machine: another launch's own, whose resources its
-    roles hold."""
-    from ray._private.services import canonicalize_bootstrap_address
-
-    return canonicalize_bootstrap_address(None)
-
-
-def own_temp_dir(root: str | None = None) -> str:
-    """A folder of its own, under Ray's usual one, for a cluster this launch starts: its
-    session files and its address file, which ``ray.init(address="auto")`` reads. In Ray's
-    shared folder a second launch on this machine would find this cluster there, join it,
-    and wait for resources that this run's roles hold; in a folder of its own it is found by
-    no other driver, and the second launch starts a cluster of its own. A cluster started
-    with ``ray start --head`` stays where Ray puts it, and launches join it."""
-    import tempfile
-
-    base = Path(root or Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray")  # Ray's rule
-    base.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkdtemp(prefix="v05-", dir=base)  # short: Ray's socket paths < 108
-
-
-def gpus_here() -> int:
-    """GPUs a Ray node started on this machine would find (Ray's own count: NVIDIA's driver,
-    CUDA_VISIBLE_DEVICES honoured)."""
-    from ray._private.accelerators import get_accelerator_manager_for_resource
-
-    return int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
-
-
-TASK_EVENTS_VAR = "RAY_task_events_max_num_task_in_gcs"
-TASK_EVENTS_KEPT = 2_000
-DROPPED_VAR = "RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs"
-DROPPED_KEPT = 10_000
-
-
-def bound_task_events(environ=os.environ) -> str:
-    """A cluster this process starts keeps the events of its last ``TASK_EVENTS_KEPT`` tasks
-    (the dashboard's task table: the last 20 steps or so) instead of Ray's 100,000: a run makes
-    about a hundred actor calls a step, each event about 3 KiB in gcs_server, which at Ray's
-    default grew by ~3 MiB a minute for the first hours of a run, and at 10,000 for the first
-    ten minutes (bench.soak; ``gcs_task_events`` in soak.json counts them). Every event it
-    lets go is then remembered as a dropped task attempt, up to Ray's 1,000,000 a job (about
-    80,000 an hour here: gcs_server grew ~6 MiB an hour for that, for half a day); it
-    remembers ``DROPPED_KEPT``. Set before ``ray.init`` starts the cluster's processes, which
-    read them; a value the user set wins. Returns the task-event bound in force."""
-    environ.setdefault(DROPPED_VAR, str(DROPPED_KEPT))
-    return environ.setdefault(TASK_EVENTS_VAR, str(TASK_EVENTS_KEPT))
-
-
-AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def quiet_auth_notice() -> None:
-    """Ray 2.60 turns token authentication on for every cluster ``ray.init`` starts and says
-    so with a WARNING on the console ("Token authentication is enabled for this Ray cluster
-    ..."). That is the safe default we keep (the cluster listens on 127.0.0.1 only; the token
-    guards it against other users of this machine); there is nothing for the user to do, so
-    the notice is dropped (its logger's level only: an authentication *error* still shows).
-    ``RAY_AUTH_MODE`` set by the user still decides, as Ray documents."""
-    import logging
-
-    logging.getLogger(AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
 
 
 @dataclass
@@ -158,8 +56,7 @@ class Roles:
             self.learner.shutdown()
         for h in self.generators + ([self.prior] if self.prior is not None else []):
             ray.kill(h, no_restart=True)
-        for pg in self.placement_groups.values():
-            ray.util.remove_placement_group(pg)
+        release(self.placement_groups)
 
 
 def pg_strategy(pg, index: int):
@@ -168,8 +65,9 @@ def pg_strategy(pg, index: int):
     return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
 
 
-def start_generator(cfg, model_path: str, i: int, pg):
-    """Generator ``i`` in placement group ``pg`` (its own, bundle 0); not waited for."""
+def start_generator(cfg, model_path: str, i: int, pg, name: str):
+    """Generator ``i`` in placement group ``pg`` (its own, bundle 0), Ray actor ``name``; not
+    waited for."""
     import ray
 
     from actors.generator import Generator
@@ -181,17 +79,15 @@ def start_generator(cfg, model_path: str, i: int, pg):
     first = (i * threads) % ncores
     bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
     return ray.remote(Generator).options(
-        name=actor_name(cfg.run.name, f"generator-{i}"),
-        num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
+        name=name, num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
         max_concurrency=1024, scheduling_strategy=pg_strategy(pg, 0),
     ).remote(model_path, i, g.engine, threads, bind, log_path(cfg, f"generator-{i}"))
 
 
-def start_generators(cfg, model_path: str, groups: dict) -> list:
-    """Every generator, each in its own group; not waited for: engines start while the
-    learner starts."""
-    return [start_generator(cfg, model_path, i, groups[group_key("generator", i)])
-            for i in range(cfg.generators.count)]
+def new_generator(cfg, model_path: str, i: int, pg):
+    """Generator ``i`` started anew in ``pg`` (``Roles.new_generator``: one whose node was
+    lost), named as the first was."""
+    return start_generator(cfg, model_path, i, pg, actor_name(cfg.run.name, f"generator-{i}"))
 
 
 def start_learner(cfg, model_path: str, pg):
@@ -204,14 +100,15 @@ def start_learner(cfg, model_path: str, pg):
                    log_dir=None if logs is None else str(logs), run_name=cfg.run.name)
 
 
-def start_prior(cfg, pg):
+def start_prior(cfg, pg, name: str):
+    """The prior server in ``pg`` (bundle 0), Ray actor ``name``; not waited for."""
     import ray
 
     from actors.priors.server import PriorServer
 
     p = cfg.prior
     handle = ray.remote(PriorServer).options(
-        name=actor_name(cfg.run.name, "prior"), num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
+        name=name, num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=1,
         scheduling_strategy=pg_strategy(pg, 0),
     ).remote(p.backend, p.options, p.window, threads_for(p.cpus), fallback=p.fallback,
              fallback_options=p.fallback_options, budget_s=p.server_budget_s,
@@ -219,22 +116,27 @@ def start_prior(cfg, pg):
     return handle
 
 
-def start_roles(cfg, plan: Plan, model_path: str) -> Roles:
-    """The long-lived roles: generators, prior, learner (weight sender connected). A run's
-    own roles (coordinator, telemetry) come from ``start_run_roles``."""
+def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> Roles:
+    """The long-lived roles in their placement groups (``groups``: ``reserve``'s, asked for
+    at ``t0``): generators, prior, learner (weight sender connected). Their Ray names are
+    chosen once, before any starts. A run's own roles (coordinator, telemetry) come from
+    ``start_run_roles``."""
     import ray
 
-    t0 = time.perf_counter()
-    groups = reserve(plan)
+    t0 = time.perf_counter() if t0 is None else t0
+    keys = [group_key("generator", i) for i in range(cfg.generators.count)]
+    names = {key: actor_name(cfg.run.name, key)
+             for key in keys + (["prior"] if "prior" in groups else [])}
     roles = Roles(generators=[], learner=None, placement_groups=groups,
-                  new_generator=functools.partial(start_generator, cfg, model_path))
+                  new_generator=functools.partial(new_generator, cfg, model_path))
     try:
         # Actor constructors run concurrently: engines, prior and DeepSpeed start together;
         # each role's time is measured to its ready answer (the split goes to summary.json).
         roles.startup["placement_s"] = time.perf_counter() - t0
-        roles.generators = start_generators(cfg, model_path, groups)
+        roles.generators = [start_generator(cfg, model_path, i, groups[key], names[key])
+                            for i, key in enumerate(keys)]
         if "prior" in groups:
-            roles.prior = start_prior(cfg, groups["prior"])
+            roles.prior = start_prior(cfg, groups["prior"], names["prior"])
         waits = {"generators": [h.ready.remote() for h in roles.generators]}
         if roles.prior is not None:
             waits["prior"] = [roles.prior.ready.remote()]
@@ -301,7 +203,8 @@ def reset_roles(cfg, roles: Roles, init_dir: str) -> None:
     ray.get(refs)
     if roles.prior is not None and not _reset_in_place(roles.prior, cfg.prior.options):
         ray.kill(roles.prior)
-        roles.prior = start_prior(cfg, roles.placement_groups["prior"])
+        roles.prior = start_prior(cfg, roles.placement_groups["prior"],
+                                  actor_name(cfg.run.name, "prior"))
         ray.get(roles.prior.ready.remote())
 
 

@@ -4,7 +4,7 @@ decided once, before any actor starts, from the directory alone; what a run writ
 ``cluster.config.paths``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.config.paths import RunDirError, check_links
@@ -26,12 +26,14 @@ AGAIN = "run.overwrite=true deletes it and starts over; or choose another run.na
 class Start:
     """How a run starts in its directory (``plan_start``): ``action`` is "fresh" (nothing of
     a previous run there), "overwrite" (``found`` deleted first), "resume" (from checkpoint
-    ``tag``) or "done" (``tag`` is at ``run.max_steps`` already: nothing to train)."""
+    ``tag``) or "done" (``tag`` is at ``run.max_steps`` already: nothing to train).
+    ``checkpoints``: the run's checkpoints, the store it resumes from and saves to."""
 
     action: str
     run_dir: Path
     found: tuple[str, ...] = ()
     tag: str | None = None
+    checkpoints: Checkpoints | None = field(default=None, compare=False, repr=False)
 
     @property
     def step(self) -> int:
@@ -51,13 +53,8 @@ class Start:
         }[self.action]
 
 
-def previous_results(run_dir: Path) -> tuple[str, ...]:
-    """The ``RESULTS`` a previous run left in ``run_dir``."""
-    return tuple(n for n in RESULTS if (Path(run_dir) / n).exists())
-
-
 def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = False,
-               max_steps: int | None = None) -> Start:
+               max_steps: int | None = None, keep: int = 2) -> Start:
     """How a launch into ``run_dir`` starts; decided from the directory alone, before any
     actor starts. Only ``overwrite`` deletes. ``resume``: "auto" continues the newest whole
     checkpoint when there is one (a rerun of the command, a requeued job), starts fresh in an
@@ -67,29 +64,32 @@ def plan_start(run_dir: Path, resume: bool | str = "auto", overwrite: bool = Fal
     A checkpoint at ``max_steps`` or later is "done". The checkpoint to resume is the first
     whose files match their signed digests (``Checkpoints.verified``): a damaged one is
     skipped, an altered one refused (``CheckpointAltered``, exit 2). A link among the run's
-    outputs that leads out of ``run_dir`` is refused first (``paths.check_links``)."""
+    outputs that leads out of ``run_dir`` is refused first (``paths.check_links``). The
+    ``Start`` carries the run's ``Checkpoints`` (``keep``: how many it keeps)."""
     run_dir = Path(run_dir)
     # Before anything there is read or deleted. W&B's folder holds W&B's own links out (its
     # debug logs, in ~/.cache/wandb): only the folder and the file we write there are ours.
     check_links(run_dir, RUN_OUTPUTS + (LOGS, "wandb/v05-run-id"), shallow=("wandb",))
-    found = previous_results(run_dir)
+    found = tuple(n for n in RESULTS if (run_dir / n).exists())  # a previous run's results
+    ckpts = Checkpoints(run_dir / "checkpoints", keep)
     if overwrite:
         if resume is True:
             raise RunDirError("run.resume=true and run.overwrite=true contradict each other: "
                               "continue the run or delete it, not both")
-        return Start("overwrite" if found else "fresh", run_dir, found)
-    ckpts = resumable(run_dir) if resume is True else Checkpoints(run_dir / "checkpoints")
+        return Start("overwrite" if found else "fresh", run_dir, found, checkpoints=ckpts)
+    if resume is True:
+        ckpts = resumable(run_dir, keep)  # FileNotFoundError: nothing there to continue
     tags = ckpts.tags()
     if tags and resume is not False:
         if max_steps is not None and int(tags[0][4:]) >= max_steps:
-            return Start("done", run_dir, found, tags[0])  # nothing of it is loaded
+            return Start("done", run_dir, found, tags[0], ckpts)  # nothing of it is loaded
         tag, damaged = ckpts.verified()  # CheckpointAltered: refused, nothing of it read
         if tag is None:
             raise RunDirError(f"no checkpoint of {run_dir} is whole on disk ({'; '.join(damaged)})"
                               f": {AGAIN}")
-        return Start("resume", run_dir, found, tag)
+        return Start("resume", run_dir, found, tag, ckpts)
     if not found:
-        return Start("fresh", run_dir)
+        return Start("fresh", run_dir, checkpoints=ckpts)
     what = ", ".join(found) + (f", checkpoint {tags[0]}" if tags else "")
     if resume is False:
         raise RunDirError(f"run.resume=false but {run_dir} holds a previous run ({what}): "
@@ -138,7 +138,8 @@ def start_on_running_roles(cfg) -> Start:
     """How an in-process run on roles that are already up (benchmarks, tests) starts: as
     the launcher decides it (``plan_start``), a finished run refused (``RunDirError``), the
     directory prepared but for ``logs/``, which those roles keep writing."""
-    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps)
+    start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps,
+                       cfg.run.keep_checkpoints)
     if start.action == "done":
         raise RunDirError(start.line())
     prepare(start, logs=False)

@@ -1,7 +1,7 @@
-"""A run's start on running roles (``cluster.nodes.roles.start_roles``): its directory, where it
-resumes from, its own roles (coordinator, telemetry), the watchdog, the run files, and, on a
-resume, the first weight publish; then ``publish``, the one way weights reach the
-generators. ``cluster.run.trainer.Trainer`` drives the ``Run`` this returns.
+"""A run's start on running roles (``cluster.nodes.roles.start_roles``): where it resumes
+from, its own roles (coordinator, telemetry), the watchdog, the run files; and ``publish``,
+the one way weights reach the generators (on a resume, first of all: ``Trainer.run``).
+``cluster.run.trainer.Trainer`` drives the ``Run`` this returns.
 """
 from __future__ import annotations
 
@@ -47,8 +47,6 @@ def resume_state(cfg, roles, start: Start) -> RunState:
     the run continues its counters and its admitted prompts."""
     import ray
 
-    from cluster.records.checkpoints import resumable
-
     try:  # before the run's watchdog exists: bounded by the run's call timeout instead
         versions = ray.get([g.version.remote() for g in roles.generators],
                            timeout=cfg.run.call_timeout_s)
@@ -58,8 +56,7 @@ def resume_state(cfg, roles, start: Start) -> RunState:
     served = max(max(versions), roles.published)
     if start.action != "resume":
         return RunState(version=served)
-    ckpts = resumable(cfg.run_dir, cfg.run.keep_checkpoints)
-    tag, st, run_state, skipped = ckpts.load(roles.learner)
+    tag, st, run_state, skipped = start.checkpoints.load(roles.learner)
     # Generators that outlived the run hold a newer version: publish over theirs.
     version = max(st["policy_version"], served + 1)
     return RunState(version=version, step=st["step"], totals=st.get("totals", {}),
@@ -101,12 +98,12 @@ def start_run_roles(cfg, roles, task, state: RunState):
 
     est, coord_cfg = coordinator_config(cfg, task, state)
     run = cfg.run.name
+    coord_name, telemetry_name = (actor_name(run, role) for role in ("coordinator", "telemetry"))
     coord = ray.remote(Coordinator).options(
-        name=actor_name(run, "coordinator"), num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
+        name=coord_name, num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
         scheduling_strategy=pg_strategy(roles.placement_groups["coordinator"], 0)).remote(
         roles.generators, roles.prior, est, coord_cfg)
-    telemetry = ray.remote(Telemetry).options(name=actor_name(run, "telemetry"),
-                                              num_cpus=0).remote(run)
+    telemetry = ray.remote(Telemetry).options(name=telemetry_name, num_cpus=0).remote(run)
     return coord, telemetry
 
 
@@ -135,7 +132,7 @@ def start_run(cfg, roles, task, start: Start) -> Run:
     """Everything a run needs before its first step, on roles already up. ``start``: how the
     run starts in its directory, decided once before (by the launcher, or
     ``cluster.run.directory.start_on_running_roles`` for a run on roles already up), its
-    directory prepared."""
+    directory prepared; its checkpoints are the run's."""
     state = resume_state(cfg, roles, start)
     if not state.resumed:  # the generators serve this version already: nothing to publish
         roles.published = state.version
@@ -146,11 +143,8 @@ def start_run(cfg, roles, task, start: Start) -> Run:
                      wandb=WandbLog.open(cfg, state.resumed) if cfg.logging.wandb else None)
     run = Run(cfg, roles, task, state, coord, telemetry,
               Watchdog(cfg.run.stall_timeout_s, coordinator_blame(coord)), files,
-              Tally(state.totals), Checkpoints(cfg.run_dir / "checkpoints",
-                                               cfg.run.keep_checkpoints), Evaluator(cfg, task),
+              Tally(state.totals), start.checkpoints, Evaluator(cfg, task),
               NodeWatch(roles.placement_groups), Replacer(roles, coord))
-    if state.resumed:
-        publish(run, state.version)  # generators serve the checkpoint's weights first
     return run
 
 

@@ -88,6 +88,8 @@ class Trainer:
         (``run.save_final``), summary.json (returned as written); ``Stalled``, or ``Preempted``
         (cluster.run.preempt)."""
         cfg, files = self.cfg, self.r.files
+        if self.r.state.resumed:  # the generators serve the checkpoint's weights first
+            publish(self.r, self.r.state.version)
         initial = self.initial_evaluation()  # before the clock starts
         peaks = measure_peaks(self.r) if cfg.generators.measure_peak else None
         gen0, self.t_start = generator_stats(self.roles.generators), self.dog.progress(self.step)

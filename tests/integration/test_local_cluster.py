@@ -2,7 +2,7 @@
 the same machine meanwhile starts another instead of joining the first (whose resources the
 first run's roles hold, so the second would wait for them); a cluster started with
 ``ray start --head`` is still the one launches join (``RAY_ADDRESS``/``auto``, test_job_submit).
-Each launch here is ``cluster.nodes.roles.connect`` in a process of its own, as the launcher
+Each launch here is ``cluster.nodes.connect.connect`` in a process of its own, as the launcher
 calls it."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ prefer_loopback()
 import ray
 from cluster.config.schema import load_config
 from cluster.nodes.placement import plan
-from cluster.nodes.roles import connect
+from cluster.nodes.connect import connect
 cfg = load_config("v05.yaml")
 started = connect(cfg, plan(cfg))
 print(started, ray.get_runtime_context().gcs_address, ray.cluster_resources()["CPU"], flush=True)

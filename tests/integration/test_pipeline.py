@@ -55,7 +55,9 @@ def make_cfg(tmp, name, **sections):
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
-    from cluster.nodes.roles import connect, start_roles
+    from cluster.nodes.connect import connect
+    from cluster.nodes.placement import reserve
+    from cluster.nodes.roles import start_roles
     from tasks import make_task_from_config
 
     tmp = tmp_path_factory.mktemp("runs")
@@ -63,7 +65,7 @@ def system(tmp_path_factory):
     p = plan(cfg)
     model_path = cfg.model_path()
     started = connect(cfg, p)
-    roles = start_roles(cfg, p, model_path)
+    roles = start_roles(cfg, reserve(p), model_path)
     init = str(tmp / "init")
     roles.learner.save_checkpoint(init, {"step": 0})
     yield {"tmp": tmp, "roles": roles, "task": make_task_from_config(cfg.task), "cfg": cfg,
@@ -160,6 +162,7 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
     the time): the real-time test rejects it for all but a vanishing fraction of prompts, so
     extra rollouts are asked for, through the batched plan, within k_max; no trained sample is
     older than max_staleness; generation goes on while the learner trains."""
+    from common.names import actor_name
     from cluster.nodes.roles import start_prior
 
     cfg = make_cfg(fresh["tmp"], "async-v05", mode="async",
@@ -168,7 +171,8 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
                    prior={"backend": "constant", "options": {"prior_mean": 1.0}},
                    run={"max_steps": 6, "eval_every": 0}, rollout={"max_staleness": 1})
     ray.kill(fresh["roles"].prior)
-    fresh["roles"].prior = start_prior(cfg, fresh["roles"].placement_groups["prior"])
+    fresh["roles"].prior = start_prior(cfg, fresh["roles"].placement_groups["prior"],
+                                       actor_name(cfg.run.name, "prior"))
     summary = run(fresh, cfg)
     rows = read_metrics(cfg.run_dir)
     assert METRIC_KEYS <= set(rows[0])

@@ -92,6 +92,7 @@ class FakeRoles:
 @pytest.fixture
 def fake_cluster(monkeypatch):
     """cluster.nodes.roles's start with stand-ins that record what the harness called."""
+    import cluster.nodes.connect
     import cluster.nodes.placement
     import cluster.nodes.roles
     import tasks
@@ -100,9 +101,13 @@ def fake_cluster(monkeypatch):
     ray = SimpleNamespace(shutdown=lambda: calls.append("ray.shutdown"))
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setattr(cluster.nodes.placement, "plan", lambda cfg: "plan")
-    monkeypatch.setattr(cluster.nodes.roles, "connect", lambda cfg, p: calls.append("connect") or True)
+    monkeypatch.setattr(cluster.nodes.connect, "connect",
+                        lambda cfg, p: calls.append("connect") or True)
+    monkeypatch.setattr(cluster.nodes.placement, "reserve",
+                        lambda p: calls.append(("reserve", p)) or "groups")
     monkeypatch.setattr(cluster.nodes.roles, "start_roles",
-                        lambda cfg, p, path: calls.append(("start", p, path)) or FakeRoles(calls))
+                        lambda cfg, groups, path: calls.append(("start", groups, path))
+                        or FakeRoles(calls))
     monkeypatch.setattr(cluster.nodes.roles, "reset_roles",
                         lambda cfg, roles, init: calls.append(("reset", cfg, init)))
     monkeypatch.setattr(tasks, "make_task_from_config", lambda t: ("task", t))
@@ -117,7 +122,7 @@ def test_shared_roles_start_once_reset_each_run_and_shut_down(fake_cluster, tmp_
         assert shared.setup_s >= 0
         for run in ("r1", "r2"):
             shared.reset(run)
-    assert calls == ["connect", ("start", "plan", "/model"),
+    assert calls == ["connect", ("reserve", "plan"), ("start", "groups", "/model"),
                      ("save", str(tmp_path / "init"), {"step": 0}),
                      ("reset", "r1", str(tmp_path / "init")),
                      ("reset", "r2", str(tmp_path / "init")),
@@ -130,10 +135,10 @@ def test_shared_roles_shut_down_when_a_run_raises_and_keep_a_joined_cluster(
     with pytest.raises(RuntimeError, match="boom"), shared_roles(cfg, tmp_path):
         raise RuntimeError("boom")
     assert calls[-2:] == ["roles.shutdown", "ray.shutdown"]
-    import cluster.nodes.roles
+    import cluster.nodes.connect
 
     calls.clear()
-    monkeypatch.setattr(cluster.nodes.roles, "connect", lambda cfg, p: False)  # joined, not started
+    monkeypatch.setattr(cluster.nodes.connect, "connect", lambda cfg, p: False)  # joined, not started
     with shared_roles(cfg, tmp_path):
         pass
     assert calls[-1] == "roles.shutdown" and "ray.shutdown" not in calls
@@ -150,7 +155,7 @@ def test_shared_roles_stop_the_cluster_they_started_when_the_roles_fail(fake_clu
     monkeypatch.setattr(cluster.nodes.roles, "start_roles", fail)
     with pytest.raises(RuntimeError, match="no engine"), shared_roles(cfg, tmp_path):
         pass
-    assert calls == ["connect", "ray.shutdown"]
+    assert calls == ["connect", ("reserve", "plan"), "ray.shutdown"]
 
 
 def test_lent_roles_serve_every_bench_of_the_same_shape_and_stay_up(fake_cluster, tmp_path):

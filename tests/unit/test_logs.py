@@ -83,14 +83,14 @@ def test_the_reduce_op_deprecation_stays_off_the_console_and_other_warnings_do_n
 
 
 def test_the_local_clusters_token_auth_notice_is_dropped_and_its_errors_are_not():
-    """cluster.nodes.roles.quiet_auth_notice, called before the launcher's ray.init starts a local
+    """cluster.nodes.connect.quiet_auth_notice, called before the launcher's ray.init starts a local
     cluster: the logger it quiets is the one Ray's notice is logged on (read from Ray's source
     without importing Ray: this tier runs without it), and only warnings are dropped."""
     import importlib.util
     import logging
     from pathlib import Path
 
-    from cluster.nodes.roles import AUTH_NOTICE_LOGGER, quiet_auth_notice
+    from cluster.nodes.connect import AUTH_NOTICE_LOGGER, quiet_auth_notice
 
     ray_dir = Path(importlib.util.find_spec("ray").submodule_search_locations[0])
     source = ray_dir.joinpath(*AUTH_NOTICE_LOGGER.split(".")[1:]).with_suffix(".py").read_text()
@@ -113,7 +113,7 @@ def test_the_local_clusters_token_auth_notice_is_dropped_and_its_errors_are_not(
 
 
 def test_a_local_cluster_keeps_fewer_task_events_unless_the_user_chose():
-    from cluster.nodes.roles import (DROPPED_VAR, TASK_EVENTS_KEPT, TASK_EVENTS_VAR,
+    from cluster.nodes.connect import (DROPPED_VAR, TASK_EVENTS_KEPT, TASK_EVENTS_VAR,
                                  bound_task_events)
 
     env: dict[str, str] = {}

@@ -46,6 +46,20 @@ def test_auto_resumes_the_newest_whole_checkpoint_and_says_how_to_start_over(tmp
     assert plan_start(run, True, max_steps=10).tag == "step4"  # the explicit resume agrees
 
 
+def test_the_start_carries_the_run_s_checkpoints_whatever_it_decided(tmp_path):
+    """The run resumes from and saves to the store its start was decided on, keeping what
+    run.keep_checkpoints says: nothing later looks for the checkpoints again."""
+    run = finished_run(tmp_path / "r")
+    for resume, overwrite, action in [("auto", False, "resume"), (True, False, "resume"),
+                                      (False, True, "overwrite")]:
+        st = plan_start(run, resume, overwrite, max_steps=10, keep=3)
+        assert st.action == action
+        assert st.checkpoints.root == run / "checkpoints" and st.checkpoints.keep == 3
+    assert plan_start(run, "auto", max_steps=10, keep=3).checkpoints.tags() == ["step4", "step2"]
+    fresh = plan_start(tmp_path / "new", "auto", keep=5)
+    assert fresh.action == "fresh" and fresh.checkpoints.keep == 5
+
+
 def test_a_checkpoint_at_max_steps_is_a_finished_run_with_nothing_to_do(tmp_path):
     run = finished_run(tmp_path / "r")
     for resume in ("auto", True):
