@@ -32,12 +32,13 @@ from collections import Counter
 
 from actors.fault_log import FaultLog
 from actors.generator_pool import GeneratorPool
-from actors.prompts import PromptSampler, checked_priors, hand_over, success_rate
+from actors.prompts import (PromptSampler, checked_priors, hand_over, rollout_request,
+                            success_rate)
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig, checkpoint
 from actors.scoring import Overlong, Scorer
 from common.atomic import write_atomic
 from common.records import Accounting
-from common.types import Rollout, RolloutRequest, SamplingConfig, TrainBatch
+from common.types import Rollout, SamplingConfig, TrainBatch
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
 
@@ -305,9 +306,7 @@ class Coordinator:
         pif = self.sched.inflight.get(d.uid)
         if pif is None:
             return
-        req = RolloutRequest(d.request_id, pif.problem.id, pif.problem.prompt, len(d.indices),
-                             self.sampling, priority=d.priority,
-                             messages=pif.problem.messages)
+        req = rollout_request(d, pif.problem, self.sampling)
         g, failed = self.pool[d.generator], None
         try:
             rollouts = await asyncio.wait_for(g.generate.remote(req), self.request_timeout_s)

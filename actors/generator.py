@@ -75,8 +75,9 @@ def build_sampling_params(req: RolloutRequest, i: int):
     return SamplingParams(
         n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
         stop=list(s.stop) or None, ignore_eos=s.ignore_eos,
-        # Distinct per completion so n seeded completions are not n copies.
-        seed=None if s.seed is None else s.seed + i,
+        # Each completion's own (common random numbers across runs), else distinct per
+        # completion so n seeded completions are not n copies.
+        seed=req.seeds[i] if req.seeds else None if s.seed is None else s.seed + i,
         logprobs=0)  # 0: just the sampled token's log-prob
 
 

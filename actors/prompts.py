@@ -1,17 +1,20 @@
-"""Prompt-side plumbing of the coordinator: the training-prompt stream, the prior's answer
-checked, a finished prompt turned into its record and its training samples, and finished
-prompts into a batch.
+"""Prompt-side plumbing of the coordinator: the training-prompt stream, a prompt's rollout
+request (seeded per rollout when the run asks), the prior's answer checked, a finished
+prompt turned into its record and its training samples, and finished prompts into a batch.
 
 Pure Python (no Ray, no asyncio): the coordinator, the tests and the simulator share it
 (``hand_over`` imports Ray only to put a batch's shards in the object store).
 """
 from __future__ import annotations
 
+import hashlib
 import random
 
 from actors.scheduler import PromptInFlight
+from actors.scheduler.messages import Dispatch
 from common.sharding import make_shards
-from common.types import PromptRecord, Rollout, TrainBatch, TrainSample
+from common.types import (PromptRecord, Rollout, RolloutRequest, SamplingConfig, TrainBatch,
+                          TrainSample)
 from estimator.core import reward_to_prob
 
 
@@ -39,6 +42,23 @@ class PromptSampler:
             out.append(self.problems[self._perm[i]])
             self.position += 1
         return out
+
+
+def rollout_seed(seed: int, uid: str, index: int) -> int:
+    """The sampling seed of rollout ``index`` of the prompt admitted as ``uid`` in a run
+    seeded ``seed``: the same in every run and algorithm with that seed (the n-th admission
+    is the same prompt: ``PromptSampler``), distinct across prompts and rollouts."""
+    digest = hashlib.blake2b(f"{seed}/{uid}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 2**31  # vLLM takes any int; torch wants < 2**63
+
+
+def rollout_request(d: Dispatch, problem, sampling: SamplingConfig) -> RolloutRequest:
+    """The engine request of dispatch ``d`` for ``problem``: its completions seeded one by
+    one (``rollout_seed``) when ``sampling.seed`` is set (``rollout.seeded``), else unseeded."""
+    seeds = (() if sampling.seed is None else
+             tuple(rollout_seed(sampling.seed, d.uid, i) for i in d.indices))
+    return RolloutRequest(d.request_id, problem.id, problem.prompt, len(d.indices), sampling,
+                          priority=d.priority, messages=problem.messages, seeds=seeds)
 
 
 def checked_priors(ps, n: int) -> list[float]:

@@ -26,7 +26,8 @@ class RolloutRequest:
     first by engines that support priority scheduling (extra rollouts of a prompt in flight
     go before new prompts). ``messages``: the prompt's chat turns, (role, content) pairs,
     when it is a conversation other than one user turn (``tasks.base.Problem.messages``);
-    empty: ``prompt`` is the user turn."""
+    empty: ``prompt`` is the user turn. ``seeds``: completion i's sampling seed (one per
+    completion, ``actors.prompts.rollout_seed``); empty: ``sampling.seed`` + i, or none."""
 
     request_id: str
     prompt_id: str
@@ -35,6 +36,7 @@ class RolloutRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     priority: int = 0
     messages: tuple[tuple[str, str], ...] = ()
+    seeds: tuple[int, ...] = ()
 
 
 @dataclass

@@ -77,6 +77,16 @@ MODES = {
     "async_v05_k4": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 4}},
     "async_oracle4": {"mode": "async", "algo": {"name": "oracle", "k_init": 16, "k_max": 16,
                                                 "train_k": 4}},
+    # The paired baseline study (--baselines --paired): the same modes synchronous, every
+    # training rollout seeded from (seed, admission, index) (rollout.seeded): at one seed
+    # every mode starts on the same prompts with the same responses, and differs by its
+    # baseline alone until the policies part (common random numbers).
+    **{f"sync_{name}": {**spec, "mode": "sync", "rollout": {"seeded": True}}
+       for name, spec in (("drgrpo4", {"algo": {"name": "dr_grpo", "k_init": 4, "k_max": 4}}),
+                          ("oracle4", {"algo": {"name": "oracle", "k_init": 16, "k_max": 16,
+                                                "train_k": 4}}),
+                          ("v05", {"algo": {"name": "v05", "k_init": 4, "k_max": 16}}),
+                          ("v05_k4", {"algo": {"name": "v05", "k_init": 4, "k_max": 4}}))},
     # V0.5 with the prior of 2026-12-03 (no surface view, every score weighed alike), beside
     # the shipped prior in the same study: what issue 29's second prior changed.
     "async_v05_prior1203": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16},
@@ -92,6 +102,7 @@ QUICK_MODES = ("async_v05", "sync_grpo16")
 # V0.5 held at k = 4 (the prior's baseline alone), V0.5 adaptive, and the oracle (4 trained
 # samples per prompt against the mean of 12 more that are not trained on), at equal updates.
 BASELINE_MODES = ("async_drgrpo4", "async_oracle4", "async_v05", "async_v05_k4", "async_grpo4")
+PAIRED_MODES = ("sync_drgrpo4", "sync_oracle4", "sync_v05", "sync_v05_k4")
 
 
 def parse_args(argv):
@@ -106,6 +117,9 @@ def parse_args(argv):
     ap.add_argument("--baselines", action="store_true",
                     help=f"the baseline study: {', '.join(BASELINE_MODES)} at equal updates "
                          "(--steps, default 60); summary.baselines.<start>")
+    ap.add_argument("--paired", action="store_true",
+                    help=f"with --baselines: {', '.join(PAIRED_MODES)} (synchronous, each "
+                         "training rollout seeded: common random numbers across modes)")
     ap.add_argument("--seeds", type=int, help="seeds per mode (default 3; --quick: 1)")
     ap.add_argument("--evals", type=int, help="evaluations per run after the initial one "
                                               "(default 6; --quick: 1)")
@@ -133,7 +147,7 @@ def run_config(base: dict, mode: str, seed: int, run_dir: Path):
     spec = MODES[mode]
     return config_for(base, f"{mode}-seed{seed}", run_dir, mode=spec["mode"],
                       algo=spec["algo"], run={"seed": seed},
-                      **{k: spec[k] for k in ("prior",) if k in spec})
+                      **{k: spec[k] for k in ("prior", "rollout") if k in spec})
 
 
 @dataclass(frozen=True)
@@ -152,7 +166,7 @@ class Settings:
 
     @classmethod
     def of(cls, args) -> "Settings":
-        default = (BASELINE_MODES if args.baselines else
+        default = ((PAIRED_MODES if args.paired else BASELINE_MODES) if args.baselines else
                    QUICK_MODES if args.quick else CONTROLLED_MODES)
         modes = tuple(m for m in (args.modes.split(",") if args.modes else default) if m)
         unknown = set(modes) - set(MODES)
@@ -233,7 +247,7 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
            "summary": summarise(runs), "wall_s": wall_s}
     out["summary"].update(command=out["command"], date=out["date"],
                           controlled={st.start: controlled(runs)})
-    if any(m in BASELINE_MODES[:2] for m in runs):  # Dr.GRPO-4 or the oracle: the study
+    if any(m in BASELINE_MODES[:2] + PAIRED_MODES[:2] for m in runs):  # Dr.GRPO-4 or the oracle
         out["summary"]["baselines"] = {st.start: baselines(runs)}
     return out
 

@@ -258,9 +258,9 @@ def controlled(runs: dict[str, list[dict]], v05: str = "async_v05") -> dict:
     return out
 
 
-# The baseline study (issue 29): every mode trains 4 samples per prompt and S per update.
-DRGRPO4, ORACLE, V05_ADAPTIVE, V05_K4, GRPO4 = ("async_drgrpo4", "async_oracle4", "async_v05",
-                                                "async_v05_k4", "async_grpo4")
+# The baseline study (issue 29): every mode trains 4 samples per prompt and S per update;
+# its modes are async_<name>, or sync_<name> in the paired study (common random numbers).
+DRGRPO4, ORACLE, V05_ADAPTIVE = "drgrpo4", "oracle4", "v05"
 
 
 def per_update(runs: list[dict], key: str) -> dict:
@@ -303,17 +303,19 @@ def baselines(runs: dict[str, list[dict]]) -> dict:
                      m: float(np.mean([x["points"][-1]["rollouts"] / max(1, x["points"][-1]["step"])
                                        for x in r])) for m, r in runs.items()},
                  "final_accuracy": {m: final_stats(r) for m, r in runs.items()}}
-    if DRGRPO4 not in runs:
+    prefix = "sync_" if "sync_" + DRGRPO4 in runs else "async_"
+    ref = prefix + DRGRPO4
+    if ref not in runs:
         return out
     step = min(x["points"][-1]["step"] for r in runs.values() for x in r)
     out["at_step"] = step
     for m in runs:
-        if m != DRGRPO4:
-            d = paired_difference(runs[m], runs[DRGRPO4], "step", step)
-            out[f"{m.removeprefix('async_')}_minus_drgrpo4"] = d
+        if m != ref:
+            d = paired_difference(runs[m], runs[ref], "step", step)
+            out[f"{m.removeprefix(prefix)}_minus_drgrpo4"] = d
     for m, key in ((ORACLE, "oracle_minus_drgrpo4"), (V05_ADAPTIVE, "v05_minus_drgrpo4")):
-        if m in runs:
-            out[key] = out[f"{m.removeprefix('async_')}_minus_drgrpo4"]
+        if prefix + m in runs:
+            out[key] = out[f"{m}_minus_drgrpo4"]
     if "oracle_minus_drgrpo4" in out and "v05_minus_drgrpo4" in out:
         margin = out["oracle_minus_drgrpo4"]["mean"]
         out["v05_share_of_oracle_margin"] = (out["v05_minus_drgrpo4"]["mean"] / margin

@@ -9,7 +9,8 @@ COLORS = {"async_v05": "tab:red", "sync_grpo16": "tab:blue", "async_grpo16": "ta
           "async_grpo8": "tab:brown", "async_v05_cost2x": "salmon", "async_v05_cost4x": "pink",
           "async_v05_kmax8": "darkred", "async_v05_plugin": "orange",
           "async_v05_zu": "magenta", "async_drgrpo4": "black", "async_oracle4": "gold",
-          "async_v05_k4": "tab:pink"}
+          "async_v05_k4": "tab:pink", "sync_drgrpo4": "black", "sync_oracle4": "gold",
+          "sync_v05": "tab:red", "sync_v05_k4": "tab:pink"}
 AXES = (("train_s", "training wall-clock (s, evaluations excluded)"),
         ("rollouts", "rollouts generated"), ("trained_tokens", "tokens trained on"))
 STEPS_AXIS = ("step", "updates (each on the same number of samples)")

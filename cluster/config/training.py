@@ -153,6 +153,11 @@ class RolloutConfig(Section):
         "samples; prompts per deadline follow S / the recent mean k. None: batch_prompts."))
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    seeded: bool = Field(False, description=(
+        "Seed each training rollout from (run.seed, the prompt's admission, the rollout's "
+        "index): the same seed then draws the same responses for the same prompt and weights "
+        "in every run and algorithm (common random numbers: bench.learning's paired study). "
+        "False: the engine's own randomness."))
     max_tokens: int = Field(16, ge=1, description="Most tokens per response.")
     max_staleness: int = Field(2, ge=0, description=(
         "Async: no trained sample is older than this many policy versions (version trained "

@@ -80,7 +80,8 @@ def coordinator_config(cfg, task, state: RunState):
         max_inflight_prompts=r.max_inflight_prompts)
     return est, CoordinatorConfig(
         cfg.task, sched, SamplingConfig(temperature=r.temperature, top_p=r.top_p,
-                                        max_tokens=r.max_tokens),
+                                        max_tokens=r.max_tokens,
+                                        seed=cfg.run.seed if r.seeded else None),
         seed=cfg.run.seed, version=state.version, prior_timeout_s=cfg.prior.timeout_s,
         request_timeout_s=cfg.run.call_timeout_s, score_workers=cfg.score_workers(),
         score_timeout_s=cfg.reward.timeout_s, overlong=overlong, restore=state.run_state,

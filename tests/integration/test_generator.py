@@ -153,6 +153,22 @@ def test_rollouts_shape_and_concurrency(gen, sampled, model_dir):
     assert stats["env"]["OMP_PLACES"] == "{0}"  # generator 0, 1 thread -> core 0
 
 
+def test_a_rollout_seed_draws_the_same_completion_in_any_request(gen, sampled):
+    """Common random numbers (``rollout.seeded``): a completion's own seed decides it,
+    whatever request, batch size or position it comes in; other seeds draw others."""
+    import dataclasses
+
+    import ray
+
+    first = dataclasses.replace(_request("crn-a", PROMPTS[0], 4, temperature=1.0, max_tokens=24),
+                                seeds=(101, 102, 103, 104))
+    again = dataclasses.replace(_request("crn-b", PROMPTS[0], 2, temperature=1.0, max_tokens=24),
+                                seeds=(103, 101))
+    a, b = ray.get([gen.generate.remote(first), gen.generate.remote(again)])
+    assert [r.token_ids for r in b] == [a[2].token_ids, a[0].token_ids]
+    assert len({tuple(r.token_ids) for r in a}) > 1
+
+
 def test_logprobs_match_transformers(model_dir, sampled):
     model = _hf_model(0)
     for rollouts in sampled[1][:2]:

@@ -133,6 +133,32 @@ def test_sync_grpo_trains_through_the_barrier(fresh, monkeypatch):
     assert (cfg.run_dir / "config.yaml").is_file() and (cfg.run_dir / "checkpoints").is_dir()
 
 
+def test_seeded_rollouts_give_every_algorithm_the_same_first_responses(fresh):
+    """rollout.seeded (common random numbers, bench.learning --paired): at one seed, from the
+    same weights, Dr.GRPO-4 and the oracle (which also draws 12 rollouts it does not train
+    on) train the same responses to the same prompts in their first update; unseeded, a
+    second Dr.GRPO-4 run draws others."""
+    from cluster.nodes.roles import reset_roles
+    from learner.replay import read_records
+
+    def first_update(name, algo, seeded):
+        reset_roles(fresh["cfg"], fresh["roles"], fresh["init"])
+        cfg = make_cfg(fresh["tmp"], name, algo=algo,
+                       run={"max_steps": 1, "eval_every": 0, "seed": 3, "record_rollouts": True},
+                       rollout={"batch_prompts": 4, "max_tokens": 8, "seeded": seeded})
+        run(fresh, cfg)
+        return {r["prompt_id"]: [tuple(x.token_ids) for x in r["samples"]]
+                for r in read_records(cfg.run_dir / "rollouts.msgpack")}
+
+    drgrpo = first_update("crn-drgrpo", {"name": "dr_grpo", "k_init": 4, "k_max": 4}, True)
+    oracle = first_update("crn-oracle", {"name": "oracle", "k_init": 16, "k_max": 16,
+                                         "train_k": 4}, True)
+    assert len(drgrpo) == 4 and all(len(v) == 4 for v in drgrpo.values())
+    assert oracle == drgrpo
+    unseeded = first_update("crn-unseeded", {"name": "dr_grpo", "k_init": 4, "k_max": 4}, False)
+    assert set(unseeded) == set(drgrpo) and unseeded != drgrpo  # same prompts, other draws
+
+
 def test_generators_serve_exactly_the_learner_weights(fresh, tmp_path):
     """After training, greedy output of every generator == transformers on the learner's weights."""
     import torch

@@ -202,6 +202,26 @@ def test_baselines_pairs_each_mode_with_drgrpo4_at_the_common_update():
     assert b["prompts_per_update"]["async_v05"]["mean"] == pytest.approx(12.0)
     assert b["grad_noise_to_signal"]["async_oracle4"]["median_mean"] == pytest.approx(3.0)
     assert b["grad_noise_to_signal"]["async_v05"] is None  # not measured
+    # the paired study's synchronous, seeded modes: the same figures under the same names
+    paired = baselines({m.replace("async_", "sync_"): r for m, r in runs.items()})
+    assert paired["oracle_minus_drgrpo4"] == o and paired["v05_minus_drgrpo4"] == v
+    assert paired["at_step"] == 2 and "v05_minus_drgrpo4" in paired
+
+
+def test_the_paired_study_runs_every_mode_synchronous_and_seeded():
+    """--baselines --paired: Dr.GRPO-4, the oracle and V0.5 synchronous, each training
+    rollout seeded (rollout.seeded), so that at one seed they start on the same responses."""
+    from bench.learning.__main__ import PAIRED_MODES, Settings, parse_args, run_config
+    from cluster.config.schema import build_config
+
+    st = Settings.of(parse_args(["--baselines", "--paired"]))
+    assert st.modes == PAIRED_MODES and st.steps == 60
+    base = build_config({}).model_dump(mode="json")
+    for mode in st.modes:
+        cfg = run_config(base, mode, 3, "/tmp/unused")
+        assert cfg.mode == "sync" and cfg.rollout.seeded and cfg.run.seed == 3
+    oracle = run_config(base, "sync_oracle4", 0, "/tmp/unused")
+    assert (oracle.algo.name, oracle.algo.train_k) == ("oracle", 4)
 
 
 def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path):
