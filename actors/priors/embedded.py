@@ -136,7 +136,9 @@ class EmbeddedPrior(PriorBackend):
     ``FULL_SEARCH_BELOW`` prompts is searched in full at every fit),
     ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
     much as leave-one-out says they predict it: history.py),
-    ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says),
+    ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
+    True or "count", by its count; "variance", by its inverse variance about the window;
+    False: alike; kernel.py's module docstring),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -155,7 +157,7 @@ class EmbeddedPrior(PriorBackend):
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool = True,
-                 reselect: float = 0.25, weigh_rollouts: bool = True, encoder=None):
+                 reselect: float = 0.25, weigh_rollouts: bool | str = True, encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -176,7 +178,11 @@ class EmbeddedPrior(PriorBackend):
         if not self.views or any(v not in VIEWS for v in self.views):
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {views!r}")
         self.same_prompt = bool(same_prompt)
-        self.weigh_rollouts = bool(weigh_rollouts)
+        weighting = {True: "count", "count": "count", "variance": "variance", False: None}
+        if weigh_rollouts not in weighting:
+            raise ValueError(f"weigh_rollouts must be true, false, 'variance' or 'count', got "
+                             f"{weigh_rollouts!r}")
+        self.weighting = weighting[weigh_rollouts]
         if not 0.0 <= float(reselect) <= 1.0:
             raise ValueError(f"reselect must lie in [0, 1], got {reselect!r}")
         self.reselect = float(reselect)
@@ -242,8 +248,8 @@ class EmbeddedPrior(PriorBackend):
                                     prior_strength=self.prior_strength, kernels=self.kernels,
                                     drift=self.drift, lead=self.lead,
                                     ids=self._ids(prompts) if self.same_prompt else None,
-                                    counts=ctx.counts if self.weigh_rollouts else None,
-                                    undecayed=("surface",))
+                                    counts=ctx.counts if self.weighting else None,
+                                    undecayed=("surface",), weighting=self.weighting or "count")
             if only is None:  # a full search: its choice stands for the window it saw
                 self._chosen = (None if self._fit.kernel is None else
                                 (self._fit.view, frozenset(prompts)))

@@ -60,7 +60,9 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "no_surface_unweighted": {"views": ["embedding", "ngram", "both"],
                                       "weigh_rollouts": False},
             "no_surface": {"views": ["embedding", "ngram", "both"]},
-            "unweighted": {"weigh_rollouts": False}}
+            "unweighted": {"weigh_rollouts": False},
+            # each score weighed by its inverse variance about the window, not its count
+            "variance_weighted": {"weigh_rollouts": "variance"}}
 
 
 def log(msg: str) -> None:

@@ -644,14 +644,35 @@ def test_a_score_counts_by_the_rollouts_behind_it():
     counts = np.array([16, 16, 16, 16, 1, 1, 1, 1])
     X = np.zeros((8, 1))                           # the text says nothing: the mean answers
 
-    def mean_prediction(counts) -> float:
-        fit = fit_context(X, scores, prior_strength=0.0, counts=counts)
+    def mean_prediction(counts, weighting="count") -> float:  # "count": the default
+        fit = fit_context(X, scores, prior_strength=0.0, counts=counts, weighting=weighting)
         return float(predict_fitted(fit, np.zeros((1, 1)))[0])
 
     assert mean_prediction(counts) == pytest.approx(64 / 68)
     assert mean_prediction(None) == pytest.approx(0.5)
+    # by inverse variance: these prompts differ (tau^2 = 0.25 - 0.133) more than a score of
+    # 16 rollouts is noisy, so it outweighs a score of one by 2.8x, not 16x
+    tau2 = 0.25 - (0.25 / 16 + 0.25) / 2
+    w16, w1 = 1 / (tau2 + 0.25 / 16), 1 / (tau2 + 0.25)
+    assert mean_prediction(counts, "variance") == pytest.approx(w16 / (w16 + w1))
     with pytest.raises(ValueError, match="counts must be 8 rollout counts >= 1"):
         fit_context(X, scores, counts=np.zeros(8))
+
+
+def test_scores_weigh_by_their_inverse_variance_about_the_window():
+    """score_weights: 1 / (tau^2 + p (1 - p) / k): the counts' own ratio when the scores vary
+    no more than their sampling does, flatter the more the prompts themselves differ."""
+    from actors.priors.kernel import score_weights
+
+    counts = np.array([4.0, 16.0] * 50)
+    rng = np.random.default_rng(0)
+    same = rng.binomial(counts.astype(int), 0.5) / counts    # one rate: only sampling noise
+    w = score_weights(counts, same)
+    assert w[1] / w[0] == pytest.approx(4.0, rel=0.35)
+    apart = np.clip(rng.binomial(counts.astype(int), rng.uniform(0, 1, 100)) / counts, 0, 1)
+    w = score_weights(counts, apart)                          # rates all over [0, 1]
+    assert 1.0 < w[1] / w[0] < 2.0 and w.mean() == pytest.approx(1.0)
+    assert np.all(score_weights(counts, np.ones(100)) == 1.0)  # all solved: nothing to weigh
 
 
 def test_the_surface_view_shares_its_coefficients_over_the_window_not_decayed_by_age():
