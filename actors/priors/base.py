@@ -88,7 +88,7 @@ class ConstantPrior(PriorBackend):
         self._mean = self.prior_mean
 
     def set_context(self, context: Context) -> None:
-        from actors.priors.kernel import recency_weights
+        from actors.priors.weights import recency_weights
         if len(context) == 0:
             self._mean = self.prior_mean
             return

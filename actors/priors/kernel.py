@@ -39,16 +39,9 @@ near one view's: every view and base kernel without the age term, then the age w
 the best of them. A view in ``undecayed`` goes without T: one coefficient per feature over
 the whole window (a step count costs the same at version 3 as at 20); the age term moves it.
 
-**Rollouts.** With ``counts`` (N,), the rollouts behind each score (a rate of k rollouts has
-variance p (1 - p) / k about its prompt's own rate), a score weighs its recency weight times
-its rollout weight: in the mean, the fit and the leave-one-out criterion, not in T. By
-``weighting="count"`` (the default) that is its count over the window's mean; by
-``"variance"`` (``score_weights``), the inverse of the score's variance about the window's
-mean, tau^2 + p (1 - p) / k, where tau^2, the spread of the prompts' own rates, is the
-window's variance less its sampling noise: a score of 16 rollouts then outweighs one of 4 by
-less than 4x when prompts differ more than their samples do. Measured side by side in
-bench.prior_truth (variant ``variance_weighted``); not better where measured, so not the
-default. A prompt's own history (history.py) counts its earlier scores by their rollouts.
+**Rollouts.** With ``counts`` (N,), the rollouts behind each score, a score weighs its recency
+weight times its rollout weight (``weights.py``): in the mean, the fit and the leave-one-out
+criterion, not in T.
 
 **A prompt seen before** (``ids``): the chosen model's prediction fused with the prompt's own
 earlier outcomes, ``history.py``.
@@ -63,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.priors.history import fit_history, fuse_history
+from actors.priors.weights import fit_weights, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
 LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
@@ -73,14 +67,6 @@ AGE_WEIGHTS = (0.0, 0.3, 1.0, 3.0)
 # Base kernels: "linear" = inner products of centered embeddings, scaled to mean diagonal 1;
 # "rbf" = exp(-|x - x'|^2 / median pairwise |x - x'|^2). Each costs one (N, N) eigh per fit.
 BASE_KERNELS = ("linear", "rbf")
-
-
-def recency_weights(ages: np.ndarray, halflife: float | None) -> np.ndarray:
-    """w_i = 0.5 ** (age_i / halflife); ages are in policy versions, >= 0. None: all ones."""
-    ages = np.asarray(ages, dtype=np.float64)
-    if halflife is None or not np.isfinite(halflife):
-        return np.ones_like(ages)
-    return np.power(0.5, np.maximum(ages, 0.0) / float(halflife))
 
 
 def log_length(prompts: list[str]) -> np.ndarray:
@@ -202,21 +188,18 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
 
     X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
-    same prompt (None: no history), counts: (N,) the rollouts behind each score (None: equal),
-    ``weighting``: how they weigh the scores in the fit ("variance" or "count", the module
-    docstring).
-    ``prior_strength`` pseudo-observations of ``prior_mean`` shrink the context mean (tiny
-    contexts). ``drift``: fit the scores' trend on age and predict ``lead`` versions past the
-    newest observation. ``undecayed``: views whose base kernel goes without the time decay T
-    (a few features whose effect holds at every version: one coefficient each over the
-    window, the age term moving the level)."""
+    same prompt (None: no history), counts: (N,) rollouts per score, weighed by ``weighting``
+    (weights.py; None: equal). ``prior_strength`` pseudo-observations of ``prior_mean`` shrink
+    the context mean (tiny contexts). ``drift``: fit the scores' trend on age and predict
+    ``lead`` versions past the newest observation. ``undecayed``: views whose base kernel
+    goes without the time decay T (a few features whose effect holds at every version: one
+    coefficient each over the window, the age term moving the level)."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
     decay, T, rw = window_weights(ages, halflife, counts)
-    w = decay * (score_weights(counts, y) if weighting == "variance" and counts is not None
-                 else rw)
+    w = decay * fit_weights(counts, y, weighting)
     bad = [k for k in kernels if k not in BASE_KERNELS]
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
@@ -253,41 +236,6 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
         best.decay = decay  # the constant model's too: the history discounts by it
         fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw)
     return best
-
-
-def window_weights(ages: np.ndarray, halflife: float | None, counts: np.ndarray | None):
-    """The context's weights: (recency decay (N,), the time-decay kernel T (N, N) or None
-    without a halflife, the rollout weights (N,)); a score's weight is decay x rollout weight."""
-    decay = recency_weights(ages, halflife)
-    T = None if halflife is None else \
-        np.power(0.5, np.abs(ages[:, None] - ages[None, :]) / halflife)
-    return decay, T, rollout_weights(counts, len(ages))
-
-
-def score_weights(counts: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Each score's inverse variance about the window's mean, 1 / (tau^2 + p (1 - p) / k),
-    relative to the window's mean weight: p the window's mean score, tau^2 the window's
-    variance less its mean sampling variance (0 when the scores vary no more than their
-    sampling does: then the weights are the counts'). (N,)"""
-    c = rollout_weights(counts, len(y)) * np.mean(counts)  # checked, as counts
-    p = float(np.mean(y))
-    noise = p * (1.0 - p) / c
-    tau2 = max(float(np.var(y)) - float(noise.mean()), 0.0)
-    if tau2 + noise.min() <= 0.0:  # every score 0, or every score 1: nothing to weigh
-        return np.ones(len(y))
-    w = 1.0 / (tau2 + noise)
-    return w / w.mean()
-
-
-def rollout_weights(counts: np.ndarray | None, n: int) -> np.ndarray:
-    """Each score's weight for the rollouts behind it, relative to the window's mean (a score
-    of k rollouts has variance p(1 - p) / k): ones when the counts are not known. (n,)"""
-    if counts is None:
-        return np.ones(n)
-    c = np.asarray(counts, dtype=np.float64)
-    if c.shape != (n,) or not np.all(c >= 1):
-        raise ValueError(f"counts must be {n} rollout counts >= 1, got {counts!r}")
-    return c / c.mean()
 
 
 @dataclass

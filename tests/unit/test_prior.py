@@ -18,7 +18,8 @@ from actors.priors.server import PriorOutputError, PriorServer, make_prior, prio
 from actors.priors import register_prior
 from actors.priors.base import Context, EmbeddingCache, PriorBackend
 from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
-                                  loo_candidates, predict_fitted, recency_weights)
+                                  loo_candidates, predict_fitted)
+from actors.priors.weights import recency_weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -662,7 +663,7 @@ def test_a_score_counts_by_the_rollouts_behind_it():
 def test_scores_weigh_by_their_inverse_variance_about_the_window():
     """score_weights: 1 / (tau^2 + p (1 - p) / k): the counts' own ratio when the scores vary
     no more than their sampling does, flatter the more the prompts themselves differ."""
-    from actors.priors.kernel import score_weights
+    from actors.priors.weights import score_weights
 
     counts = np.array([4.0, 16.0] * 50)
     rng = np.random.default_rng(0)
