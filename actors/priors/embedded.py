@@ -138,7 +138,7 @@ class EmbeddedPrior(PriorBackend):
     much as leave-one-out says they predict it: history.py),
     ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
     True or "count", by its count; "variance", by its inverse variance about the window;
-    False: alike; kernel.py's module docstring),
+    False: alike; weights.py),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
