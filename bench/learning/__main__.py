@@ -86,7 +86,10 @@ MODES = {
                           ("oracle4", {"algo": {"name": "oracle", "k_init": 16, "k_max": 16,
                                                 "train_k": 4}}),
                           ("v05", {"algo": {"name": "v05", "k_init": 4, "k_max": 16}}),
-                          ("v05_k4", {"algo": {"name": "v05", "k_init": 4, "k_max": 4}}))},
+                          ("v05_k4", {"algo": {"name": "v05", "k_init": 4, "k_max": 4}}),
+                          # the others' mean: Dr.GRPO-4's advantages x 4/3, the same baseline
+                          # information (does the advantages' scale explain V0.5 at k = 4?)
+                          ("rloo4", {"algo": {"name": "rloo", "k_init": 4, "k_max": 4}}))},
     # V0.5 with the prior of 2026-12-03 (no surface view, every score weighed alike), beside
     # the shipped prior in the same study: what issue 29's second prior changed.
     "async_v05_prior1203": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16},
