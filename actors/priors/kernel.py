@@ -199,7 +199,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
     decay, T, rw = window_weights(ages, halflife, counts)
-    w = decay * fit_weights(counts, y, weighting)
+    w = decay * fit_weights(rw, counts, y, weighting)
     bad = [k for k in kernels if k not in BASE_KERNELS]
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")

@@ -35,14 +35,13 @@ def window_weights(ages: np.ndarray, halflife: float | None, counts: np.ndarray 
     return decay, T, rollout_weights(counts, len(ages))
 
 
-def fit_weights(counts: np.ndarray | None, y: np.ndarray, weighting: str) -> np.ndarray:
-    """The scores' rollout weights in the fit: ``rollout_weights`` (by ``weighting`` "count")
-    or ``score_weights`` ("variance"); ones without counts. (N,)"""
+def fit_weights(rw: np.ndarray, counts: np.ndarray | None, y: np.ndarray,
+                weighting: str) -> np.ndarray:
+    """The scores' rollout weights in the fit: ``rw`` (``window_weights``' count weights) by
+    ``weighting`` "count", ``score_weights`` by "variance" (``rw`` without counts). (N,)"""
     if weighting not in ("count", "variance"):
         raise ValueError(f"weighting must be 'count' or 'variance', got {weighting!r}")
-    if weighting == "variance" and counts is not None:
-        return score_weights(counts, y)
-    return rollout_weights(counts, len(y))
+    return score_weights(counts, y) if weighting == "variance" and counts is not None else rw
 
 
 def score_weights(counts: np.ndarray, y: np.ndarray) -> np.ndarray:
