@@ -115,6 +115,7 @@ class Coordinator:
                 self._apply(actions)
                 if prompts:
                     break
+            self._kick()  # a sample-counted batch short of S takes more prompts (take_batch)
             await self._wake.wait()
         self._kick()
         dropped, self.sched.dropped = self.sched.dropped, []

@@ -46,7 +46,7 @@ class StepResult:
 SCHEDULER_COUNTS = ("prompts_admitted", "prompts_handed", "rollouts_dispatched",
                     "rollouts_finished", "rollouts_cancelled", "cancelled_tokens",
                     "extra_rollouts_requested", "reissued_requests", "stale_regenerated",
-                    "deadline_cuts", "generator_losses")
+                    "deadline_cuts", "generator_losses", "batch_top_ups")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Accounting:
     stale_regenerated: int = 0
     deadline_cuts: int = 0
     generator_losses: int = 0
+    batch_top_ups: int = 0        # sample-counted batches short of S that took more prompts
     prior_fallbacks: int = 0
     generator_restarts: int = 0
     requests_per_generator: list = field(default_factory=list)

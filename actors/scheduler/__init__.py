@@ -49,7 +49,10 @@ Rules (docs/pipeline.md, "The scheduler"):
 - **Synchronous mode is the same policy with a barrier**: ``max_staleness = 0`` leaves one
   deadline (the current version), so B prompts are admitted at a version boundary, the
   learner trains when all of them are finished, and nothing is admitted until the next
-  version is published. DAPO's filtered prompts free their place and are refilled.
+  version is published. DAPO's filtered prompts free their place and are refilled. With
+  ``batch_samples`` S, a barrier's B prompts may hold fewer than S samples (B is S over the
+  recent mean k, rounded, and V0.5's k varies by prompt): the version then takes more prompts
+  (``AdmissionCalendar.top_up``) until it holds S, the surplus trimmed by ``cap_samples``.
 - **Accounting.** Every admitted prompt ends exactly once: handed to the learner, dropped
   with a counted reason, or still in flight (or finished, waiting) at the end.
 """

@@ -21,6 +21,7 @@ class AdmissionCalendar:
         self.taken: int | None = None      # the version whose batch the learner took
         self.last_batch: list[int] = []    # the deadlines of that batch's prompts
         self.recent_k: deque[int] = deque(maxlen=RECENT_K)  # newest finished's ``trainable``
+        self.extra: Counter = Counter()    # deadline -> admissions past B (``top_up``)
 
     @property
     def quota_size(self) -> int:
@@ -42,16 +43,27 @@ class AdmissionCalendar:
         return [d for d in range(first, version + self.cfg.max_staleness + 1)
                 if self.refills[d] < cap]
 
+    def size(self, deadline: int) -> int:
+        """The admissions ``deadline`` takes: B, and any ``top_up`` it was given."""
+        return self.quota_size + self.extra[deadline]
+
     def room(self, version: int) -> int:
         """Prompts the open deadlines' quotas still take."""
-        B = self.quota_size
-        return sum(max(0, B - self.quota[d]) for d in self.open_deadlines(version))
+        return sum(max(0, self.size(d) - self.quota[d]) for d in self.open_deadlines(version))
 
     def admit(self, version: int) -> int:
         """A prompt admitted now: the earliest open deadline with quota left, counted."""
-        d = next(d for d in self.open_deadlines(version) if self.quota[d] < self.quota_size)
+        d = next(d for d in self.open_deadlines(version) if self.quota[d] < self.size(d))
         self.quota[d] += 1
         return d
+
+    def top_up(self, deadline: int, missing: int, least: int) -> None:
+        """More admissions for ``deadline``: its sample-counted batch is ``missing`` samples
+        short of S with every prompt admitted to it finished (B = S / mean k rounds down, and
+        V0.5's k varies). Each new prompt is counted at ``least``, the fewest samples a
+        finished prompt gave, so one round of them fills the batch; ``cap_samples`` trims the
+        surplus (their rollouts still feed their baselines)."""
+        self.extra[deadline] += -(-missing // max(1, least))
 
     def release(self, deadline: int, refill: bool = False) -> None:
         """A prompt of ``deadline`` dropped: its place is free again (``refill``: a filtered
@@ -89,16 +101,21 @@ class AdmissionCalendar:
             del self.quota[d]
         for d in [d for d in self.refills if d < version]:
             del self.refills[d]
+        for d in [d for d in self.extra if d < version]:
+            del self.extra[d]
         return gone
 
     def snapshot(self) -> dict:
         return {"refills": {str(d): n for d, n in self.refills.items()},
-                "quota": {str(d): n for d, n in self.quota.items()}}
+                "quota": {str(d): n for d, n in self.quota.items()},
+                "extra": {str(d): n for d, n in self.extra.items()}}
 
     def restore(self, snap: dict, shift: int) -> None:
         """A ``snapshot``, every deadline moved by ``shift`` versions."""
         self.refills.update({int(d) + shift: n for d, n in snap["refills"].items()})
         self.quota.update({int(d) + shift: n for d, n in snap["quota"].items()})
+        # Absent from checkpoints written before top-ups.
+        self.extra.update({int(d) + shift: n for d, n in snap.get("extra", {}).items()})
 
     def sizes(self) -> dict[str, int]:
-        return {"quota": len(self.quota), "refills": len(self.refills)}
+        return {"quota": len(self.quota), "refills": len(self.refills), "extra": len(self.extra)}

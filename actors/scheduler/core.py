@@ -278,12 +278,11 @@ class Scheduler:
         self._recheck.update(self.ready)  # finished samples grew a version older
 
     def take_batch(self, n: int) -> tuple[list[PromptInFlight], list] | None:
-        """Prompts to train on at the current version, or None when the learner must wait:
-        while a prompt due now is unfinished, or fewer than ``n`` are finished (with
-        ``batch_samples`` S: fewer than S samples; the batch is then the earliest-due
-        prompts up to S samples, every prompt due now included, trimmed to S: ``up_to_samples``).
-        Returns (prompts, actions):
-        actions re-generate stale samples found on the way."""
+        """(prompts to train on at the current version, actions that re-generate stale samples
+        found on the way), or None when the learner must wait: while a prompt due now is
+        unfinished, or fewer than ``n`` are finished (with ``batch_samples`` S: fewer than S
+        samples; the batch is then the earliest-due prompts up to S samples, every prompt due
+        now included, trimmed to S: ``up_to_samples``)."""
         V = self.version
         actions = self._regenerate_stale(V) if self._recheck else []
         if self.cfg.max_staleness and any(c for d, c in self.unfinished.items() if d <= V):
@@ -294,12 +293,17 @@ class Scheduler:
         S = self.cfg.batch_samples
         if (len(self.ready) < n if S is None else
                 sum(g.trainable for g in self.ready.values()) < S):
-            # A closed deadline (see open_deadlines) with nothing due running trains short;
-            # so does a sample-counted batch that nothing more can join at this version
-            # (every admitted prompt finished and no quota left: S / mean k rounds down).
-            closed = V not in self.calendar.open_deadlines(V) or (
-                S is not None and not self.calendar.room(V)
-                and len(self.ready) == len(self.inflight))
+            # A closed deadline (open_deadlines) trains short; a sample-counted batch that nothing
+            # more can join takes more prompts at V (``top_up``), or trains short when paused.
+            closed = V not in self.calendar.open_deadlines(V)
+            if (S is not None and not closed and not self.calendar.room(V)
+                    and len(self.ready) == len(self.inflight)):
+                if not self.paused:
+                    ready = [g.trainable for g in self.ready.values()]
+                    self.calendar.top_up(V, S - sum(ready), min(ready, default=self.k_init))
+                    self.counts["batch_top_ups"] += 1
+                    return wait
+                closed = True
             if not (self.ready and closed):
                 return wait
         order = sorted(self.ready.values(), key=lambda g: (g.deadline, g.t_done, g.uid))

@@ -681,16 +681,55 @@ def test_a_sample_counted_batch_stops_at_S_and_keeps_the_rest_for_later():
     assert sum(g.state.k for g in batch) == S and len(s.ready) == n_ready - 4
 
 
-def test_a_sample_counted_batch_that_nothing_can_join_trains_short():
+def test_a_sample_counted_batch_that_nothing_can_join_takes_more_prompts_then_trains_S():
     # S / k does not divide: B = round(10 / 4) = 2 prompts of 4 = 8 samples < 10. With every
-    # prompt finished and no quota left the batch goes short instead of waiting forever.
+    # prompt finished and no quota left the batch takes one more prompt at this version (the
+    # 2 missing samples at the 4 a finished prompt gave) and trains exactly S (issue 29: the
+    # synchronous V0.5 run trained 59 samples per update against GRPO's 64).
     s = Scheduler(cfg(batch_prompts=2, batch_samples=10, max_staleness=0), grpo(4), 2)
     f = Fake(s)
     f.admit()
     assert s.take_batch(10_000) is None  # still generating
     f.complete_all()
+    assert s.take_batch(10_000) is None and s.room() == 1  # short: one more prompt admitted
+    assert s.counts["batch_top_ups"] == 1
+    f.admit()
+    assert s.take_batch(10_000) is None  # the top-up's rollouts are still generating
+    f.complete_all()
     batch, _ = s.take_batch(10_000)
-    assert sum(g.state.k for g in batch) == 8
+    assert len(batch) == 3 and sum(g.state.k for g in batch) == 12
+    assert sum(g.trained for g in batch) == 10  # trimmed to S (cap_samples)
+    assert s.room() == 0 and s.counts["batch_top_ups"] == 1
+    s.set_version(1)  # the next version's quota is B again: the top-up was for version 0
+    assert s.room() == 2
+
+
+def test_a_short_sample_counted_batch_trains_short_when_admission_is_paused():
+    # Paused (an evaluation, the run's end) nothing more is admitted: waiting would be for ever.
+    s = Scheduler(cfg(batch_prompts=2, batch_samples=10, max_staleness=0), grpo(4), 2)
+    f = Fake(s)
+    f.admit()
+    f.complete_all()
+    s.paused = True
+    batch, _ = s.take_batch(10_000)
+    assert sum(g.state.k for g in batch) == 8 and s.counts["batch_top_ups"] == 0
+
+
+def test_synchronous_v05_trains_S_samples_every_step_whatever_k_its_prompts_reach():
+    # V0.5 against a prior every group contradicts: k varies by prompt, so S / mean k prompts
+    # make more or fewer than S samples; every step trains exactly S, at one version.
+    S = 64
+    s = Scheduler(cfg(batch_prompts=S // 4, batch_samples=S, max_staleness=0,
+                      slots_per_generator=1000), v05(), 2)
+    f = Fake(s, reward=lambda uid, i: -1.0 if (int(uid[1:]) + i) % 3 else 1.0)
+    for v in range(6):
+        while (got := s.take_batch(10_000)) is None or not got[0]:
+            f.admit(prior=0.9) if s.room() else f.complete_all()
+        batch = got[0]
+        assert sum(g.trained for g in batch) == S, v
+        assert all(g.deadline == v for g in batch)
+        s.set_version(v + 1)
+    assert s.counts["batch_top_ups"] >= 1
 
 
 def test_a_long_run_with_drops_keeps_the_schedulers_containers_flat():
