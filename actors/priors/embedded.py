@@ -139,6 +139,9 @@ class EmbeddedPrior(PriorBackend):
     ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
     True or "count", by its count; "variance", by its inverse variance about the window;
     False: alike; weights.py),
+    ``select`` (how the kernel model is chosen: "loo", by leave-one-out error; "evidence", by
+    its Gaussian-process evidence with the scores' sampling noise known from the rollouts
+    behind them (weights.sampling_noise; leave-one-out when the context does not say)),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -157,7 +160,8 @@ class EmbeddedPrior(PriorBackend):
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool = True,
-                 reselect: float = 0.25, weigh_rollouts: bool | str = True, encoder=None):
+                 reselect: float = 0.25, weigh_rollouts: bool | str = True,
+                 select: str = "loo", encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -186,6 +190,9 @@ class EmbeddedPrior(PriorBackend):
         if not 0.0 <= float(reselect) <= 1.0:
             raise ValueError(f"reselect must lie in [0, 1], got {reselect!r}")
         self.reselect = float(reselect)
+        if select not in ("loo", "evidence"):
+            raise ValueError(f"select must be 'loo' or 'evidence', got {select!r}")
+        self.select = select
         self._chosen: tuple[str, frozenset] | None = None  # (view, the window it was chosen on)
         self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
         self.surface_cache = EmbeddingCache(surface_features, cache_size)
@@ -249,7 +256,8 @@ class EmbeddedPrior(PriorBackend):
                                     drift=self.drift, lead=self.lead,
                                     ids=self._ids(prompts) if self.same_prompt else None,
                                     counts=ctx.counts if self.weighting else None,
-                                    undecayed=("surface",), weighting=self.weighting or "count")
+                                    undecayed=("surface",), weighting=self.weighting or "count",
+                                    select=self.select)
             if only is None:  # a full search: its choice stands for the window it saw
                 self._chosen = (None if self._fit.kernel is None else
                                 (self._fit.view, frozenset(prompts)))

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.priors.history import fit_history, fuse_history
-from actors.priors.weights import fit_weights, window_weights
+from actors.priors.weights import fit_weights, sampling_noise, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
 LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
@@ -150,9 +150,12 @@ def kernel_scale(kind: str, X: np.ndarray, center: np.ndarray) -> float:
 
 
 def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
-                   length_weights) -> list[tuple[float, float, float, np.ndarray]]:
-    """(loo_mse, lam, g, alpha_tilde, the sqrt(w)-scaled LOO residuals (N,)) for every
-    (lam, g) from one eigh of Kt (N, N)."""
+                   length_weights, sigma2: float | None = None
+                   ) -> list[tuple[float, float, float, np.ndarray, np.ndarray, float]]:
+    """(loo_mse, lam, g, alpha_tilde, the sqrt(w)-scaled LOO residuals (N,), the negative
+    log evidence per score) for every (lam, g) from one eigh of Kt (N, N). The evidence is
+    that of yt ~ N(0, s^2 (Kt + g^2 g_unit g_unit^T) + sigma2 I), s^2 = sigma2 / lam, the
+    scores' sampling noise ``sigma2`` known (``weights.sampling_noise``; None: nan)."""
     s, U = np.linalg.eigh(Kt)
     s = np.maximum(s, 0.0)
     ut = U.T @ yt                                             # (N,)
@@ -160,8 +163,7 @@ def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: flo
     U2 = U * U                                                # (N, N)
     s_mean = float(s.mean()) or 1.0
     out = []
-    for c in LAMBDA_GRID:
-        lam = c * s_mean
+    for lam in (c * s_mean for c in LAMBDA_GRID):
         inv = 1.0 / (s + lam)                                 # (N,)
         a_y = U @ (inv * ut)                                  # A^-1 yt
         a_diag = U2 @ inv                                     # diag(A^-1)
@@ -172,8 +174,18 @@ def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: flo
             m_y = a_y - a_g * (g * g * float(g_unit @ a_y) / denom)
             m_diag = a_diag - (g * a_g) ** 2 / denom
             loo = m_y / np.maximum(m_diag, 1e-12)
-            out.append((float(loo @ loo) / wsum, lam, g, m_y, loo))
+            nll = float("nan") if sigma2 is None else neg_log_evidence(
+                float(yt @ m_y), float(np.log(s + lam).sum() + np.log(denom)), lam, sigma2,
+                len(yt))
+            out.append((float(loo @ loo) / wsum, lam, g, m_y, loo, nll))
     return out
+
+
+def neg_log_evidence(quad: float, logdet: float, lam: float, sigma2: float, n: int) -> float:
+    """-log p(yt) / n (less the 2 pi term) under yt ~ N(0, s^2 (K + lam I)), s^2 =
+    sigma2 / lam: ``quad`` = yt' (K + lam I)^-1 yt, ``logdet`` = log det(K + lam I). The
+    constant model's (yt ~ N(0, sigma2 I)) is K = 0 at lam = 1: quad = yt' yt, logdet = 0."""
+    return 0.5 * (lam / sigma2 * quad + n * np.log(sigma2 / lam) + logdet) / n
 
 
 def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
@@ -182,7 +194,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 kernels: tuple[str, ...] = ("linear",), drift: bool = False,
                 lead: float = 0.0, ids: np.ndarray | None = None,
                 counts: np.ndarray | None = None, undecayed: tuple[str, ...] = (),
-                weighting: str = "count") -> Fitted:
+                weighting: str = "count", select: str = "loo") -> Fitted:
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
@@ -199,11 +211,13 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
     decay, T, rw = window_weights(ages, halflife, counts)
-    w = decay * fit_weights(rw, counts, y, weighting)
+    fw = fit_weights(rw, counts, y, weighting)
+    w = decay * fw
     bad = [k for k in kernels if k not in BASE_KERNELS]
     if bad or not kernels:
         raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
     n, wsum = len(y), float(w.sum())
+    sigma2 = sampling_noise(y, counts, fw) if select == "evidence" else None
     best, y, y_raw, mean, mean_raw, slope = _constant_model(y, ages, w, halflife, prior_mean,
                                                             prior_strength, drift, lead)
     if n < 4:
@@ -211,22 +225,16 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     wn = w / wsum
     sw = np.sqrt(w)
     yt = sw * (y - mean)
-    len_feat, len_mu, len_sd = _standardised(loglen, wn) if loglen is not None else \
-        (np.zeros(n), 0.0, 1.0)
-    len_sd = len_sd or 1.0
-    length_weights = LENGTH_WEIGHTS if loglen is not None else (0.0,)
-    age_feat, age_mu, age_sd = _standardised(ages, wn)
-    age_weights = AGE_WEIGHTS if drift and age_sd > 0 else (0.0,)
-    age_query = (-float(lead) - age_mu) / (age_sd or 1.0)
+    side, length_weights, age_weights = _side_features(loglen, ages, wn, drift, lead)
     # The kernel models are fitted around the plain mean (the age term is theirs).
-    search = _Search(best=best, y_raw=y_raw, sw=sw, wsum=wsum, len_feat=len_feat,
-                     length_weights=length_weights, age_feat=age_feat,
+    search = _Search(best=best, y_raw=y_raw, sw=sw, wsum=wsum, len_feat=side["len_feat"],
+                     length_weights=length_weights, age_feat=side["age_feat"],
                      ym=yt if not slope else sw * (y_raw - mean_raw),
                      loo_pred=(w @ y_raw - w * y_raw) / np.maximum(wsum - w, 1e-12),
+                     sigma2=sigma2, crit=best.loo_mse if sigma2 is None else
+                     neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n),
                      fields=dict(mean=mean_raw if slope else mean, halflife=halflife,
-                                 const_loo_mse=best.const_loo_mse, decay=decay,
-                                 len_feat=len_feat, len_mu=len_mu, len_sd=len_sd,
-                                 age_feat=age_feat, age_query=age_query))
+                                 const_loo_mse=best.const_loo_mse, decay=decay, **side))
     for base, BT in _base_kernels(views, kernels, wn, T, undecayed):  # stage 1: no age term
         search.over(base, BT, (0.0,))
     if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
@@ -255,22 +263,26 @@ class _Search:
     length_weights: tuple
     age_feat: np.ndarray
     fields: dict               # the Fitted fields every kernel model shares
+    crit: float                # the best model's criterion: LOO MSE, or -log evidence / N
+    sigma2: float | None = None  # the scores' sampling noise: choose by evidence (None: LOO)
     top: tuple | None = None
-    top_mse: float = float("inf")
+    top_crit: float = float("inf")
 
     def over(self, base: dict, BT: np.ndarray, age_weights) -> None:
         """Every (age weight, lam, length weight) on one base kernel matrix."""
         sw = self.sw
         for ga in age_weights:
             Kt = (BT + ga * ga * np.outer(self.age_feat, self.age_feat)) * np.outer(sw, sw)
-            for mse, lam, g, m_y, loo in loo_candidates(Kt, self.ym, sw * self.len_feat,
-                                                        self.wsum, self.length_weights):
-                if ga == 0.0 and mse < self.top_mse:
-                    self.top, self.top_mse = (base, BT), mse
-                if mse < self.best.loo_mse:
+            for mse, lam, g, m_y, loo, nll in loo_candidates(
+                    Kt, self.ym, sw * self.len_feat, self.wsum, self.length_weights,
+                    self.sigma2):
+                crit = mse if self.sigma2 is None else nll
+                if ga == 0.0 and crit < self.top_crit:
+                    self.top, self.top_crit = (base, BT), crit
+                if crit < self.crit:
                     self.best = Fitted(lam=lam, length_weight=g, loo_mse=mse, alpha=sw * m_y,
                                        age_weight=ga, **self.fields, **base)
-                    self.loo_pred = self.y_raw - loo / sw
+                    self.loo_pred, self.crit = self.y_raw - loo / sw, crit
 
 
 def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=()):
@@ -284,6 +296,21 @@ def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, un
             timed = T is not None and view not in undecayed
             yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale,
                     "timed": timed}, B * T if timed else B)
+
+
+def _side_features(loglen, ages: np.ndarray, wn: np.ndarray, drift: bool, lead: float):
+    """The generic features beside the views, standardised over the window: ({len_feat,
+    len_mu, len_sd, age_feat, age_query} as ``Fitted`` holds them, the length weights offered,
+    the age weights offered). A query's age is ``lead`` versions past the newest score; the
+    age weights are more than 0 only with ``drift`` and ages that differ."""
+    n = len(ages)
+    len_feat, len_mu, len_sd = _standardised(loglen, wn) if loglen is not None else \
+        (np.zeros(n), 0.0, 1.0)
+    age_feat, age_mu, age_sd = _standardised(ages, wn)
+    side = dict(len_feat=len_feat, len_mu=len_mu, len_sd=len_sd or 1.0, age_feat=age_feat,
+                age_query=(-float(lead) - age_mu) / (age_sd or 1.0))
+    return (side, LENGTH_WEIGHTS if loglen is not None else (0.0,),
+            AGE_WEIGHTS if drift and age_sd > 0 else (0.0,))
 
 
 def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, float]:

@@ -68,3 +68,23 @@ def rollout_weights(counts: np.ndarray | None, n: int) -> np.ndarray:
     if c.shape != (n,) or not np.all(c >= 1):
         raise ValueError(f"counts must be {n} rollout counts >= 1, got {counts!r}")
     return c / c.mean()
+
+
+def sampling_noise(y: np.ndarray, counts: np.ndarray | None, fw: np.ndarray) -> float | None:
+    """The scores' sampling noise in the fit's scale: a score of k rollouts has variance
+    p (1 - p) / k about its prompt's own rate p; weighed by ``fw`` (mean 1) it is
+    fw p (1 - p) / k, the same for every score under count weights. With m the mean score,
+    q = m (1 - m) and c the mean of 1 / k, the window's variance V = tau^2 + (q - tau^2) c
+    tells the prompts' own spread tau^2 (at least 0), so E p (1 - p) = q - tau^2; returns the
+    mean of fw (q - tau^2) / k. None when the counts are not known or every score is one
+    rollout's (then no tau^2 can be told from the noise)."""
+    if counts is None:
+        return None
+    k = np.asarray(counts, dtype=np.float64)
+    c = float(np.mean(1.0 / k))
+    if c >= 1.0:
+        return None
+    m = float(np.mean(y))
+    q = m * (1.0 - m)
+    tau2 = min(max((float(np.var(y)) - q * c) / (1.0 - c), 0.0), q)
+    return max(float(np.mean(fw * (q - tau2) / k)), 1e-6)

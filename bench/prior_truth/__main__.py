@@ -62,7 +62,10 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "no_surface": {"views": ["embedding", "ngram", "both"]},
             "unweighted": {"weigh_rollouts": False},
             # each score weighed by its inverse variance about the window, not its count
-            "variance_weighted": {"weigh_rollouts": "variance"}}
+            "variance_weighted": {"weigh_rollouts": "variance"},
+            # the kernel model chosen by its evidence, the sampling noise known
+            "evidence": {"select": "evidence"}, "loo": {"select": "loo"},
+            "evidence_unweighted": {"select": "evidence", "weigh_rollouts": False}}
 
 
 def log(msg: str) -> None:

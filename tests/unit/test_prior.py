@@ -64,7 +64,7 @@ def test_closed_form_loo_matches_refitting():
     sw = np.sqrt(w)
     cands = loo_candidates(K * np.outer(sw, sw), sw * (y - mean), sw * l, w.sum(), LENGTH_WEIGHTS)
     assert len(cands) == len(LAMBDA_GRID) * len(LENGTH_WEIGHTS)
-    for mse, lam, g, _, _ in cands[::4]:
+    for mse, lam, g, *_ in cands[::4]:
         assert mse == pytest.approx(brute_loo(K, y, w, mean, lam, g, l), rel=1e-6)
 
 
@@ -674,6 +674,65 @@ def test_scores_weigh_by_their_inverse_variance_about_the_window():
     w = score_weights(counts, apart)                          # rates all over [0, 1]
     assert 1.0 < w[1] / w[0] < 2.0 and w.mean() == pytest.approx(1.0)
     assert np.all(score_weights(counts, np.ones(100)) == 1.0)  # all solved: nothing to weigh
+
+
+def test_sampling_noise_is_the_scores_binomial_variance_less_their_prompts_spread():
+    """weights.sampling_noise: rates of k rollouts about prompts whose own rates p spread
+    (Beta(2, 2): E p(1-p) = 0.2) have noise E p(1-p) / k, told from the window alone; count
+    weights make it the same for every score; unknown counts or one rollout each: None."""
+    from actors.priors.weights import rollout_weights, sampling_noise
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    rates = rng.beta(2.0, 2.0, n)
+    counts = rng.choice([4.0, 16.0], n)
+    y = rng.binomial(counts.astype(int), rates) / counts
+    assert sampling_noise(y, counts, np.ones(n)) == pytest.approx(
+        0.2 * np.mean(1 / counts), rel=0.05)
+    fw = rollout_weights(counts, n)                     # count weights: 0.2 / mean k each
+    assert sampling_noise(y, counts, fw) == pytest.approx(0.2 / counts.mean(), rel=0.05)
+    assert sampling_noise(y, None, np.ones(n)) is None
+    assert sampling_noise(y, np.ones(n), np.ones(n)) is None
+
+
+def test_the_evidence_is_the_gaussian_process_likelihood_of_the_scores():
+    """loo_candidates' last field against -log N(yt; 0, s^2 (K + g^2 u u') + sigma2 I) / N
+    computed directly, s^2 = sigma2 / lam, and the constant model's at K = 0."""
+    from actors.priors.kernel import neg_log_evidence
+
+    rng = np.random.default_rng(4)
+    n, sigma2 = 12, 0.03
+    A = rng.normal(size=(n, 3))
+    K, u, yt = A @ A.T / 3, rng.normal(size=n), rng.normal(0, 0.3, n)
+
+    def direct(C):
+        sign, logdet = np.linalg.slogdet(C)
+        return 0.5 * (yt @ np.linalg.solve(C, yt) + logdet) / n
+
+    for mse, lam, g, m_y, loo, nll in loo_candidates(K, yt, u, float(n), (0.0, 1.0), sigma2):
+        C = sigma2 / lam * (K + g * g * np.outer(u, u)) + sigma2 * np.eye(n)
+        assert nll == pytest.approx(direct(C), rel=1e-9, abs=1e-9)
+    assert neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n) == pytest.approx(
+        direct(sigma2 * np.eye(n)))
+    assert all(np.isnan(c[-1]) for c in loo_candidates(K, yt, u, float(n), (0.0,)))
+
+
+def test_choosing_by_evidence_keeps_the_mean_for_noise_and_the_kernel_for_a_signal():
+    """Scores of 4 rollouts: where every prompt has one rate (their spread is all sampling
+    noise) the evidence answers with the window's mean; where the rate follows a feature
+    (0.1 or 0.9 by its sign), it keeps a kernel model that ranks new prompts by it."""
+    rng = np.random.default_rng(11)
+    n = 64
+    X = rng.normal(size=(n, 8))
+    counts = np.full(n, 4.0)
+    same = rng.binomial(4, 0.3, n) / 4.0
+    assert fit_context(X, same, counts=counts, select="evidence").kernel is None
+    assert fit_context(X, same, counts=counts).kernel is not None  # LOO chases this noise
+    strong = rng.binomial(4, np.where(X[:, 0] > 0, 0.9, 0.1)) / 4
+    fit = fit_context(X, strong, counts=counts, select="evidence")
+    assert fit.kernel is not None
+    p = predict_fitted(fit, np.array([[2.0] + [0] * 7, [-2.0] + [0] * 7]))
+    assert p[0] > 0.6 > 0.4 > p[1]
 
 
 def test_the_surface_view_shares_its_coefficients_over_the_window_not_decayed_by_age():
