@@ -62,8 +62,12 @@ class AdmissionCalendar:
         short of S with every prompt admitted to it finished (B = S / mean k rounds down, and
         V0.5's k varies). Each new prompt is counted at ``least``, the fewest samples a
         finished prompt gave, so one round of them fills the batch; ``cap_samples`` trims the
-        surplus (their rollouts still feed their baselines)."""
-        self.extra[deadline] += -(-missing // max(1, least))
+        surplus (their rollouts still feed their baselines). The room left at ``deadline`` is
+        that many prompts whatever B is now: B follows the mean k of the prompts that just
+        finished, and may have fallen below the admissions the deadline already holds (a
+        top-up counted from the old B then left no room, and the batch waited for ever)."""
+        n = -(-missing // max(1, least))
+        self.extra[deadline] = self.quota[deadline] + n - self.quota_size
 
     def release(self, deadline: int, refill: bool = False) -> None:
         """A prompt of ``deadline`` dropped: its place is free again (``refill``: a filtered

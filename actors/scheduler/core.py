@@ -293,14 +293,14 @@ class Scheduler:
         S = self.cfg.batch_samples
         if (len(self.ready) < n if S is None else
                 sum(g.trainable for g in self.ready.values()) < S):
-            # A closed deadline (open_deadlines) trains short; a sample-counted batch that nothing
-            # more can join takes more prompts at V (``top_up``), or trains short when paused.
-            closed = V not in self.calendar.open_deadlines(V)
+            closed = V not in self.calendar.open_deadlines(V)  # closed: it trains short
             if (S is not None and not closed and not self.calendar.room(V)
                     and len(self.ready) == len(self.inflight)):
+                # nothing more can join this sample-counted batch: more prompts at V (top_up)
                 if not self.paused:
                     ready = [g.trainable for g in self.ready.values()]
                     self.calendar.top_up(V, S - sum(ready), min(ready, default=self.k_init))
+                if self.room():  # else (paused, no engine slot free) it trains short
                     self.counts["batch_top_ups"] += 1
                     return wait
                 closed = True

@@ -704,6 +704,24 @@ def test_a_sample_counted_batch_that_nothing_can_join_takes_more_prompts_then_tr
     assert s.room() == 2
 
 
+def test_a_top_up_leaves_room_even_when_the_quota_fell_below_the_admissions_held():
+    # B follows the mean k of the newest finished prompts: here it falls from 2 to 1 while
+    # version 0 holds 2 admissions (8 samples of 10). The top-up must leave room for the one
+    # prompt missing whatever B is now: counted from B it left none, and the batch waited for
+    # ever (a synchronous V0.5 run stalled at step 46 of 48).
+    s = Scheduler(cfg(batch_prompts=2, batch_samples=10, max_staleness=0), grpo(4), 2)
+    f = Fake(s)
+    f.admit()
+    s.calendar.recent_k.extend([8] * 64)      # as after prompts of k = 8
+    f.complete_all()
+    assert s.calendar.quota_size == 1 < s.calendar.quota[0] == 2
+    assert s.take_batch(10_000) is None and s.room() == 1
+    f.admit()
+    f.complete_all()
+    batch, _ = s.take_batch(10_000)
+    assert sum(g.trained for g in batch) == 10
+
+
 def test_a_short_sample_counted_batch_trains_short_when_admission_is_paused():
     # Paused (an evaluation, the run's end) nothing more is admitted: waiting would be for ever.
     s = Scheduler(cfg(batch_prompts=2, batch_samples=10, max_staleness=0), grpo(4), 2)
