@@ -45,7 +45,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
@@ -140,6 +140,11 @@ def parse_args(argv):
                     help="samples per learner update for every mode (rollout.batch_samples; "
                          "default 64; 0: v05.yaml's batch of prompts, the old uncontrolled study)")
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
+    ap.add_argument("--keep-runs-from", metavar="FILE",
+                    help="the modes not run now: their runs from the same study in FILE (its "
+                         "steps, seeds, evaluations, held-out prompts, start and config must be "
+                         "this invocation's): re-run one mode after a change that leaves the "
+                         "others' runs as they were")
     ap.add_argument("--merge-from", metavar="FILE",
                     help="fold a study written with --out FILE into --out (no runs)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
@@ -299,6 +304,29 @@ def plot_stem(out: dict, path: Path) -> Path:
         path.with_suffix("")
 
 
+def kept_runs(path: Path, st: Settings, baselines_study: bool) -> dict:
+    """``--keep-runs-from FILE``: the runs of the modes this invocation does not run, from the
+    study of this start and kind in FILE, whose sizes must be this invocation's ({file,
+    command, date, modes, runs})."""
+    res = json.loads(path.read_text())
+    key = f"{st.start}-baselines" if baselines_study else st.start
+    study = (res.get("studies") or {study_key(res): res}).get(key)
+    if study is None:
+        raise SystemExit(f"{path}: no study {key!r} to keep runs from")
+    c = study["config"]
+    mine = {"budget_steps": st.steps, "seeds": st.seeds, "evals": st.evals,
+            "eval_prompts": st.eval_prompts, "start": st.start, "file": st.config,
+            "batch_samples": st.batch_samples or None}
+    differ = {k: (c.get(k), v) for k, v in mine.items() if c.get(k) != v}
+    if differ:
+        raise SystemExit(f"{path}: study {key!r} differs from this one in {differ} "
+                         "(FILE's, this invocation's): its runs cannot stand beside these")
+    modes = [m for m in study["runs"] if m not in st.modes]
+    return {"file": str(path), "command": study.get("command"), "date": study.get("date"),
+            "modes": modes, "order": list(study["runs"]),
+            "runs": {m: study["runs"][m] for m in modes}}
+
+
 def merge_from(src: Path, path: Path) -> int:
     """``--merge-from FILE``: a study written to a file of its own (``--out FILE``) folded into
     ``--out`` as the bench would have written it there; its figures unchanged."""
@@ -328,10 +356,18 @@ def main(argv=None) -> int:
         raise SystemExit("--start picks a policy for v05.yaml; another --config has its own model")
     model = [f"model.path={STARTS[st.start]()}"] if st.config == "v05.yaml" else []
     base_cfg = load_config(REPO / st.config, [*st.overrides(), *model, *args.overrides])
+    kept = kept_runs(Path(args.keep_runs_from), st, args.baselines) if args.keep_runs_from \
+        else {}
     t0 = time.time()
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
+    if kept:
+        runs = {m: kept["runs"].get(m) or runs[m]
+                for m in dict.fromkeys([*kept["order"], *st.modes])}
+        st = replace(st, modes=tuple(runs))
     one = report(st, base_cfg, runs, argv, time.time() - t0)
+    if kept:
+        one["runs_kept_from"] = {k: kept[k] for k in ("file", "command", "date", "modes")}
     out = merge(one, Path(args.out))
     write_json(args.out, out)
     plots(one, plot_stem(one, Path(args.out)))
