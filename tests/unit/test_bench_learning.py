@@ -224,6 +224,31 @@ def test_the_paired_study_runs_every_mode_synchronous_and_seeded():
     assert (oracle.algo.name, oracle.algo.train_k) == ("oracle", 4)
 
 
+def test_keep_runs_from_takes_the_other_modes_of_a_like_study_and_refuses_an_unlike_one(
+        tmp_path):
+    """--keep-runs-from FILE: the modes not run now come from FILE's study of this start and
+    kind, in its order; a study of other sizes is refused, naming what differs."""
+    from bench.learning.__main__ import Settings, kept_runs, parse_args
+
+    runs = {"sync_drgrpo4": seeded([[0.2, 0.3]]), "sync_v05": seeded([[0.2, 0.1]]),
+            "sync_oracle4": seeded([[0.2, 0.4]])}
+    study = {"config": {"start": "warm", "budget_steps": 48, "seeds": 5, "evals": 2,
+                        "eval_prompts": 500, "file": "v05.yaml", "batch_samples": 64},
+             "runs": runs, "command": "python -m bench.learning ...", "date": "d",
+             "summary": {"baselines": {"warm": {}}}}
+    path = tmp_path / "paired.json"
+    path.write_text(json.dumps({"studies": {"warm-baselines": study}}))
+    args = ["--baselines", "--paired", "--modes", "sync_v05", "--steps", "48", "--seeds", "5",
+            "--evals", "2", "--eval-prompts", "500"]
+    kept = kept_runs(path, Settings.of(parse_args(args)), True)
+    assert kept["modes"] == ["sync_drgrpo4", "sync_oracle4"] and "sync_v05" not in kept["runs"]
+    assert kept["order"] == list(runs) and kept["runs"]["sync_oracle4"] == runs["sync_oracle4"]
+    with pytest.raises(SystemExit, match="'seeds': \\(5, 3\\)"):
+        kept_runs(path, Settings.of(parse_args(args[:-5] + ["3"] + args[-4:])), True)
+    with pytest.raises(SystemExit, match="no study 'warm'"):
+        kept_runs(path, Settings.of(parse_args(args)), False)
+
+
 def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path):
     from bench.learning.__main__ import merge
 
