@@ -59,7 +59,7 @@ class AdmissionCalendar:
 
     def top_up(self, deadline: int, missing: int, least: int) -> None:
         """More admissions for ``deadline``: its sample-counted batch is ``missing`` samples
-        short of S with every prompt admitted to it finished (B = S / mean k rounds down, and
+        short of S with every prompt admitted to it finished (B = S / mean k, rounded, and
         V0.5's k varies). Each new prompt is counted at ``least``, the fewest samples a
         finished prompt gave, so one round of them fills the batch; ``cap_samples`` trims the
         surplus (their rollouts still feed their baselines). The room left at ``deadline`` is

@@ -362,8 +362,8 @@ def main(argv=None) -> int:
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
     if kept:
-        runs = {m: kept["runs"].get(m) or runs[m]
-                for m in dict.fromkeys([*kept["order"], *st.modes])}
+        both = {**kept["runs"], **runs}
+        runs = {m: both[m] for m in dict.fromkeys([*kept["order"], *st.modes])}
         st = replace(st, modes=tuple(runs))
     one = report(st, base_cfg, runs, argv, time.time() - t0)
     if kept:

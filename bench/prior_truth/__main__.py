@@ -64,8 +64,8 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             # each score weighed by its inverse variance about the window, not its count
             "variance_weighted": {"weigh_rollouts": "variance"},
             # the kernel model chosen by its evidence, the sampling noise known
-            "evidence": {"select": "evidence"}, "loo": {"select": "loo"},
-            "evidence_unweighted": {"select": "evidence", "weigh_rollouts": False}}
+            # (without rollout counts there is no known noise: unweighted it is leave-one-out)
+            "evidence": {"select": "evidence"}}
 
 
 def log(msg: str) -> None:
