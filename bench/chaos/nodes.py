@@ -98,6 +98,7 @@ def nodes(generators: int = 2, learner_node: bool = True, dashboard: bool = Fals
     from ray.cluster_utils import Cluster
 
     from cluster.nodes.check_placement import private_ray_tmpdir
+    from learner.ranks import free_port
 
     head_labels = {LABEL["head"]: 1, **({} if learner_node else {LABEL["learner"]: 1})}
     cluster = None
@@ -107,6 +108,10 @@ def nodes(generators: int = 2, learner_node: bool = True, dashboard: bool = Fals
                 "num_cpus": 1, "resources": head_labels, "node_ip_address": "127.0.0.1",
                 "object_store_memory": OBJECT_STORE, "include_dashboard": dashboard,
                 **({"dashboard_host": "127.0.0.1"} if dashboard else {}),
+                # Not Ray's default 52365: every local Ray cluster binds it (its dashboard
+                # agent, dashboard or not), and a head whose agent lost that race to another
+                # cluster on this machine takes no job ("No available agent to submit job").
+                "dashboard_agent_listen_port": free_port(),
                 "_system_config": SYSTEM_CONFIG})
             got = Nodes(cluster, tmp, {cluster.head_node: "head"})
             for kind in ["learner"] * learner_node + ["generator"] * generators:

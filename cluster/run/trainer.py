@@ -88,13 +88,8 @@ class Trainer:
         (``run.save_final``), summary.json (returned as written); ``Stalled``, or ``Preempted``
         (cluster.run.preempt)."""
         cfg, files = self.cfg, self.r.files
-        if self.r.state.resumed:  # the generators serve the checkpoint's weights first
-            publish(self.r, self.r.state.version)
-        initial = self.initial_evaluation()  # before the clock starts
-        peaks = measure_peaks(self.r) if cfg.generators.measure_peak else None
-        gen0, self.t_start = generator_stats(self.roles.generators), self.dog.progress(self.step)
-        self.tally.skip(self.t_start)  # after the initial evaluation
-        try:
+        try:  # a stall from here on still closes the run's own roles (``close``)
+            initial, peaks, gen0 = self.warm_up()
             self.dog.get("coordinator", self.coord.start.remote())
             if self.r.replacer:
                 self.r.replacer.start()
@@ -126,6 +121,20 @@ class Trainer:
         written = files.summary(summary)
         self.report()
         return written
+
+    def warm_up(self) -> tuple[HeldOut | None, list | None, list]:
+        """Before the clock starts, each with the watchdog's whole limit: the checkpoint's
+        weights served (resuming), the initial evaluation, the engines' peak probe; then the
+        generators' counters at the start. Returns (initial evaluation, peaks, counters)."""
+        if self.r.state.resumed:  # the generators serve the checkpoint's weights first
+            publish(self.r, self.r.state.version)
+        self.dog.progress()
+        initial = self.initial_evaluation()
+        self.dog.progress()
+        peaks = measure_peaks(self.r) if self.cfg.generators.measure_peak else None
+        gen0, self.t_start = generator_stats(self.roles.generators), self.dog.progress(self.step)
+        self.tally.skip(self.t_start)  # training time counts from here
+        return initial, peaks, gen0
 
     def one_step(self) -> bool:
         """One learner step; True when it was the last."""

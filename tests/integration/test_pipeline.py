@@ -417,7 +417,9 @@ def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
     from cluster.run.trainer import Trainer
     from cluster.run.watchdog import Stalled
 
+    # No peak probe: under a loaded CI machine it once took longer than this 15-s limit
     cfg = make_cfg(fresh["tmp"], "stall", mode="async", rollout={"max_staleness": 1},
+                   generators={"measure_peak": False},
                    run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 15})
     trainer = Trainer.start(cfg, fresh["roles"], fresh["task"], start_on_running_roles(cfg))
     trainer.after_step = lambda step, m: step == 1 and ray.get(trainer.coord.pause.remote())
@@ -427,6 +429,28 @@ def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
     summary = json.loads((cfg.run_dir / "summary.json").read_text())
     assert summary["status"] == "stalled" and summary["stalled_on"] == stall.value.role
     assert summary["stall_report"]["paused"] is True and summary["steps"] >= 2
+
+
+def test_a_stall_before_the_first_step_frees_the_runs_own_roles(fresh):
+    """The engines' peak probe outlasts the watchdog (a limit of 0.05 s): the run stops as
+    stalled on the probe, and its coordinator is gone, so the next run on the same roles gets
+    the coordinator's place (a coordinator left behind held it: the next run waited 30 min)."""
+    from common.names import actor_name
+    from cluster.run.trainer import Trainer
+    from cluster.run.watchdog import Stalled
+
+    cfg = make_cfg(fresh["tmp"], "early-stall", run={"eval_every": 0, "stall_timeout_s": 0.05})
+    trainer = Trainer.start(cfg, fresh["roles"], fresh["task"], start_on_running_roles(cfg))
+    with pytest.raises(Stalled) as stall:
+        trainer.run()
+    assert stall.value.role == "generators (peak probe)"
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert summary["status"] == "stalled" and summary["stalled_on"] == stall.value.role
+    with pytest.raises(ValueError):  # killed: no actor of that name any more
+        ray.get_actor(actor_name(cfg.run.name, "coordinator"))
+    again = make_cfg(fresh["tmp"], "after-early-stall", generators={"measure_peak": False},
+                     run={"max_steps": 1, "eval_every": 0, "stall_timeout_s": 120})
+    assert run(fresh, again)["steps"] == 1
 
 
 # ---------------------------------------------------------------- never lose a run, W&B
