@@ -17,6 +17,7 @@ import numpy as np
 
 from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
                                 check_halflife, check_prob)
+from actors.priors.history import FORMS
 from actors.priors.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
                                   predict_fitted)
 
@@ -135,7 +136,9 @@ class EmbeddedPrior(PriorBackend):
     alone, at one view's cost: 0 = every view at every fit; a window of fewer than
     ``FULL_SEARCH_BELOW`` prompts is searched in full at every fit),
     ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
-    much as leave-one-out says they predict it: history.py),
+    much as leave-one-out says they predict it, as its level or as its offset from the
+    model, whichever predicts better: history.py; "level": its level only, the prior of
+    2026-12-04; False: never),
     ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
     True or "count", by its count; "variance", by its inverse variance about the window;
     False: alike; weights.py),
@@ -159,7 +162,7 @@ class EmbeddedPrior(PriorBackend):
                  cache_size: int = 32768, model_dir: str | None = None, device: str = "cpu",
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
-                 lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool = True,
+                 lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool | str = True,
                  reselect: float = 0.25, weigh_rollouts: bool | str = True,
                  select: str = "loo", encoder=None):
         self.halflife = check_halflife(halflife)
@@ -181,7 +184,9 @@ class EmbeddedPrior(PriorBackend):
         self.views = (views,) if isinstance(views, str) else tuple(views)
         if not self.views or any(v not in VIEWS for v in self.views):
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {views!r}")
-        self.same_prompt = bool(same_prompt)
+        if same_prompt not in (True, False, "level"):
+            raise ValueError(f"same_prompt must be true, false or 'level', got {same_prompt!r}")
+        self.same_prompt = same_prompt
         weighting = {True: "count", "count": "count", "variance": "variance", False: None}
         if weigh_rollouts not in weighting:
             raise ValueError(f"weigh_rollouts must be true, false, 'variance' or 'count', got "
@@ -257,7 +262,9 @@ class EmbeddedPrior(PriorBackend):
                                     ids=self._ids(prompts) if self.same_prompt else None,
                                     counts=ctx.counts if self.weighting else None,
                                     undecayed=("surface",), weighting=self.weighting or "count",
-                                    select=self.select)
+                                    select=self.select,
+                                    history_forms=("level",) if self.same_prompt == "level"
+                                    else FORMS)
             if only is None:  # a full search: its choice stands for the window it saw
                 self._chosen = (None if self._fit.kernel is None else
                                 (self._fit.view, frozenset(prompts)))

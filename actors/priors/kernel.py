@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.priors.history import fit_history, fuse_history
+from actors.priors.history import FORMS, fit_history, fuse_history
 from actors.priors.weights import fit_weights, sampling_noise, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
@@ -104,14 +104,21 @@ class Fitted:
     ids: np.ndarray | None = None            # (N,) prompt ids of the context (history)
     y: np.ndarray | None = None              # (N,) its observed scores (history)
     counts: np.ndarray | None = None         # (N,) their rollout weights (history)
+    history_form: str | None = None          # "level" or "offset" (history.py)
+    resid: np.ndarray | None = None          # (N,) leave-one-out residuals (offset history)
 
     def label(self) -> str:
         if self.kernel is None:
             return "constant" + (f" drift{-self.drift:+.3g}/v" if self.drift else "") + (
-                f" hist{self.kappa:g}" if self.kappa is not None else "")
+                self._hist())
         age = f"+age{self.age_weight:g}" if self.age_weight else ""
-        hist = f" hist{self.kappa:g}" if self.kappa is not None else ""
-        return f"{self.view}:{self.kernel}+len{self.length_weight:g}{age}@lam{self.lam:.3g}{hist}"
+        return (f"{self.view}:{self.kernel}+len{self.length_weight:g}{age}@lam{self.lam:.3g}"
+                + self._hist())
+
+    def _hist(self) -> str:
+        if self.kappa is None:
+            return ""
+        return f" hist{self.kappa:g}" + ("" if self.history_form == "level" else "off")
 
 
 def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
@@ -194,13 +201,15 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 kernels: tuple[str, ...] = ("linear",), drift: bool = False,
                 lead: float = 0.0, ids: np.ndarray | None = None,
                 counts: np.ndarray | None = None, undecayed: tuple[str, ...] = (),
-                weighting: str = "count", select: str = "loo") -> Fitted:
+                weighting: str = "count", select: str = "loo",
+                history_forms: tuple[str, ...] = FORMS) -> Fitted:
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
     X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
-    same prompt (None: no history), counts: (N,) rollouts per score, weighed by ``weighting``
+    same prompt (None: no history; ``history_forms``: its forms to choose from), counts: (N,)
+    rollouts per score, weighed by ``weighting``
     (weights.py; None: equal). ``prior_strength`` pseudo-observations of ``prior_mean`` shrink
     the context mean (tiny contexts). ``drift``: fit the scores' trend on age and predict
     ``lead`` versions past the newest observation. ``undecayed``: views whose base kernel
@@ -242,7 +251,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw)
+        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw, history_forms)
     return best
 
 

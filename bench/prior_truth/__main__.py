@@ -65,7 +65,10 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "variance_weighted": {"weigh_rollouts": "variance"},
             # the kernel model chosen by its evidence, the sampling noise known
             # (without rollout counts there is no known noise: unweighted it is leave-one-out)
-            "evidence": {"select": "evidence"}}
+            "evidence": {"select": "evidence"},
+            # a recurring prompt's history at face value only, not as its offset from the
+            # model (the prior of 2026-12-04)
+            "history_level": {"same_prompt": "level"}}
 
 
 def log(msg: str) -> None:
@@ -189,7 +192,8 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                                         "reliability": reliability(p, truth)}
         shipped = entry["variants"]["shipped"]
         entry.update({k: shipped[k] for k in ("error_sd", "bias", "mae", "rmse", "spearman",
-                                              "truth_noise_sd", "error_sd_noise_removed")})
+                                              "truth_noise_sd", "error_sd_noise_removed",
+                                              "correlation_ceiling")})
         entry["reliability"] = shipped["reliability"]
         entry["online"] = online_estimate(rows, step, steps, cfg.algo.k_init, task.rewards)
         entry["online"]["offline_rmse_noise_removed"] = float(np.sqrt(max(
@@ -235,19 +239,36 @@ def online_estimate(rows: list[dict], step: int, last: int, k_init: int,
 def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, samples: int,
                         max_tokens: int, temperature: float, engine):
     """The truth of one snapshot, kept beside the run (the expensive part: re-measuring a
-    variant of the prior on it costs nothing)."""
+    variant of the prior on it costs nothing); used again only for the same prompts and the
+    same weights (``weights_fingerprint``: a run made again in the same directory has new
+    snapshots, and a truth of the old ones would be measured against the new run's window)."""
     from bench.prior_truth.truth import sample_truth
 
     cache = run_dir / f"truth-{name}-{len(probs)}x{samples}.json"
+    key = {"ids": [p.id for p in probs], "weights": weights_fingerprint(Path(path))}
     if cache.is_file():
         got = json.loads(cache.read_text())
-        if got["ids"] == [p.id for p in probs]:
+        if all(got.get(k) == v for k, v in key.items()):
             return np.array(got["correct"]), got["timing"]
+        log(f"{cache.name}: of other prompts or weights; measured again")
     correct, timing = sample_truth(path, task, probs, samples, max_tokens, temperature,
                                    engine=engine)
-    cache.write_text(json.dumps({"ids": [p.id for p in probs], "correct": correct.tolist(),
-                                 "timing": timing}))
+    cache.write_text(json.dumps({**key, "correct": correct.tolist(), "timing": timing}))
     return correct, timing
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A sha256 of the weight files under ``path``, names and contents (a 135M-parameter
+    snapshot reads in about a second)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*.safetensors")):
+        h.update(str(f.relative_to(path)).encode())
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def main(argv=None) -> int:

@@ -44,14 +44,19 @@ def truth_noise_sd(truth: np.ndarray, n: int) -> float:
 
 
 def error_stats(p: np.ndarray, truth: np.ndarray, n: int) -> dict:
-    """The prior's p against the truth t (both (N,), probabilities) from n samples each."""
+    """The prior's p against the truth t (both (N,), probabilities) from n samples each.
+    ``correlation_ceiling``: the largest correlation with t that any predictor can reach, the
+    true rates themselves included, t's sampling noise being what it is:
+    sqrt(1 - noise^2 / var(t)) (Pearson's; Spearman's sits near it)."""
     p, t = np.asarray(p, dtype=float), np.asarray(truth, dtype=float)
     e = p - t
-    sd, noise = float(e.std(ddof=1)), truth_noise_sd(t, n)
+    sd, noise, var_t = float(e.std(ddof=1)), truth_noise_sd(t, n), float(t.var(ddof=1))
     return {"error_sd": sd, "bias": float(e.mean()), "mae": float(np.abs(e).mean()),
             "rmse": float(math.sqrt(float(np.mean(e * e)))), "spearman": spearman(p, t),
             "error_sd_noise_removed": float(math.sqrt(max(0.0, sd * sd - noise * noise))),
-            "truth_noise_sd": noise}
+            "truth_noise_sd": noise,
+            "correlation_ceiling": float(math.sqrt(max(0.0, 1.0 - noise * noise / var_t)))
+            if var_t > 0 else None}
 
 
 def level_mean_predictor(truth: np.ndarray, levels: np.ndarray) -> np.ndarray:

@@ -602,6 +602,28 @@ def test_a_recurring_prompt_is_pulled_toward_its_own_earlier_outcomes():
     assert flat.kappa is None or np.abs(moved).mean() < 0.05
 
 
+def test_while_the_policy_improves_a_prompts_history_counts_as_its_offset_from_the_model():
+    """Each prompt sits a fixed offset from a level that rises 0.02 a version; the window
+    holds it 4 times, 6 versions apart. Its old scores at face value lag by what the policy
+    gained since; its offset from the model's prediction then does not (history.py)."""
+    rng = np.random.default_rng(5)
+    n_prompts, reps = 40, 4
+    offset = rng.normal(0, 0.12, size=n_prompts)
+    X0 = rng.normal(size=(n_prompts, 3))                 # features that cannot tell 40 apart
+    X0 /= np.linalg.norm(X0, axis=1, keepdims=True)
+    ids = np.tile(np.arange(n_prompts), reps)
+    ages = np.repeat(np.arange(reps)[::-1] * 6.0, n_prompts) + rng.uniform(0, 5, len(ids))
+    y = np.clip(0.7 - 0.02 * ages + offset[ids] + rng.normal(0, 0.05, len(ids)), 0, 1)
+    fit = fit_context(X0[ids], y, ages=ages, halflife=8.0, drift=True, ids=ids)
+    assert fit.history_form == "offset" and fit.label().endswith("off")
+    now = np.clip(0.7 + offset, 0, 1)
+    p = predict_fitted(fit, X0, ids=np.arange(n_prompts))
+    face_value = predict_fitted(fit.__class__(**{**fit.__dict__, "history_form": "level"}), X0,
+                                ids=np.arange(n_prompts))
+    assert np.abs(p - now).mean() < 0.5 * np.abs(face_value - now).mean()
+    assert abs(np.mean(p - now)) < 0.03 and np.mean(face_value - now) < -0.05
+
+
 def test_surface_features_read_the_last_numbers_their_count_and_the_length():
     from actors.priors.embedded import surface_features
 

@@ -208,3 +208,44 @@ def test_the_windows_level_means_predict_by_level_and_fall_back_to_the_window_me
     got = level_window_predictor(np.array([1, 2, 3, 1]), [1, 1, 2, None], [1.0, 0.5, 0.25, 0.0])
     # level 1: (1 + 0.5) / 2; level 2: 0.25; level 3 is not in the window: its mean, 1.75 / 4
     assert got.tolist() == pytest.approx([0.75, 0.25, 0.4375, 0.75])
+
+
+def test_the_correlation_ceiling_is_what_the_true_rates_reach_against_a_noisy_truth():
+    """400 prompts, true rates p, a truth of 16 samples each: the true rates themselves
+    correlate with that truth about as the ceiling says, and no better."""
+    from bench.prior_truth.analysis import error_stats
+
+    rng = np.random.default_rng(7)
+    p = rng.beta(4, 2, size=400)
+    truth = rng.binomial(16, p) / 16
+    got = error_stats(p, truth, 16)
+    pearson = float(np.corrcoef(p, truth)[0, 1])
+    assert 0.6 < got["correlation_ceiling"] < 0.95
+    assert pearson == pytest.approx(got["correlation_ceiling"], abs=0.04)
+    exact = error_stats(p, p, 10**9)  # a noiseless truth: the ceiling is 1
+    assert exact["correlation_ceiling"] == pytest.approx(1.0)
+
+
+def test_a_cached_truth_is_used_again_only_for_the_same_weights(tmp_path, monkeypatch):
+    """A run made again in the same directory has new snapshots: the truth kept beside the
+    old run must not be read back for them (it once was)."""
+    import bench.prior_truth.__main__ as pt
+
+    calls = []
+
+    def sample(path, task, probs, samples, *a, **k):
+        calls.append(path)
+        return np.full(len(probs), len(calls)), {"s": 0.0}
+
+    monkeypatch.setattr("bench.prior_truth.truth.sample_truth", sample)
+    weights = tmp_path / "snap"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"one")
+    probs = [type("P", (), {"id": i})() for i in range(3)]
+    args = (tmp_path, "end", str(weights), None, probs, 4, 8, 1.0, None)
+    first, _ = pt.sample_truth_cached(*args)
+    again, _ = pt.sample_truth_cached(*args)
+    assert len(calls) == 1 and list(again) == list(first)     # the same weights: cached
+    (weights / "model.safetensors").write_bytes(b"two")       # the run made again
+    new, _ = pt.sample_truth_cached(*args)
+    assert len(calls) == 2 and list(new) != list(first)
