@@ -83,6 +83,23 @@ def level_window_predictor(levels: np.ndarray, ctx_levels: list, ctx_scores: lis
     return np.array([np.mean(by[v]) if v in by else overall for v in lv.tolist()])
 
 
+def own_history_predictor(prompts: list[str], ctx: list, halflife: float | None = 8.0
+                          ) -> np.ndarray:
+    """Where prompts recur: each prompt predicted by its own observations in the window
+    alone, weighed by their rollouts and discounted by 0.5 ** (versions before the newest /
+    ``halflife``) (the signal history.py fuses with the model); the window's mean for a
+    prompt it does not hold."""
+    newest = max((o.version for o in ctx), default=0)
+    by: dict = {}
+    for o in ctx:
+        w = o.rollouts * (1.0 if halflife is None else 0.5 ** ((newest - o.version) / halflife))
+        got = by.setdefault(o.prompt, [0.0, 0.0])
+        got[0], got[1] = got[0] + w * o.score, got[1] + w
+    overall = float(np.mean([o.score for o in ctx])) if ctx else 0.5
+    return np.array([by[p][0] / by[p][1] if p in by and by[p][1] > 0 else overall
+                     for p in prompts])
+
+
 def reliability(p: np.ndarray, truth: np.ndarray, bins: int = 5) -> list[dict]:
     """Mean p and mean truth per bin of p (equal-width bins on [0, 1]), with counts."""
     p, t = np.asarray(p, dtype=float), np.asarray(truth, dtype=float)

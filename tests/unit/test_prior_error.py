@@ -210,6 +210,20 @@ def test_the_windows_level_means_predict_by_level_and_fall_back_to_the_window_me
     assert got.tolist() == pytest.approx([0.75, 0.25, 0.4375, 0.75])
 
 
+def test_a_prompts_own_history_weighs_rollouts_and_recency_and_falls_back_to_the_mean():
+    from types import SimpleNamespace as O
+
+    from bench.prior_truth.analysis import own_history_predictor
+
+    ctx = [O(prompt="a", score=1.0, version=2, rollouts=4),
+           O(prompt="a", score=0.0, version=0, rollouts=4),   # two versions older: half
+           O(prompt="b", score=0.5, version=2, rollouts=16)]
+    got = own_history_predictor(["a", "b", "c"], ctx, halflife=2.0)
+    # a: (4 * 1 + 2 * 0) / (4 + 2); b: its one score; c is not in the window: the mean score
+    assert got.tolist() == pytest.approx([4 / 6, 0.5, 0.5])
+    assert own_history_predictor(["a"], ctx, halflife=None).tolist() == pytest.approx([0.5])
+
+
 def test_the_correlation_ceiling_is_what_the_true_rates_reach_against_a_noisy_truth():
     """400 prompts, true rates p, a truth of 16 samples each: the true rates themselves
     correlate with that truth about as the ceiling says, and no better."""
