@@ -573,13 +573,19 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
         EmbeddedPrior(encoder=NoiseEncoder(), reselect=1.5)
 
 
+def indistinct_window(rng, n_prompts: int, reps: int):
+    """Unit features in 3 dimensions for ``n_prompts`` prompts (too few to tell them apart),
+    and the ids of a window that holds each prompt ``reps`` times."""
+    X0 = rng.normal(size=(n_prompts, 3))
+    X0 /= np.linalg.norm(X0, axis=1, keepdims=True)
+    return X0, np.tile(np.arange(n_prompts), reps)
+
+
 def test_a_recurring_prompt_is_pulled_toward_its_own_earlier_outcomes():
     rng = np.random.default_rng(4)
     n_prompts, reps = 40, 3
     truth = rng.uniform(0.05, 0.95, size=n_prompts)
-    X0 = rng.normal(size=(n_prompts, 3))                 # features that cannot tell 40 apart
-    X0 /= np.linalg.norm(X0, axis=1, keepdims=True)
-    ids = np.tile(np.arange(n_prompts), reps)
+    X0, ids = indistinct_window(rng, n_prompts, reps)
     y = np.clip(truth[ids] + rng.normal(0, 0.05, size=len(ids)), 0, 1)
     fit = fit_context(X0[ids], y, ids=ids)
     plain = fit_context(X0[ids], y)
@@ -609,9 +615,7 @@ def test_while_the_policy_improves_a_prompts_history_counts_as_its_offset_from_t
     rng = np.random.default_rng(5)
     n_prompts, reps = 40, 4
     offset = rng.normal(0, 0.12, size=n_prompts)
-    X0 = rng.normal(size=(n_prompts, 3))                 # features that cannot tell 40 apart
-    X0 /= np.linalg.norm(X0, axis=1, keepdims=True)
-    ids = np.tile(np.arange(n_prompts), reps)
+    X0, ids = indistinct_window(rng, n_prompts, reps)
     ages = np.repeat(np.arange(reps)[::-1] * 6.0, n_prompts) + rng.uniform(0, 5, len(ids))
     y = np.clip(0.7 - 0.02 * ages + offset[ids] + rng.normal(0, 0.05, len(ids)), 0, 1)
     fit = fit_context(X0[ids], y, ages=ages, halflife=8.0, drift=True, ids=ids)
