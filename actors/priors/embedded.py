@@ -137,8 +137,8 @@ class EmbeddedPrior(PriorBackend):
     ``FULL_SEARCH_BELOW`` prompts is searched in full at every fit),
     ``same_prompt`` (fuse a prompt that is in the window with its own earlier outcomes, as
     much as leave-one-out says they predict it, as its level or as its offset from the
-    model, whichever predicts better: history.py; "level": its level only, the prior of
-    2026-12-04; False: never),
+    model, whichever predicts better: history.py; "level": as its level only, as before the
+    offset form; False: never),
     ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
     True or "count", by its count; "variance", by its inverse variance about the window;
     False: alike; weights.py),

@@ -35,11 +35,12 @@ FORMS = ("level", "offset")
 
 def fit_history(fit, ids, y, loo_pred, T: np.ndarray | None, w, rw,
                 forms: tuple[str, ...] = FORMS) -> None:
-    """Choose kappa of the history fusion (module docstring) by weighted leave-one-out on
-    the window's repeated prompts: point i's model prediction without it (``loo_pred``)
-    fused with its prompt's other observations (each counted by its rollout weight ``rw``),
-    against its score, in each of ``forms`` ("level", "offset"). Sets ``fit.kappa`` (None where no kappa beats the model alone),
-    ``fit.ids``, ``fit.y``, ``fit.counts``."""
+    """Choose the form and kappa of the history fusion (module docstring) by weighted
+    leave-one-out on the window's repeated prompts: point i's model prediction without it
+    (``loo_pred``) fused with its prompt's other observations (each counted by its rollout
+    weight ``rw``) in each of ``forms``, against its score. Sets ``fit.history_form`` and
+    ``fit.kappa`` (None where none beats the model alone), ``fit.ids``, ``fit.y``,
+    ``fit.counts``, ``fit.resid``."""
     same = ids[:, None] == ids[None, :]
     np.fill_diagonal(same, False)
     if not same.any():

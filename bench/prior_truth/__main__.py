@@ -67,7 +67,7 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             # (without rollout counts there is no known noise: unweighted it is leave-one-out)
             "evidence": {"select": "evidence"},
             # a recurring prompt's history at face value only, not as its offset from the
-            # model (the prior of 2026-12-04)
+            # model (the prior before the offset form)
             "history_level": {"same_prompt": "level"}}
 
 

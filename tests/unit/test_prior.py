@@ -606,6 +606,10 @@ def test_a_recurring_prompt_is_pulled_toward_its_own_earlier_outcomes():
     moved = predict_fitted(flat, X0[:10], ids=np.arange(10)) - predict_fitted(
         flat.__class__(**{**flat.__dict__, "kappa": None}), X0[:10])
     assert flat.kappa is None or np.abs(moved).mean() < 0.05
+    from actors.priors.embedded import EmbeddedPrior
+
+    with pytest.raises(ValueError, match="same_prompt must be true, false or 'level'"):
+        EmbeddedPrior(encoder=NoiseEncoder(), same_prompt="offset")
 
 
 def test_while_the_policy_improves_a_prompts_history_counts_as_its_offset_from_the_model():
