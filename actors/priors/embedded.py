@@ -187,6 +187,7 @@ class EmbeddedPrior(PriorBackend):
         if same_prompt not in (True, False, "level"):
             raise ValueError(f"same_prompt must be true, false or 'level', got {same_prompt!r}")
         self.same_prompt = same_prompt
+        self.history_forms = ("level",) if same_prompt == "level" else FORMS
         weighting = {True: "count", "count": "count", "variance": "variance", False: None}
         if weigh_rollouts not in weighting:
             raise ValueError(f"weigh_rollouts must be true, false, 'variance' or 'count', got "
@@ -262,9 +263,7 @@ class EmbeddedPrior(PriorBackend):
                                     ids=self._ids(prompts) if self.same_prompt else None,
                                     counts=ctx.counts if self.weighting else None,
                                     undecayed=("surface",), weighting=self.weighting or "count",
-                                    select=self.select,
-                                    history_forms=("level",) if self.same_prompt == "level"
-                                    else FORMS)
+                                    select=self.select, history_forms=self.history_forms)
             if only is None:  # a full search: its choice stands for the window it saw
                 self._chosen = (None if self._fit.kernel is None else
                                 (self._fit.view, frozenset(prompts)))

@@ -86,17 +86,21 @@ def level_window_predictor(levels: np.ndarray, ctx_levels: list, ctx_scores: lis
 def own_history_predictor(prompts: list[str], ctx: list, halflife: float | None = 8.0
                           ) -> np.ndarray:
     """Where prompts recur: each prompt predicted by its own observations in the window
-    alone, weighed by their rollouts and discounted by 0.5 ** (versions before the newest /
-    ``halflife``) (the signal history.py fuses with the model); the window's mean for a
-    prompt it does not hold."""
-    newest = max((o.version for o in ctx), default=0)
+    alone, weighed by their rollouts and by ``recency_weights`` over the versions before the
+    newest (the signal history.py fuses with the model); the window's mean for a prompt it
+    does not hold."""
+    from actors.priors.weights import recency_weights
+
+    if not ctx:
+        return np.full(len(prompts), 0.5)
+    versions = np.array([o.version for o in ctx], dtype=float)
+    w = recency_weights(versions.max() - versions, halflife) * [o.rollouts for o in ctx]
     by: dict = {}
-    for o in ctx:
-        w = o.rollouts * (1.0 if halflife is None else 0.5 ** ((newest - o.version) / halflife))
+    for o, wi in zip(ctx, w):
         got = by.setdefault(o.prompt, [0.0, 0.0])
-        got[0], got[1] = got[0] + w * o.score, got[1] + w
-    overall = float(np.mean([o.score for o in ctx])) if ctx else 0.5
-    return np.array([by[p][0] / by[p][1] if p in by and by[p][1] > 0 else overall
+        got[0], got[1] = got[0] + wi * o.score, got[1] + wi
+    overall = float(np.mean([o.score for o in ctx]))
+    return np.array([by[p][0] / by[p][1] if by.get(p, (0, 0))[1] > 0 else overall
                      for p in prompts])
 
 
