@@ -142,9 +142,13 @@ class EmbeddedPrior(PriorBackend):
     ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
     True or "count", by its count; "variance", by its inverse variance about the window;
     False: alike; weights.py),
-    ``select`` (how the kernel model is chosen: "loo", by leave-one-out error; "evidence", by
-    its Gaussian-process evidence with the scores' sampling noise known from the rollouts
-    behind them (weights.sampling_noise; leave-one-out when the context does not say)),
+    ``select`` (how the kernel model is chosen: "evidence" (the default), by its
+    Gaussian-process evidence with the scores' sampling noise known from the rollouts behind
+    them (weights.sampling_noise; leave-one-out when the context does not say); "loo", by
+    leave-one-out error),
+    ``columns`` (the surface view's columns: "selected", those that greedy forward selection
+    by leave-one-out keeps on each window (columns.py), a query's values clipped to the
+    window's range; "all", every one),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -164,7 +168,7 @@ class EmbeddedPrior(PriorBackend):
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool | str = True,
                  reselect: float = 0.25, weigh_rollouts: bool | str = True,
-                 select: str = "loo", encoder=None):
+                 select: str = "evidence", columns: str = "selected", encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -199,6 +203,9 @@ class EmbeddedPrior(PriorBackend):
         if select not in ("loo", "evidence"):
             raise ValueError(f"select must be 'loo' or 'evidence', got {select!r}")
         self.select = select
+        if columns not in ("selected", "all"):
+            raise ValueError(f"columns must be 'selected' or 'all', got {columns!r}")
+        self.columns = columns
         self._chosen: tuple[str, frozenset] | None = None  # (view, the window it was chosen on)
         self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
         self.surface_cache = EmbeddingCache(surface_features, cache_size)
@@ -263,7 +270,8 @@ class EmbeddedPrior(PriorBackend):
                                     ids=self._ids(prompts) if self.same_prompt else None,
                                     counts=ctx.counts if self.weighting else None,
                                     undecayed=("surface",), weighting=self.weighting or "count",
-                                    select=self.select, history_forms=self.history_forms)
+                                    select=self.select, history_forms=self.history_forms,
+                                    selected=("surface",) if self.columns == "selected" else ())
             if only is None:  # a full search: its choice stands for the window it saw
                 self._chosen = (None if self._fit.kernel is None else
                                 (self._fit.view, frozenset(prompts)))

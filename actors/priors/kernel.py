@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actors.priors.columns import narrow_views
 from actors.priors.history import FORMS, fit_history, fuse_history
 from actors.priors.weights import fit_weights, sampling_noise, window_weights
 
@@ -100,6 +101,7 @@ class Fitted:
     age_query: float = 0.0                   # standardized age of a query (-lead)
     view: str = "embedding"                  # the feature view the kernel is on
     timed: bool = True                       # its base kernel carries the time decay T
+    columns: np.ndarray | None = None        # the view's columns chosen (None: all)
     kappa: float | None = None               # history fusion (None: no history used)
     ids: np.ndarray | None = None            # (N,) prompt ids of the context (history)
     y: np.ndarray | None = None              # (N,) its observed scores (history)
@@ -202,19 +204,20 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 lead: float = 0.0, ids: np.ndarray | None = None,
                 counts: np.ndarray | None = None, undecayed: tuple[str, ...] = (),
                 weighting: str = "count", select: str = "loo",
-                history_forms: tuple[str, ...] = FORMS) -> Fitted:
+                history_forms: tuple[str, ...] = FORMS, selected: tuple[str, ...] = ()
+                ) -> Fitted:
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
     X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
     same prompt (None: no history; ``history_forms``: its forms to choose from), counts: (N,)
-    rollouts per score, weighed by ``weighting``
-    (weights.py; None: equal). ``prior_strength`` pseudo-observations of ``prior_mean`` shrink
-    the context mean (tiny contexts). ``drift``: fit the scores' trend on age and predict
+    rollouts per score, weighed by ``weighting`` (weights.py; None: equal). ``prior_strength``
+    pseudo-observations of ``prior_mean`` shrink the context mean (tiny contexts). ``drift``: fit the scores' trend on age and predict
     ``lead`` versions past the newest observation. ``undecayed``: views whose base kernel
     goes without the time decay T (a few features whose effect holds at every version: one
-    coefficient each over the window, the age term moving the level)."""
+    coefficient each over the window, the age term moving the level). ``selected``: views
+    whose columns are chosen first (columns.py), a query's values clipped to the window's."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
@@ -244,6 +247,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                      neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n),
                      fields=dict(mean=mean_raw if slope else mean, halflife=halflife,
                                  const_loo_mse=best.const_loo_mse, decay=decay, **side))
+    views = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
     for base, BT in _base_kernels(views, kernels, wn, T, undecayed):  # stage 1: no age term
         search.over(base, BT, (0.0,))
     if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
@@ -298,13 +302,14 @@ def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, un
     """Every candidate base kernel of the context, time-decayed (but the ``undecayed`` views'):
     per view and base kernel, yields (its ``Fitted`` fields, the (N, N) matrix)."""
     for view, Xv in views.items():
+        Xv, cols = Xv if isinstance(Xv, tuple) else (Xv, None)  # (its chosen columns)
         center = wn @ Xv                                       # (d,)
         for kind in kernels:
             scale = kernel_scale(kind, Xv, center)
             B = base_kernel(kind, Xv, Xv, center, scale)
             timed = T is not None and view not in undecayed
             yield ({"view": view, "kernel": kind, "X": Xv, "center": center, "scale": scale,
-                    "timed": timed}, B * T if timed else B)
+                    "timed": timed, "columns": cols}, B * T if timed else B)
 
 
 def _side_features(loglen, ages: np.ndarray, wn: np.ndarray, drift: bool, lead: float):
@@ -362,6 +367,8 @@ def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
     if isinstance(Q, dict):
         Q = Q[fit.view] if fit.kernel is not None else next(iter(Q.values()))
     Q = np.asarray(Q, dtype=np.float64)
+    if fit.kernel is not None and fit.columns is not None:  # within the window's range
+        Q = np.clip(Q[:, fit.columns], fit.X.min(axis=0), fit.X.max(axis=0))
     if fit.kernel is None:
         f = np.full(len(Q), fit.mean + fit.lead_shift)
     else:

@@ -55,17 +55,23 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "drift_lead1_halflife16": {"drift": True, "lead": 1.0, "halflife": 16.0},
             "halflife4": {"halflife": 4.0},
             # the prior before issue 29: the sentence embedding alone, no same-prompt term
-            "embedding_only": {"views": ["embedding"], "same_prompt": False},
+            "embedding_only": {"views": ["embedding"], "same_prompt": False, "select": "loo"},
             # the prior of 2026-12-03: no surface view, every score weighed alike
             "no_surface_unweighted": {"views": ["embedding", "ngram", "both"],
-                                      "weigh_rollouts": False},
+                                      "weigh_rollouts": False, "select": "loo"},
             "no_surface": {"views": ["embedding", "ngram", "both"]},
             "unweighted": {"weigh_rollouts": False},
             # each score weighed by its inverse variance about the window, not its count
             "variance_weighted": {"weigh_rollouts": "variance"},
-            # the kernel model chosen by its evidence, the sampling noise known
-            # (without rollout counts there is no known noise: unweighted it is leave-one-out)
-            "evidence": {"select": "evidence"},
+            # the kernel model chosen by leave-one-out error, not by its evidence
+            "loo": {"select": "loo"},
+            # every column of the surface view, none chosen
+            "all_columns": {"columns": "all"},
+            # the prior until 2026-12-05: leave-one-out, every surface column (the runs
+            # measured here were made with it: their --run-variant)
+            "until_2026_12_05": {"select": "loo", "columns": "all"},
+            # a radial-basis kernel offered beside the linear one (one more eigh per view)
+            "rbf": {"kernels": ["linear", "rbf"]},
             # a recurring prompt's history at face value only, not as its offset from the
             # model (the prior before the offset form)
             "history_level": {"same_prompt": "level"}}
