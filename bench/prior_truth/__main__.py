@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.prior_truth.analysis import (context_at, error_stats, level_mean_predictor,
-                                        level_window_predictor, observations,
-                                        own_history_predictor, published_at, reliability)
+from bench.prior_truth.analysis import (context_at, error_stats, in_sample_fit,
+                                        level_mean_predictor, level_window_predictor,
+                                        observations, own_history_predictor, published_at,
+                                        reliability)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -191,6 +192,9 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                                                 [o.score for o in ctx]), truth, samples)
         entry["level_window_predictor"] = lw
         entry["level_window_error_sd_noise_removed"] = lw["error_sd_noise_removed"]
+        from actors.priors.embedded import surface_features
+        entry["surface_in_sample"] = error_stats(in_sample_fit(surface_features(texts), truth),
+                                                 truth, samples)
         if recurring:  # what each prompt's own window history says alone
             entry["own_history_predictor"] = error_stats(own_history_predictor(texts, ctx),
                                                          truth, samples)

@@ -69,6 +69,15 @@ def level_mean_predictor(truth: np.ndarray, levels: np.ndarray) -> np.ndarray:
     return out
 
 
+def in_sample_fit(features: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Least squares of the truth on ``features`` (N, d) and an intercept, fitted to the truth
+    itself and returned at the same prompts: not a predictor, a bound. No linear model on
+    those features predicts these prompts better (by squared error) than this fit does."""
+    A = np.concatenate([np.ones((len(truth), 1)), np.asarray(features, dtype=float)], axis=1)
+    coef = np.linalg.lstsq(A, np.asarray(truth, dtype=float), rcond=None)[0]
+    return A @ coef
+
+
 def level_window_predictor(levels: np.ndarray, ctx_levels: list, ctx_scores: list) -> np.ndarray:
     """What a prior that reads each prompt's level perfectly can learn from its window: each
     prompt predicted by the mean observed score of the window's prompts of its level (the

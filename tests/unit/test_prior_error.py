@@ -224,6 +224,21 @@ def test_a_prompts_own_history_weighs_rollouts_and_recency_and_falls_back_to_the
     assert own_history_predictor(["a"], ctx, halflife=None).tolist() == pytest.approx([0.5])
 
 
+def test_the_in_sample_fit_bounds_every_linear_predictor_on_its_features():
+    """Fitted to the truth itself: no other linear combination of the same features (plus a
+    constant) comes closer to the truth in squared error."""
+    from bench.prior_truth.analysis import in_sample_fit
+
+    rng = np.random.default_rng(4)
+    F = rng.normal(size=(60, 3))
+    truth = np.clip(0.5 + 0.2 * F[:, 0] + rng.normal(0, 0.1, 60), 0, 1)
+    best = float(np.mean((in_sample_fit(F, truth) - truth) ** 2))
+    for _ in range(50):
+        other = 0.5 + F @ rng.normal(0, 0.2, 3)
+        assert np.mean((other - truth) ** 2) >= best
+    assert in_sample_fit(F, F @ [0.1, -0.2, 0.3] + 0.4) == pytest.approx(F @ [0.1, -0.2, 0.3] + 0.4)
+
+
 def test_the_correlation_ceiling_is_what_the_true_rates_reach_against_a_noisy_truth():
     """400 prompts, true rates p, a truth of 16 samples each: the true rates themselves
     correlate with that truth about as the ceiling says, and no better."""
