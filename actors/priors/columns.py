@@ -54,8 +54,8 @@ def select_columns(F: np.ndarray, y: np.ndarray, w: np.ndarray,
     F = np.asarray(F, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
-    extra = np.zeros((len(y), 0)) if free is None else np.asarray(free, np.float64).reshape(len(y), -1)
-    cand = np.concatenate([F, extra], axis=1)
+    extra = np.zeros((len(y), 0)) if free is None else np.asarray(free, np.float64)
+    cand = np.concatenate([F, extra.reshape(len(y), -1)], axis=1)
     varies = [j for j in range(cand.shape[1]) if np.ptp(cand[:, j]) > 1e-12]
     chosen: list[int] = []
     best = loo_mse(cand[:, []], y, w)

@@ -114,8 +114,9 @@ class Fitted:
             return "constant" + (f" drift{-self.drift:+.3g}/v" if self.drift else "") + (
                 self._hist())
         age = f"+age{self.age_weight:g}" if self.age_weight else ""
+        cols = "" if self.columns is None else " cols" + ",".join(map(str, self.columns))
         return (f"{self.view}:{self.kernel}+len{self.length_weight:g}{age}@lam{self.lam:.3g}"
-                + self._hist())
+                + cols + self._hist())
 
     def _hist(self) -> str:
         if self.kappa is None:
