@@ -20,6 +20,9 @@ error, against the constant model f = m, which is always a candidate: a context 
 embeddings carry no signal falls back to its mean. One eigendecomposition of D B D serves every
 (g, lam): the rank-1 length term enters through Sherman-Morrison. With M = (D K D + lam I)^-1
 and yt = D (y - m), the LOO residual of point i is (M yt)_i / M_ii (already sqrt(w_i)-scaled).
+With ``select="evidence"`` (the embedded prior's default) the candidates are ranked instead by
+their Gaussian-process evidence, the scores' sampling noise known from their rollout counts
+(``neg_log_evidence``, from the same eigendecomposition).
 
 **Drift** (``drift=True``): the policy moves while the window fills, so an observation made
 ``age`` versions ago understates (or overstates) what the policy does now, and a recency-
@@ -38,6 +41,8 @@ concatenated, a few surface magnitudes). The choice is made in two stages to kee
 near one view's: every view and base kernel without the age term, then the age weights on
 the best of them. A view in ``undecayed`` goes without T: one coefficient per feature over
 the whole window (a step count costs the same at version 3 as at 20); the age term moves it.
+A view in ``selected`` keeps only the columns that forward selection by leave-one-out chooses
+on the window (``columns.py``), and a query's values are clipped to the window's range.
 
 **Rollouts.** With ``counts`` (N,), the rollouts behind each score, a score weighs its recency
 weight times its rollout weight (``weights.py``): in the mean, the fit and the leave-one-out
