@@ -58,9 +58,11 @@ def select_columns(F: np.ndarray, y: np.ndarray, w: np.ndarray,
     cand = np.concatenate([F, extra.reshape(len(y), -1)], axis=1)
     varies = [j for j in range(cand.shape[1]) if np.ptp(cand[:, j]) > 1e-12]
     chosen: list[int] = []
+    singles: list[tuple[float, int]] = []   # the first round: each column alone
     best = loo_mse(cand[:, []], y, w)
     while True:
         scored = [(loo_mse(cand[:, chosen + [j]], y, w), j) for j in varies if j not in chosen]
+        singles = singles or scored
         if not scored:
             break
         mse, j = min(scored)
@@ -70,19 +72,19 @@ def select_columns(F: np.ndarray, y: np.ndarray, w: np.ndarray,
         best = mse
     own = sorted(j for j in chosen if j < F.shape[1])
     if not own:  # nothing of F helps on its own terms: its best column, for the caller to judge
-        singles = [(loo_mse(F[:, [j]], y, w), j) for j in varies if j < F.shape[1]]
-        own = [min(singles)[1]] if singles else list(range(min(1, F.shape[1])))
+        of_f = [(mse, j) for mse, j in singles if j < F.shape[1]]
+        own = [min(of_f)[1]] if of_f else list(range(min(1, F.shape[1])))
     return np.array(own, dtype=np.int64)
 
 
 def narrow_views(views: dict, selected, y: np.ndarray, w: np.ndarray,
-                 free: np.ndarray | None) -> dict:
-    """``views`` ({name: (N, d)}) with each view named in ``selected`` replaced by
-    (its chosen columns (N, d'), their indices): ``select_columns`` on the scores ``y`` with
+                 free: np.ndarray | None) -> tuple[dict, dict]:
+    """(``views`` ({name: (N, d)}) with each view named in ``selected`` cut to its chosen
+    columns, {name: those columns' indices}): ``select_columns`` on the scores ``y`` with
     weights ``w`` and the ``free`` candidates."""
-    out = dict(views)
+    out, chosen = dict(views), {}
     for name in selected:
         if name in out:
-            cols = select_columns(out[name], y, w, free)
-            out[name] = (out[name][:, cols], cols)
-    return out
+            chosen[name] = select_columns(out[name], y, w, free)
+            out[name] = out[name][:, chosen[name]]
+    return out, chosen

@@ -219,11 +219,11 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
     same prompt (None: no history; ``history_forms``: its forms to choose from), counts: (N,)
     rollouts per score, weighed by ``weighting`` (weights.py; None: equal). ``prior_strength``
-    pseudo-observations of ``prior_mean`` shrink the context mean (tiny contexts). ``drift``: fit the scores' trend on age and predict
-    ``lead`` versions past the newest observation. ``undecayed``: views whose base kernel
-    goes without the time decay T (a few features whose effect holds at every version: one
-    coefficient each over the window, the age term moving the level). ``selected``: views
-    whose columns are chosen first (columns.py), a query's values clipped to the window's."""
+    pseudo-observations of ``prior_mean`` shrink the context mean (tiny contexts). ``drift``:
+    fit the scores' trend on age and predict ``lead`` versions past the newest observation.
+    ``undecayed``: views whose base kernel goes without the time decay T (a few features whose
+    effect holds at every version: one coefficient each over the window, the age term moving the
+    level). ``selected``: views narrowed first to the columns that columns.py chooses."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
@@ -253,8 +253,8 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                      neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n),
                      fields=dict(mean=mean_raw if slope else mean, halflife=halflife,
                                  const_loo_mse=best.const_loo_mse, decay=decay, **side))
-    views = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
-    for base, BT in _base_kernels(views, kernels, wn, T, undecayed):  # stage 1: no age term
+    views, columns = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
+    for base, BT in _base_kernels(views, kernels, wn, T, undecayed, columns):  # stage 1: no age
         search.over(base, BT, (0.0,))
     if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
         search.over(*search.top, age_weights[1:])
@@ -304,11 +304,13 @@ class _Search:
                     self.loo_pred, self.crit = self.y_raw - loo / sw, crit
 
 
-def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=()):
+def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=(),
+                  columns=None):
     """Every candidate base kernel of the context, time-decayed (but the ``undecayed`` views'):
-    per view and base kernel, yields (its ``Fitted`` fields, the (N, N) matrix)."""
+    per view and base kernel, yields (its ``Fitted`` fields, the (N, N) matrix). ``columns``:
+    {view: the indices of its columns that ``views`` holds} for the narrowed views."""
     for view, Xv in views.items():
-        Xv, cols = Xv if isinstance(Xv, tuple) else (Xv, None)  # (its chosen columns)
+        cols = (columns or {}).get(view)
         center = wn @ Xv                                       # (d,)
         for kind in kernels:
             scale = kernel_scale(kind, Xv, center)

@@ -148,6 +148,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                  which: tuple[str, ...] = SNAPSHOTS) -> list[dict]:
     """Every snapshot's entry (of the kinds in ``which``); ``run_variant``: the variant the run
     itself used (its online estimate is compared with that one's offline error)."""
+    from actors.priors.embedded import surface_features
     from cluster.config.schema import load_config
     from tasks import make_task_from_config
 
@@ -192,7 +193,6 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
                                                 [o.score for o in ctx]), truth, samples)
         entry["level_window_predictor"] = lw
         entry["level_window_error_sd_noise_removed"] = lw["error_sd_noise_removed"]
-        from actors.priors.embedded import surface_features
         entry["surface_in_sample"] = error_stats(in_sample_fit(surface_features(texts), truth),
                                                  truth, samples)
         if recurring:  # what each prompt's own window history says alone
