@@ -93,7 +93,9 @@ def test_the_runs_have_the_run_configs_shape_and_consistent_figures(result):
         assert r["tokens_per_s"] == pytest.approx(r["tokens"] / mean)
         assert r["model_flops_per_s"] == pytest.approx(6 * params * r["tokens"] / mean)
         assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / peak)
-        assert 0 < r["mfu"] < 2, name  # not the peak of another dtype or device
+        # a ratio of two timings: no upper bound here (under the suite's load the matmul peak
+        # was once measured low and k_max read 2.2); the peak's dtype is checked above
+        assert r["mfu"] > 0, name
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]), name
         assert r["peak_gib"] >= r["rest_gib"] > 0, name
         # a micro-batch holds at most micro_batch_tokens tokens (every sample here is shorter)
