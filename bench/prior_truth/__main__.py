@@ -1,7 +1,7 @@
 """The prior against the truth, at snapshots of a default run.
 
-    python -m bench.prior_truth [--task stepwise|arithmetic|word_arithmetic] [--run-dir DIR]
-                                [--snapshots start,middle,end] [--quick]
+    python -m bench.prior_truth [--task stepwise|arithmetic|word_arithmetic] [--run-dir DIR..]
+                                [--repeats R] [--snapshots start,middle,end] [--quick]
 
 1. A default run of the task (``v05.yaml``; the arithmetic task with its bare-answer
    overrides; word_arithmetic: ``configs/smollm2-135m.yaml``, the pretrained SmolLM2),
@@ -37,7 +37,7 @@ import numpy as np
 from bench.prior_truth.analysis import (context_at, error_stats, in_sample_fit,
                                         level_mean_predictor, level_window_predictor,
                                         observations, own_history_predictor, published_at,
-                                        reliability)
+                                        reliability, repeats_block)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -82,13 +82,17 @@ def log(msg: str) -> None:
     print(f"[prior_truth {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def make_run(task: str, out_dir: Path, steps: int, recurring: int | None = None) -> Path:
+def make_run(task: str, out_dir: Path, steps: int, recurring: int | None = None,
+             seed: int = 0) -> Path:
     """A default run of ``task`` with snapshots at its middle and end; its directory.
     ``recurring``: its train split cut to that many prompts (``task.n_train``), so that the
-    run trains each several times, as a fixed training set swept for epochs is."""
-    name = f"prior-truth-{task}" + (f"-recurring{recurring}" if recurring else "")
+    run trains each several times, as a fixed training set swept for epochs is. ``seed``
+    (``run.seed``, the prompt order; 0: the config's): a repeat of the same run."""
+    name = f"prior-truth-{task}" + (f"-recurring{recurring}" if recurring else "") + (
+        f"-seed{seed}" if seed else "")
     config, overrides = TASK_RUNS[task]
-    overrides = [*overrides, *([f"task.n_train={recurring}"] if recurring else [])]
+    overrides = [*overrides, *([f"task.n_train={recurring}"] if recurring else []),
+                 *([f"run.seed={seed}"] if seed else [])]
     cmd = [sys.executable, "-m", "cluster.launch", str(REPO / config), *overrides,
            f"run.name={name}", f"run.output_dir={out_dir}", f"run.max_steps={steps}",
            f"run.snapshot_every={steps // 2}", "run.eval_every=0", "run.save_final=false",
@@ -288,7 +292,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.prior_truth", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="stepwise", choices=sorted(TASK_RUNS))
-    ap.add_argument("--run-dir", type=Path, help="a run with snapshots/ (default: make one)")
+    ap.add_argument("--run-dir", type=Path, nargs="+", default=[],
+                    help="runs with snapshots/ (default: make them); the first is the headline "
+                         "run, the others its repeats")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of the task to measure (seeds 0..R-1; those not given by "
+                         "--run-dir are made): each snapshot gets their mean and SE")
     ap.add_argument("--recurring", type=int, metavar="N_TRAIN",
                     help="the run's train split cut to N_TRAIN prompts (task.n_train), so its "
                          "prompts recur; the truth is measured on prompts it trained")
@@ -306,13 +315,19 @@ def main(argv=None) -> int:
     if args.quick:
         args.steps, args.per_level, args.samples = 6, 8, 16
     t0 = time.time()
-    run_dir = args.run_dir or make_run(args.task, args.work_dir, args.steps, args.recurring)
     which = tuple(x for x in args.snapshots.split(",") if x)
     if set(which) - set(SNAPSHOTS):
         raise SystemExit(f"--snapshots: unknown {sorted(set(which) - set(SNAPSHOTS))}; "
                          f"known: {', '.join(SNAPSHOTS)}")
-    snaps = measure_task(args.task, run_dir, args.per_level, args.samples, VARIANTS,
-                         args.run_variant, which)
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
+    given = list(args.run_dir)
+    run_dirs = given + [make_run(args.task, args.work_dir, args.steps, args.recurring, seed)
+                        for seed in range(len(given), args.repeats)]
+    per_run = [measure_task(args.task, d, args.per_level, args.samples, VARIANTS,
+                            args.run_variant, which) for d in run_dirs]
+    snaps = with_repeats(per_run, run_dirs)
+    run_dir = run_dirs[0]
     from cluster.config.schema import load_config
 
     command = "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:])
@@ -331,6 +346,7 @@ def main(argv=None) -> int:
            "runs": {**runs, key: {
                "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
                "date": date, **made_by(runs.get(key, {}), run_dir),
+               **({"repeat_run_dirs": [str(d) for d in run_dirs[1:]]} if run_dirs[1:] else {}),
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
@@ -338,6 +354,18 @@ def main(argv=None) -> int:
     plot(res, args.out.with_suffix(".png"))
     log(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
+
+
+def with_repeats(per_run: list[list[dict]], run_dirs: list[Path]) -> list[dict]:
+    """The headline run's snapshot entries, each with ``repeats`` (analysis.repeats_block)
+    over every run's snapshot of the same name when there is more than one run."""
+    head = per_run[0]
+    if len(per_run) > 1:
+        for entry in head:
+            same = [next(e for e in run if e["snapshot"] == entry["snapshot"]) for run in per_run]
+            entry["repeats"] = repeats_block([e["points"] for e in same],
+                                             entry["samples_per_prompt"], run_dirs)
+    return head
 
 
 def made_by(old_run: dict, run_dir: Path) -> dict:

@@ -69,6 +69,36 @@ def level_mean_predictor(truth: np.ndarray, levels: np.ndarray) -> np.ndarray:
     return out
 
 
+def mean_se(values) -> dict:
+    """{"values", "mean", "se"} of per-run figures (se: the sample sd over sqrt(n); None for
+    one run)."""
+    v = [float(x) for x in values]
+    se = float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
+    return {"values": v, "mean": float(np.mean(v)), "se": se}
+
+
+def repeats_block(points: list[dict], samples: int, run_dirs: list[str]) -> dict:
+    """One snapshot of R runs of a task (``points``: each run's {truth, p, level}, the same
+    prompts, ``samples`` per truth): per run and over the runs (mean, standard error), the
+    prior's error sd with the truth's noise removed, the level-told predictor's, the prior
+    minus the level-told (below 0: the prior predicts better), and both rank correlations. A
+    run's figures move with its training (the snapshots differ), so an aim is read over runs."""
+    prior, level = [], []
+    for pt in points:
+        t, lv = np.asarray(pt["truth"], dtype=float), np.asarray(pt["level"])
+        prior.append(error_stats(np.asarray(pt["p"], dtype=float), t, samples))
+        level.append(error_stats(level_mean_predictor(t, lv), t, samples))
+    key = "error_sd_noise_removed"
+    return {"runs": len(points), "run_dirs": [str(d) for d in run_dirs],
+            "error_sd_noise_removed": mean_se(e[key] for e in prior),
+            "level_error_sd_noise_removed": mean_se(e[key] for e in level),
+            "prior_minus_level": mean_se(a[key] - b[key] for a, b in zip(prior, level)),
+            "spearman": mean_se(e["spearman"] for e in prior),
+            "level_spearman": mean_se(e["spearman"] for e in level),
+            "correlation_ceiling": mean_se(e["correlation_ceiling"] for e in prior),
+            "points": points}
+
+
 def in_sample_fit(features: np.ndarray, truth: np.ndarray) -> np.ndarray:
     """Least squares of the truth on ``features`` (N, d) and an intercept, fitted to the truth
     itself and returned at the same prompts: not a predictor, a bound. No linear model on
