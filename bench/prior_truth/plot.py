@@ -1,6 +1,7 @@
 """prior_truth.png: per task and snapshot, the prior's p against the truth (each prompt a
 point, coloured by level) with the reliability curve; a bar panel of error sd (noise removed)
-per variant against the level-mean reference and the window's level means."""
+per variant against the level-mean reference and the window's level means (with repeated
+runs, the shipped prior's and the reference's mean over them, +- SE, in red)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,6 +43,14 @@ def plot(res: dict, path: Path) -> None:
         ax.bar([j + len(names) * w for j in range(len(mine))],
                [s["level_mean_predictor"]["error_sd_noise_removed"] for s in mine], w,
                color="grey", label="level means (reference)")
+        for j, s in enumerate(mine):  # over the repeated runs: the mean and its SE
+            rep = s.get("repeats")
+            if rep:
+                for x, k in ((j, "error_sd_noise_removed"),
+                             (j + len(names) * w, "level_error_sd_noise_removed")):
+                    ax.errorbar(x, rep[k]["mean"], yerr=rep[k]["se"], fmt="D", ms=3, color="r",
+                                capsize=2, zorder=4,
+                                label=f"mean of {rep['runs']} runs +- SE" if x == j == 0 else None)
         window = [(j, s["level_window_error_sd_noise_removed"]) for j, s in enumerate(mine)
                   if s.get("level_window_error_sd_noise_removed") is not None]
         if window:  # what a prior reading each level perfectly learns from its window
@@ -50,7 +59,7 @@ def plot(res: dict, path: Path) -> None:
         ax.axhline(0.07, color="k", ls=":", lw=0.8)
         top = max(max(s["variants"][n]["error_sd_noise_removed"] for n in names)
                   for s in mine)
-        ax.set_ylim(0, 1.6 * top)  # room above the bars for the legend
+        ax.set_ylim(0, 2.4 * top)  # room above the bars for the legend (17 variants)
         ax.set_xticks([j + 0.4 for j in range(len(mine))], [s["snapshot"] for s in mine])
         ax.set_title(f"{task}: error sd, truth noise removed", fontsize=7)
         ax.legend(fontsize=6, ncol=2, loc="upper center")

@@ -278,3 +278,61 @@ def test_a_cached_truth_is_used_again_only_for_the_same_weights(tmp_path, monkey
     (weights / "model.safetensors").write_bytes(b"two")       # the run made again
     new, _ = pt.sample_truth_cached(*args)
     assert len(calls) == 2 and list(new) != list(first)
+
+
+def test_repeats_read_the_prior_against_the_level_told_predictor_run_by_run():
+    """bench.prior_truth --repeats: per run the prior's and the level-told predictor's error
+    (truth noise removed) from that run's points, and over the runs their difference's mean
+    and standard error."""
+    from bench.prior_truth.analysis import error_stats, level_mean_predictor, repeats_block
+
+    rng = np.random.default_rng(3)
+    level = np.repeat([1, 2, 3, 4], 25)
+    points = []
+    for shift in (0.00, 0.02, 0.05):   # three runs whose priors err more and more
+        mu = np.clip(0.95 - 0.2 * level + rng.normal(0, 0.05, 100), 0.01, 0.99)
+        truth = rng.binomial(64, mu) / 64
+        p = np.clip(mu + rng.normal(0, 0.02 + shift, 100), 0, 1)
+        points.append({"truth": truth.tolist(), "p": p.tolist(), "level": level.tolist()})
+    block = repeats_block(points, 64, ["a", "b", "c"])
+    assert block["runs"] == 3 and block["run_dirs"] == ["a", "b", "c"]
+    diffs = []
+    for pt, prior, lv in zip(points, block["error_sd_noise_removed"]["values"],
+                             block["level_error_sd_noise_removed"]["values"]):
+        t = np.array(pt["truth"])
+        assert prior == pytest.approx(error_stats(np.array(pt["p"]), t, 64)
+                                      ["error_sd_noise_removed"])
+        assert lv == pytest.approx(error_stats(level_mean_predictor(t, level), t, 64)
+                                   ["error_sd_noise_removed"])
+        diffs.append(prior - lv)
+    d = block["prior_minus_level"]
+    assert d["values"] == pytest.approx(diffs)
+    assert d["mean"] == pytest.approx(np.mean(diffs))
+    assert d["se"] == pytest.approx(np.std(diffs, ddof=1) / np.sqrt(3))
+    assert diffs[0] < 0 < diffs[2]   # a good prior beats the levels, a poor one does not
+    assert block["spearman"]["values"][0] > block["spearman"]["values"][2]
+    assert repeats_block(points[:1], 64, ["a"])["prior_minus_level"]["se"] is None
+
+
+def test_repeats_are_made_with_their_own_seed_and_name(tmp_path, monkeypatch):
+    """--repeats makes the runs not given by --run-dir, seeds 1.. (run.seed; the config's
+    for the first), each in its own directory, and the headline run's snapshots carry the
+    repeats of the same snapshot."""
+    import subprocess
+
+    import bench.prior_truth.__main__ as pt
+
+    cmds = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: cmds.append(cmd) or
+                        type("R", (), {"returncode": 0})())
+    dirs = [pt.make_run("stepwise", tmp_path, 40, seed=s) for s in (0, 2)]
+    assert [d.name for d in dirs] == ["prior-truth-stepwise", "prior-truth-stepwise-seed2"]
+    assert not any(a.startswith("run.seed=") for a in cmds[0]) and "run.seed=2" in cmds[1]
+    entry = lambda name, p: {"snapshot": name, "samples_per_prompt": 4,  # noqa: E731
+                             "points": {"truth": [0.25, 0.5, 1.0], "p": p, "level": [1, 1, 2]}}
+    runs = [[entry("start", [0.2, 0.6, 0.9]), entry("end", [0.3, 0.5, 0.9])],
+            [entry("end", [0.1, 0.4, 0.8]), entry("start", [0.3, 0.5, 0.9])]]
+    head = pt.with_repeats(runs, dirs)
+    assert head is runs[0]
+    assert [e["repeats"]["points"][1]["p"] for e in head] == [[0.3, 0.5, 0.9], [0.1, 0.4, 0.8]]
+    assert "repeats" not in pt.with_repeats([[entry("end", [0.1, 0.2, 0.3])]], dirs[:1])[0]

@@ -7,7 +7,7 @@ analysis changed without its results being recomputed, fails here.
   ``summary.baselines`` and the budget sweep's ``sweep`` block, from the study's ``runs``;
 - bench/results/prior_truth.json: each snapshot's error figures (the shipped prior and the
   level-mean reference) from its stored points (rounded to 4 decimals when written: the
-  tolerance is that rounding's);
+  tolerance is that rounding's), and its ``repeats`` block from the points of every run;
 - bench/results/driver_bytes.json: each config's totals from their parts and its batch's
   shape from the config (the bytes themselves need Ray's serializer: measured again on the
   default batch by tests/integration/test_pipeline.py).
@@ -79,7 +79,7 @@ def test_a_learning_result_is_what_its_runs_give(name):
 
 
 def test_the_prior_truth_figures_are_what_their_points_give():
-    from bench.prior_truth.analysis import error_stats, level_mean_predictor
+    from bench.prior_truth.analysis import error_stats, level_mean_predictor, repeats_block
 
     res = json.loads((RESULTS / "prior_truth.json").read_text())
     assert res["snapshots"]
@@ -94,6 +94,15 @@ def test_the_prior_truth_figures_are_what_their_points_give():
         assert s["level_mean_predictor"]["error_sd_noise_removed"] == pytest.approx(
             lm["error_sd_noise_removed"], abs=2e-4)
         assert s["truth_mean"] == pytest.approx(truth.mean(), abs=1e-4)
+        if "repeats" in s:  # the runs' figures, from each run's points (the first: these)
+            rep = s["repeats"]
+            assert rep["points"][0] == pts and rep["runs"] == len(rep["points"]) > 1
+            again = repeats_block(rep["points"], n, rep["run_dirs"])
+            for k in ("error_sd_noise_removed", "level_error_sd_noise_removed",
+                      "prior_minus_level", "spearman", "level_spearman"):
+                assert rep[k]["values"] == pytest.approx(again[k]["values"], abs=1e-9), k
+                assert (rep[k]["mean"], rep[k]["se"]) == pytest.approx(
+                    (again[k]["mean"], again[k]["se"]), abs=1e-9), k
 
 
 def test_the_driver_bytes_figures_add_up_at_each_configs_batch():
