@@ -20,6 +20,7 @@ from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, Pri
 from actors.priors.history import FORMS
 from actors.priors.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
                                   predict_fitted)
+from actors.priors.link import LINKS
 
 
 def minilm_dir() -> Path:
@@ -149,6 +150,8 @@ class EmbeddedPrior(PriorBackend):
     ``columns`` (the surface view's columns: "selected", those that greedy forward selection
     by leave-one-out keeps on each window (columns.py), a query's values clipped to the
     window's range; "all", every one),
+    ``link`` (the scale of the fit, link.py: "identity", the probabilities; "logit", the
+    scores' empirical logits; "average", both fitted and their predictions averaged),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -168,7 +171,8 @@ class EmbeddedPrior(PriorBackend):
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool | str = True,
                  reselect: float = 0.25, weigh_rollouts: bool | str = True,
-                 select: str = "evidence", columns: str = "selected", encoder=None):
+                 select: str = "evidence", columns: str = "selected", link: str = "identity",
+                 encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
         if not float(prior_strength) >= 0:
@@ -206,15 +210,24 @@ class EmbeddedPrior(PriorBackend):
         if columns not in ("selected", "all"):
             raise ValueError(f"columns must be 'selected' or 'all', got {columns!r}")
         self.columns = columns
-        self._chosen: tuple[str, frozenset] | None = None  # (view, the window it was chosen on)
+        if link not in LINKS:
+            raise ValueError(f"link must be one of {LINKS}, got {link!r}")
+        self.links = ("identity", "logit") if link == "average" else (link,)
         self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
         self.surface_cache = EmbeddingCache(surface_features, cache_size)
         self.encoder = encoder if encoder is not None else SentenceEncoder(
             model_dir, device=device, batch_size=batch_size, max_seq_length=max_seq_length,
             threads=threads)
         self.cache = EmbeddingCache(self.encoder.encode, cache_size)  # times the encodes
+        self._start()
+
+    def _start(self) -> None:
+        """No context yet, nothing fitted, no view chosen, no fitting time spent."""
         self._context = Context.empty()
         self._fit: Fitted | None = None
+        self._fits: dict[str, Fitted] = {}  # per link
+        # per link: (the view chosen at its last full search, the window it was chosen on)
+        self._chosen: dict[str, tuple[str, frozenset] | None] = {}
         self._id_of: dict[str, int] = {}
         self._surface_sd = np.ones(3 * SURFACE_NUMBERS + 2)
         self.fit_s = 0.0
@@ -224,6 +237,7 @@ class EmbeddedPrior(PriorBackend):
     def set_context(self, context: Context) -> None:
         self._context = context
         self._fit = None
+        self._fits = {}
 
     def _features(self, prompts: list[str], only: str | None = None) -> dict[str, np.ndarray]:
         """{view: (n, d_view)} for the configured views (``only``: that one alone)."""
@@ -243,60 +257,70 @@ class EmbeddedPrior(PriorBackend):
         """Context ids: equal for the same prompt text (queries never seen get -1)."""
         return np.array([self._id_of.get(p, -1) for p in prompts], dtype=np.int64)
 
-    def _view_to_search(self, prompts: list[str]) -> str | None:
-        """The view chosen at the last full search while less than ``reselect`` of the window
-        is new since then (None: search every view)."""
-        if self._chosen is None or len(self.views) == 1 or len(prompts) < FULL_SEARCH_BELOW:
+    def _view_to_search(self, prompts: list[str], link: str) -> str | None:
+        """The view chosen at ``link``'s last full search while less than ``reselect`` of the
+        window is new since then (None: search every view)."""
+        chosen = self._chosen.get(link)
+        if chosen is None or len(self.views) == 1 or len(prompts) < FULL_SEARCH_BELOW:
             return None
-        view, seen = self._chosen
+        view, seen = chosen
         new = sum(p not in seen for p in prompts)
         return view if new < self.reselect * len(prompts) else None
 
     def _fitted(self) -> Fitted | None:
+        """The fit of each link (``self._fits``, made once per context); the first link's."""
         ctx = self._context
         if self._fit is None and len(ctx):
             t0 = time.perf_counter()
             prompts = list(ctx.prompts)
             self._id_of = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
-            loglen = log_length(prompts) if self.use_length else None
-            only = self._view_to_search(prompts)
-            if "surface" in ((only,) if only else self.views):
+            if "surface" in self.views:  # its columns in the window's units
                 sd = self.surface_cache.get(prompts).std(axis=0)
                 self._surface_sd = np.where(sd > 1e-9, sd, 1.0)
-            self._fit = fit_context(self._features(prompts, only), ctx.scores, ctx.ages,
-                                    self.halflife, loglen, prior_mean=self.prior_mean,
-                                    prior_strength=self.prior_strength, kernels=self.kernels,
-                                    drift=self.drift, lead=self.lead,
-                                    ids=self._ids(prompts) if self.same_prompt else None,
-                                    counts=ctx.counts if self.weighting else None,
-                                    undecayed=("surface",), weighting=self.weighting or "count",
-                                    select=self.select, history_forms=self.history_forms,
-                                    selected=("surface",) if self.columns == "selected" else ())
-            if only is None:  # a full search: its choice stands for the window it saw
-                self._chosen = (None if self._fit.kernel is None else
-                                (self._fit.view, frozenset(prompts)))
-                self.n_view_searches += 1
+            self._fits = {link: self._fit_link(link, prompts) for link in self.links}
+            self._fit = self._fits[self.links[0]]
             self.fit_s += time.perf_counter() - t0
             self.n_fits += 1
         return self._fit
 
+    def _fit_link(self, link: str, prompts: list[str]) -> Fitted:
+        """``fit_context`` on ``link``'s scale, searching every view or the one kept."""
+        ctx = self._context
+        only = self._view_to_search(prompts, link)
+        fit = fit_context(self._features(prompts, only), ctx.scores, ctx.ages, self.halflife,
+                          log_length(prompts) if self.use_length else None,
+                          prior_mean=self.prior_mean, prior_strength=self.prior_strength,
+                          kernels=self.kernels, drift=self.drift, lead=self.lead,
+                          ids=self._ids(prompts) if self.same_prompt else None,
+                          counts=ctx.counts if self.weighting else None,
+                          undecayed=("surface",), weighting=self.weighting or "count",
+                          select=self.select, history_forms=self.history_forms,
+                          selected=("surface",) if self.columns == "selected" else (), link=link)
+        if only is None:  # a full search: its choice stands for the window it saw
+            self._chosen[link] = None if fit.kernel is None else (fit.view, frozenset(prompts))
+            self.n_view_searches += 1
+        return fit
+
     def predict(self, prompts: Sequence[str]) -> np.ndarray:
         prompts = list(prompts)
-        fit = self._fitted()
-        if fit is None:
+        if self._fitted() is None:
             return np.full(len(prompts), self.prior_mean)
-        # The constant model needs no features (nothing to encode): any (M, 0) array.
-        Q = (self._features(prompts, fit.view)[fit.view] if fit.kernel is not None
-             else np.zeros((len(prompts), 0)))
-        loglen = log_length(prompts) if fit.length_weight else None
-        ids = self._ids(prompts) if fit.kappa is not None else None
-        return np.clip(predict_fitted(fit, Q, loglen, ids), self.eps, 1.0 - self.eps)
+        out = []
+        for fit in self._fits.values():  # one per link; "average": their mean
+            # The constant model needs no features (nothing to encode): any (M, 0) array.
+            Q = (self._features(prompts, fit.view)[fit.view] if fit.kernel is not None
+                 else np.zeros((len(prompts), 0)))
+            loglen = log_length(prompts) if fit.length_weight else None
+            ids = self._ids(prompts) if fit.kappa is not None else None
+            out.append(np.clip(predict_fitted(fit, Q, loglen, ids), self.eps, 1.0 - self.eps))
+        return np.mean(out, axis=0)
 
     def stats(self) -> dict:
         fit = self._fit
         return {**self.cache.stats(), "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
                 "n_view_searches": self.n_view_searches,
-                "model": fit.label() if fit else None,
+                "model": " | ".join(f.label() + ("" if k == "identity" else f" ({k})")
+                                    for k, f in self._fits.items()) if fit else None,
                 "loo_mse": _finite(fit.loo_mse) if fit else None,
                 "const_loo_mse": _finite(fit.const_loo_mse) if fit else None}
 

@@ -44,6 +44,9 @@ the whole window (a step count costs the same at version 3 as at 20); the age te
 A view in ``selected`` keeps only the columns that forward selection by leave-one-out chooses
 on the window (``columns.py``), and a query's values are clipped to the window's range.
 
+**Scale** (``link``). The scores may be fitted as probabilities (the default) or as their
+empirical logits, predictions then mapped back (link.py).
+
 **Rollouts.** With ``counts`` (N,), the rollouts behind each score, a score weighs its recency
 weight times its rollout weight (``weights.py``): in the mean, the fit and the leave-one-out
 criterion, not in T.
@@ -60,8 +63,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actors.priors.baseline import constant_model
 from actors.priors.columns import narrow_views
 from actors.priors.history import FORMS, fit_history, fuse_history
+from actors.priors.link import from_fit_scale, to_fit_scale
 from actors.priors.weights import fit_weights, sampling_noise, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
@@ -113,6 +118,7 @@ class Fitted:
     counts: np.ndarray | None = None         # (N,) their rollout weights (history)
     history_form: str | None = None          # "level" or "offset" (history.py)
     resid: np.ndarray | None = None          # (N,) leave-one-out residuals (offset history)
+    link: str = "identity"                   # the scale it was fitted on (link.py)
 
     def label(self) -> str:
         if self.kernel is None:
@@ -127,20 +133,6 @@ class Fitted:
         if self.kappa is None:
             return ""
         return f" hist{self.kappa:g}" + ("" if self.history_form == "level" else "off")
-
-
-def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:
-    """Weighted least squares y ~ a + b * age: (a, b, its exact weighted LOO MSE). The LOO
-    residual of point i is e_i / (1 - h_ii) with h the weighted hat matrix's diagonal."""
-    A = np.stack([np.ones_like(ages), ages], 1)                  # (N, 2)
-    G = A.T @ (A * w[:, None])                                   # (2, 2)
-    if abs(np.linalg.det(G)) < 1e-12:                            # one age only: no trend
-        return float(w @ y / w.sum()), 0.0, float("inf")
-    Ginv = np.linalg.inv(G)
-    a, b = Ginv @ (A.T @ (w * y))
-    h = w * np.einsum("ij,jk,ik->i", A, Ginv, A)                 # (N,) leverages
-    loo = (y - a - b * ages) / np.maximum(1.0 - h, 1e-9)
-    return float(a), float(b), float(w @ loo ** 2) / float(w.sum())
 
 
 def base_kernel(kind: str, A: np.ndarray, B: np.ndarray, center: np.ndarray,
@@ -210,8 +202,8 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                 lead: float = 0.0, ids: np.ndarray | None = None,
                 counts: np.ndarray | None = None, undecayed: tuple[str, ...] = (),
                 weighting: str = "count", select: str = "loo",
-                history_forms: tuple[str, ...] = FORMS, selected: tuple[str, ...] = ()
-                ) -> Fitted:
+                history_forms: tuple[str, ...] = FORMS, selected: tuple[str, ...] = (),
+                link: str = "identity") -> Fitted:
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
@@ -223,7 +215,8 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     fit the scores' trend on age and predict ``lead`` versions past the newest observation.
     ``undecayed``: views whose base kernel goes without the time decay T (a few features whose
     effect holds at every version: one coefficient each over the window, the age term moving the
-    level). ``selected``: views narrowed first to the columns that columns.py chooses."""
+    level). ``selected``: views narrowed first to the columns that columns.py chooses. ``link``:
+    the fit's scale ("logit": the scores' empirical logits, link.py)."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
@@ -231,17 +224,16 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     decay, T, rw = window_weights(ages, halflife, counts)
     fw = fit_weights(rw, counts, y, weighting)
     w = decay * fw
-    bad = [k for k in kernels if k not in BASE_KERNELS]
-    if bad or not kernels:
-        raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
+    _check_kernels(kernels)
     n, wsum = len(y), float(w.sum())
-    sigma2 = sampling_noise(y, counts, fw) if select == "evidence" else None
-    best, y, y_raw, mean, mean_raw, slope = _constant_model(y, ages, w, halflife, prior_mean,
+    y, prior_mean, sigma2 = to_fit_scale(link, y, counts, fw, prior_mean,
+                                         sampling_noise if select == "evidence" else None)
+    const, y, y_raw, mean, mean_raw, slope = constant_model(y, ages, w, halflife, prior_mean,
                                                             prior_strength, drift, lead)
+    best = Fitted(**const, link=link)
     if n < 4:
         return best
-    wn = w / wsum
-    sw = np.sqrt(w)
+    wn, sw = w / wsum, np.sqrt(w)
     yt = sw * (y - mean)
     side, length_weights, age_weights = _side_features(loglen, ages, wn, drift, lead)
     # The kernel models are fitted around the plain mean (the age term is theirs).
@@ -251,7 +243,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                      loo_pred=(w @ y_raw - w * y_raw) / np.maximum(wsum - w, 1e-12),
                      sigma2=sigma2, crit=best.loo_mse if sigma2 is None else
                      neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n),
-                     fields=dict(mean=mean_raw if slope else mean, halflife=halflife,
+                     fields=dict(mean=mean_raw if slope else mean, halflife=halflife, link=link,
                                  const_loo_mse=best.const_loo_mse, decay=decay, **side))
     views, columns = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
     for base, BT in _base_kernels(views, kernels, wn, T, undecayed, columns):  # stage 1: no age
@@ -263,6 +255,11 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
         best.decay = decay  # the constant model's too: the history discounts by it
         fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw, history_forms)
     return best
+
+
+def _check_kernels(kernels) -> None:
+    if not kernels or any(k not in BASE_KERNELS for k in kernels):
+        raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
 
 
 @dataclass
@@ -343,33 +340,10 @@ def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, flo
     return (x - mu) / (sd or 1.0), mu, sd
 
 
-def _constant_model(y, ages, w, halflife, prior_mean: float, prior_strength: float,
-                    drift: bool, lead: float):
-    """The kernels' baseline: the weighted mean (shrunk by ``prior_strength``
-    pseudo-observations of ``prior_mean``), or with ``drift`` the scores' trend on age when it
-    predicts held-out scores better than the mean. Returns (its ``Fitted``, the scores moved to
-    age 0 by the trend, the raw scores, their mean, the raw mean, the trend's slope)."""
-    n, wsum = len(y), float(w.sum())
-    # Exact LOO of the constant model (the weighted mean without point i).
-    loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
-    const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
-    slope, y_raw = 0.0, y
-    mean_raw = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
-    if drift and n >= 8:
-        _, b, trend_mse = trend_on_age(y, ages, w)
-        if trend_mse < const_mse:  # the trend predicts held-out scores better than a mean
-            slope, const_mse = b, trend_mse
-            y = y - b * ages       # every score moved to age 0
-    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
-    best = Fitted(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse,
-                  drift=slope, lead_shift=-slope * float(lead))
-    return best, y, y_raw, mean, mean_raw, slope
-
-
 def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
                    ids: np.ndarray | None = None) -> np.ndarray:
     """Predictions (M,) for queries Q: (M, d) in the fit's view, or {view: (M, d_view)} as
-    ``fit_context`` took; not clipped. ``loglen`` (M,) is needed when the fit uses the length
+    ``fit_context`` took; probabilities (from the fit's ``link`` scale), not clipped. ``loglen`` (M,) is needed when the fit uses the length
     feature; ``ids`` (M,) (the context's ids for prompts seen, any other value for new ones)
     when it uses the history."""
     if isinstance(Q, dict):
@@ -391,4 +365,4 @@ def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
         if fit.age_weight:
             Kq = Kq + fit.age_weight ** 2 * fit.age_query * fit.age_feat[None, :]
         f = fit.mean + Kq @ fit.alpha
-    return f if fit.kappa is None else fuse_history(fit, f, ids)
+    return from_fit_scale(fit.link, f if fit.kappa is None else fuse_history(fit, f, ids))

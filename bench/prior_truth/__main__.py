@@ -75,7 +75,9 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "rbf": {"kernels": ["linear", "rbf"]},
             # a recurring prompt's history at face value only, not as its offset from the
             # model (the prior before the offset form)
-            "history_level": {"same_prompt": "level"}}
+            "history_level": {"same_prompt": "level"},
+            # the fit on the scores' empirical logits; both scales' predictions averaged
+            "logit_link": {"link": "logit"}, "link_average": {"link": "average"}}
 
 
 def log(msg: str) -> None:
@@ -363,8 +365,10 @@ def with_repeats(per_run: list[list[dict]], run_dirs: list[Path]) -> list[dict]:
     if len(per_run) > 1:
         for entry in head:
             same = [next(e for e in run if e["snapshot"] == entry["snapshot"]) for run in per_run]
-            entry["repeats"] = repeats_block([e["points"] for e in same],
-                                             entry["samples_per_prompt"], run_dirs)
+            entry["repeats"] = repeats_block(
+                [e["points"] for e in same], entry["samples_per_prompt"], run_dirs,
+                {v: [e["variants"][v]["error_sd_noise_removed"] for e in same]
+                 for v in entry["variants"]})
     return head
 
 

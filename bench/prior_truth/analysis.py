@@ -77,12 +77,15 @@ def mean_se(values) -> dict:
     return {"values": v, "mean": float(np.mean(v)), "se": se}
 
 
-def repeats_block(points: list[dict], samples: int, run_dirs: list[str]) -> dict:
-    """One snapshot of R runs of a task (``points``: each run's {truth, p, level}, the same
-    prompts, ``samples`` per truth): per run and over the runs (mean, standard error), the
-    prior's error sd with the truth's noise removed, the level-told predictor's, the prior
-    minus the level-told (below 0: the prior predicts better), and both rank correlations. A
-    run's figures move with its training (the snapshots differ), so an aim is read over runs."""
+def repeats_block(points: list[dict], samples: int, run_dirs: list[str],
+                  variants: dict[str, list[float]] | None = None) -> dict:
+    """One snapshot of R runs of a task (``points``: each run's {truth, p, level} on its own
+    query prompts, ``samples`` per truth): per run and over the runs (mean, standard error),
+    the prior's error sd with the truth's noise removed, the level-told predictor's, the prior
+    minus the level-told (below 0: the prior predicts better), and both rank correlations;
+    ``variants``: {name: each run's error sd (noise removed)} of the prior's variants, read
+    the same way. A run's figures move with its training (its snapshots differ), so an aim is
+    read over runs."""
     prior, level = [], []
     for pt in points:
         t, lv = np.asarray(pt["truth"], dtype=float), np.asarray(pt["level"])
@@ -96,6 +99,9 @@ def repeats_block(points: list[dict], samples: int, run_dirs: list[str]) -> dict
             "spearman": mean_se(e["spearman"] for e in prior),
             "level_spearman": mean_se(e["spearman"] for e in level),
             "correlation_ceiling": mean_se(e["correlation_ceiling"] for e in prior),
+            "variants": {name: {"error_sd_noise_removed": mean_se(errs),
+                                "minus_level": mean_se(a - b[key] for a, b in zip(errs, level))}
+                         for name, errs in (variants or {}).items()},
             "points": points}
 
 

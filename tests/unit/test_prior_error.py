@@ -294,7 +294,7 @@ def test_repeats_read_the_prior_against_the_level_told_predictor_run_by_run():
         truth = rng.binomial(64, mu) / 64
         p = np.clip(mu + rng.normal(0, 0.02 + shift, 100), 0, 1)
         points.append({"truth": truth.tolist(), "p": p.tolist(), "level": level.tolist()})
-    block = repeats_block(points, 64, ["a", "b", "c"])
+    block = repeats_block(points, 64, ["a", "b", "c"], {"other": [0.01, 0.02, 0.03]})
     assert block["runs"] == 3 and block["run_dirs"] == ["a", "b", "c"]
     diffs = []
     for pt, prior, lv in zip(points, block["error_sd_noise_removed"]["values"],
@@ -310,6 +310,11 @@ def test_repeats_read_the_prior_against_the_level_told_predictor_run_by_run():
     assert d["mean"] == pytest.approx(np.mean(diffs))
     assert d["se"] == pytest.approx(np.std(diffs, ddof=1) / np.sqrt(3))
     assert diffs[0] < 0 < diffs[2]   # a good prior beats the levels, a poor one does not
+    other = block["variants"]["other"]   # a variant's errors, against the same runs' levels
+    assert other["error_sd_noise_removed"]["mean"] == pytest.approx(0.02)
+    assert other["minus_level"]["values"] == pytest.approx(
+        [e - lv for e, lv in zip((0.01, 0.02, 0.03),
+                                 block["level_error_sd_noise_removed"]["values"])])
     assert block["spearman"]["values"][0] > block["spearman"]["values"][2]
     assert repeats_block(points[:1], 64, ["a"])["prior_minus_level"]["se"] is None
 
@@ -329,10 +334,13 @@ def test_repeats_are_made_with_their_own_seed_and_name(tmp_path, monkeypatch):
     assert [d.name for d in dirs] == ["prior-truth-stepwise", "prior-truth-stepwise-seed2"]
     assert not any(a.startswith("run.seed=") for a in cmds[0]) and "run.seed=2" in cmds[1]
     entry = lambda name, p: {"snapshot": name, "samples_per_prompt": 4,  # noqa: E731
-                             "points": {"truth": [0.25, 0.5, 1.0], "p": p, "level": [1, 1, 2]}}
+                             "points": {"truth": [0.25, 0.5, 1.0], "p": p, "level": [1, 1, 2]},
+                             "variants": {"v": {"error_sd_noise_removed": p[0]}}}
     runs = [[entry("start", [0.2, 0.6, 0.9]), entry("end", [0.3, 0.5, 0.9])],
             [entry("end", [0.1, 0.4, 0.8]), entry("start", [0.3, 0.5, 0.9])]]
     head = pt.with_repeats(runs, dirs)
     assert head is runs[0]
     assert [e["repeats"]["points"][1]["p"] for e in head] == [[0.3, 0.5, 0.9], [0.1, 0.4, 0.8]]
+    assert [e["repeats"]["variants"]["v"]["error_sd_noise_removed"]["values"] for e in head] \
+        == [[0.2, 0.3], [0.3, 0.1]]  # each run's own snapshot of the same name
     assert "repeats" not in pt.with_repeats([[entry("end", [0.1, 0.2, 0.3])]], dirs[:1])[0]

@@ -103,6 +103,9 @@ def test_the_prior_truth_figures_are_what_their_points_give():
                 assert rep[k]["values"] == pytest.approx(again[k]["values"], abs=1e-9), k
                 assert (rep[k]["mean"], rep[k]["se"]) == pytest.approx(
                     (again[k]["mean"], again[k]["se"]), abs=1e-9), k
+            if "shipped" in rep.get("variants", {}):  # its variant figures: the same prior's
+                assert rep["variants"]["shipped"]["error_sd_noise_removed"]["values"] == \
+                    pytest.approx(rep["error_sd_noise_removed"]["values"], abs=2e-4)
 
 
 def test_the_driver_bytes_figures_add_up_at_each_configs_batch():

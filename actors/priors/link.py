@@ -1,0 +1,62 @@
+"""The scale the embedded prior fits its scores on (its ``link`` option).
+
+On the probability scale ("identity", the default) the age term moves every prompt by the same
+amount, and a linear model of a rate that saturates (a step count's survival, about s^k)
+overshoots at the easy end (clipped at 1 - eps) and lags at the hard end. A policy that trains
+gains most where it has most room: on the logit scale ("logit") one drift moves a prompt near
+1/2 most and a saturated one least, and the fit saturates by construction. Neither scale wins
+everywhere (bench.prior_truth over three runs a task, docs/prior.md): "average" predicts the
+mean of both fits' probabilities, at twice the fitting cost.
+
+The logit of a rate of k rollouts is taken empirically, log((c + 1/2) / (k - c + 1/2)) with
+c = k y successes (finite at 0 and k), and its sampling variance is about 1 / (k p (1 - p))
+(the delta method, p = (c + 1/2) / (k + 1)): the evidence's known noise on that scale.
+Pure NumPy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+LINKS = ("identity", "logit", "average")
+
+
+def rollouts(counts: np.ndarray | None, n: int) -> np.ndarray:
+    """The rollouts behind each score as floats (one each when not known). (n,)"""
+    return np.ones(n) if counts is None else np.asarray(counts, dtype=np.float64)
+
+
+def empirical_logits(y: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
+    """log((c + 1/2) / (k - c + 1/2)) of each score y of k rollouts, c = k y. (N,)"""
+    k = rollouts(counts, len(y))
+    c = np.asarray(y, dtype=np.float64) * k
+    return np.log((c + 0.5) / (k - c + 0.5))
+
+
+def logit_noise(y: np.ndarray, counts: np.ndarray | None, fw: np.ndarray) -> float | None:
+    """The empirical logits' sampling noise in the fit's scale: the mean over scores of
+    fw / (k p (1 - p)), p = (c + 1/2) / (k + 1) (None without counts, as
+    ``weights.sampling_noise``: a score's own noise is not known then)."""
+    if counts is None:
+        return None
+    k = rollouts(counts, len(y))
+    p = (np.asarray(y, dtype=np.float64) * k + 0.5) / (k + 1.0)
+    return float(np.mean(np.asarray(fw) / (k * p * (1.0 - p))))
+
+
+def to_fit_scale(link: str, y: np.ndarray, counts: np.ndarray | None, fw: np.ndarray,
+                 prior_mean: float, noise) -> tuple[np.ndarray, float, float | None]:
+    """(the scores, the prior mean, their sampling noise) on ``link``'s scale; ``noise``: the
+    probability scale's noise function (``weights.sampling_noise``), or None for no noise
+    (leave-one-out needs none)."""
+    if link == "identity":
+        return y, prior_mean, None if noise is None else noise(y, counts, fw)
+    if link != "logit":
+        raise ValueError(f"a fit's link must be 'identity' or 'logit', got {link!r}")
+    m = min(max(prior_mean, 1e-3), 1.0 - 1e-3)
+    return (empirical_logits(y, counts), float(np.log(m / (1.0 - m))),
+            None if noise is None else logit_noise(y, counts, fw))
+
+
+def from_fit_scale(link: str, f: np.ndarray) -> np.ndarray:
+    """Predictions on ``link``'s scale back to probabilities (identity: as they are)."""
+    return 1.0 / (1.0 + np.exp(-f)) if link == "logit" else f
