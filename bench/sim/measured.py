@@ -30,10 +30,12 @@ def prior_error_from_truth(data: dict, task: str = PRIOR_TASK, recurring: bool =
     error against a k-sample truth holds the truth's sampling noise too (independent of the
     prior's error, so the variances add). The bias is added in quadrature (the simulator's
     error is zero-mean and the estimator sees each prompt's whole (V - mu)^2; a bias of b adds
-    b^2 to it). The largest over the task's snapshots is returned: the policy moves during
+    b^2 to it). A snapshot measured on repeated runs (its ``repeats``, each run's points) counts
+    with the mean over the runs of each run's figure: one run's snapshot moves with its
+    training. The largest over the task's snapshots is returned: the policy moves during
     training and the prior's worst moment is the one to plan for.
     -> {"error_sd", "snapshot", "per_snapshot": [{snapshot, error_sd, noise_removed, bias,
-    prior_error_sd}, ...]}"""
+    prior_error_sd, runs}, ...]}"""
     snaps = [s for s in data.get("snapshots", []) if s.get("task") == task
              and bool(s.get("recurring")) == recurring]
     if not snaps:
@@ -41,14 +43,32 @@ def prior_error_from_truth(data: dict, task: str = PRIOR_TASK, recurring: bool =
                          f"(tasks: {sorted({s.get('task') for s in data.get('snapshots', [])})})")
     rows = []
     for s in snaps:
-        err, noise = float(s["error_sd"]), float(s.get("truth_noise_sd") or 0.0)
-        bias = float(s.get("bias") or 0.0)
-        clean = math.sqrt(max(0.0, err * err - noise * noise))
+        runs = [_points_figures(pts, int(s["samples_per_prompt"]))
+                for pts in s["repeats"]["points"]] if s.get("repeats") else \
+            [(float(s["error_sd"]), float(s.get("truth_noise_sd") or 0.0),
+              float(s.get("bias") or 0.0))]
+        figures = []
+        for err, noise, bias in runs:
+            clean = math.sqrt(max(0.0, err * err - noise * noise))
+            figures.append((err, noise, clean, bias, math.sqrt(clean * clean + bias * bias)))
+        err, noise, clean, bias, total = (sum(f[i] for f in figures) / len(figures)
+                                          for i in range(5))
         rows.append(dict(snapshot=s.get("snapshot"), error_sd=err, truth_noise_sd=noise,
-                         noise_removed=clean, bias=bias,
-                         prior_error_sd=math.sqrt(clean * clean + bias * bias)))
+                         noise_removed=clean, bias=bias, prior_error_sd=total, runs=len(runs)))
     worst = max(rows, key=lambda r: r["prior_error_sd"])
-    return dict(error_sd=worst["prior_error_sd"], snapshot=worst["snapshot"], per_snapshot=rows)
+    return dict(error_sd=worst["prior_error_sd"], snapshot=worst["snapshot"], runs=worst["runs"],
+                per_snapshot=rows)
+
+
+def _points_figures(points: dict, n: int) -> tuple[float, float, float]:
+    """(error sd, the truth's sampling noise sd, bias) of one run's {p, truth} on n samples
+    (as bench.prior_truth.analysis.error_stats computes them)."""
+    p, t = points["p"], points["truth"]
+    e = [a - b for a, b in zip(p, t)]
+    mean = sum(e) / len(e)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in e) / (len(e) - 1))
+    noise = math.sqrt(max(0.0, sum(x * (1 - x) / (n - 1) for x in t) / len(t)))
+    return sd, noise, mean
 
 
 def resolve_prior_error_sd(cli: float | None = None, path: Path | str = PRIOR_TRUTH,
@@ -63,8 +83,9 @@ def resolve_prior_error_sd(cli: float | None = None, path: Path | str = PRIOR_TR
     if not path.is_file():
         return ASSUMED_PRIOR_ERROR_SD, "assumed", None
     got = prior_error_from_truth(json.loads(path.read_text()), task)
-    return (got["error_sd"], f"{path} (task {task}, snapshot {got['snapshot']}: the largest "
-            "of its snapshots, sqrt(error_sd^2 - truth_noise_sd^2 + bias^2))", got)
+    runs = f", the mean of {got['runs']} runs" if got["runs"] > 1 else ""
+    return (got["error_sd"], f"{path} (task {task}, snapshot {got['snapshot']}{runs}: the "
+            "largest of its snapshots, sqrt(error_sd^2 - truth_noise_sd^2 + bias^2))", got)
 
 
 def resolve_best_grpo_g(cli: int | None = None,

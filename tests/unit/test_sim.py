@@ -380,6 +380,28 @@ def test_prior_error_sd_is_the_largest_stepwise_snapshot_with_the_truths_noise_r
         resolve_prior_error_sd(None, path)
 
 
+def test_a_snapshot_of_repeated_runs_counts_with_the_mean_of_its_runs(tmp_path):
+    """bench.prior_truth --repeats: each run's prior error (noise removed, bias added in
+    quadrature) from its own points, their mean the snapshot's figure."""
+    from bench.prior_truth.analysis import error_stats
+
+    rng = np.random.default_rng(0)
+    runs, figures = [], []
+    for shift, spread in ((0.0, 0.03), (0.04, 0.06), (-0.02, 0.09)):
+        t = rng.binomial(64, rng.uniform(0.2, 0.9, 100)) / 64
+        p = np.clip(t + shift + rng.normal(0, spread, 100), 0, 1)
+        runs.append({"truth": t.tolist(), "p": p.tolist(), "level": [1] * 100})
+        e = error_stats(p, t, 64)
+        figures.append(np.hypot(e["error_sd_noise_removed"], e["bias"]))
+    end = {**truth("stepwise", "end", 0.01, 0.0), "samples_per_prompt": 64,
+           "repeats": {"points": runs}}   # the headline figures alone would say 0.01
+    path = tmp_path / "prior_truth.json"
+    path.write_text(json.dumps({"snapshots": [truth("stepwise", "start", 0.02, 0.0), end]}))
+    sd, source, detail = resolve_prior_error_sd(None, path)
+    assert sd == pytest.approx(np.mean(figures)) and detail["snapshot"] == "end"
+    assert "the mean of 3 runs" in source and detail["per_snapshot"][1]["runs"] == 3
+
+
 def test_the_err_prior_has_the_error_sd_it_names():
     """'errX': the sd of (prior - p) on the probability scale is X (clipping at 0 and 1
     included); the old 'sdX' names the scale before clipping (sd0.2 errs by 0.161)."""
