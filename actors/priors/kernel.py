@@ -343,9 +343,9 @@ def _standardised(x: np.ndarray, wn: np.ndarray) -> tuple[np.ndarray, float, flo
 def predict_fitted(fit: Fitted, Q, loglen: np.ndarray | None = None,
                    ids: np.ndarray | None = None) -> np.ndarray:
     """Predictions (M,) for queries Q: (M, d) in the fit's view, or {view: (M, d_view)} as
-    ``fit_context`` took; probabilities (from the fit's ``link`` scale), not clipped. ``loglen`` (M,) is needed when the fit uses the length
-    feature; ``ids`` (M,) (the context's ids for prompts seen, any other value for new ones)
-    when it uses the history."""
+    ``fit_context`` took; probabilities (from the fit's ``link`` scale), not clipped.
+    ``loglen`` (M,) is needed when the fit uses the length feature; ``ids`` (M,) (the
+    context's ids for prompts seen, any other value for new ones) when it uses the history."""
     if isinstance(Q, dict):
         Q = Q[fit.view] if fit.kernel is not None else next(iter(Q.values()))
     Q = np.asarray(Q, dtype=np.float64)

@@ -6,8 +6,9 @@
 - GRPO's best group size: ``bench/results/learning.json``, ``summary.controlled.<start>.
   best_grpo_G`` (the G that learned best per unit of compute in the controlled comparison).
 
-Pure: json and math only. Every resolver returns (value, source string) and falls back to the
-old assumption, saying so, when its file is absent.
+Pure: json and math, and bench.prior_truth's error arithmetic for a repeated snapshot. Every
+resolver returns (value, source string) and falls back to the old assumption, saying so, when
+its file is absent.
 """
 from __future__ import annotations
 
@@ -61,14 +62,12 @@ def prior_error_from_truth(data: dict, task: str = PRIOR_TASK, recurring: bool =
 
 
 def _points_figures(points: dict, n: int) -> tuple[float, float, float]:
-    """(error sd, the truth's sampling noise sd, bias) of one run's {p, truth} on n samples
-    (as bench.prior_truth.analysis.error_stats computes them)."""
-    p, t = points["p"], points["truth"]
-    e = [a - b for a, b in zip(p, t)]
-    mean = sum(e) / len(e)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in e) / (len(e) - 1))
-    noise = math.sqrt(max(0.0, sum(x * (1 - x) / (n - 1) for x in t) / len(t)))
-    return sd, noise, mean
+    """(error sd, the truth's sampling noise sd, bias) of one run's {p, truth} on n samples,
+    as bench.prior_truth computed its figures."""
+    from bench.prior_truth.analysis import error_stats
+
+    e = error_stats(points["p"], points["truth"], n)
+    return e["error_sd"], e["truth_noise_sd"], e["bias"]
 
 
 def resolve_prior_error_sd(cli: float | None = None, path: Path | str = PRIOR_TRUTH,
