@@ -224,8 +224,7 @@ class EmbeddedPrior(PriorBackend):
     def _start(self) -> None:
         """No context yet, nothing fitted, no view chosen, no fitting time spent."""
         self._context = Context.empty()
-        self._fit: Fitted | None = None
-        self._fits: dict[str, Fitted] = {}  # per link
+        self._fits: dict[str, Fitted] = {}  # per link, once per context
         # per link: (the view chosen at its last full search, the window it was chosen on)
         self._chosen: dict[str, tuple[str, frozenset] | None] = {}
         self._id_of: dict[str, int] = {}
@@ -236,7 +235,6 @@ class EmbeddedPrior(PriorBackend):
 
     def set_context(self, context: Context) -> None:
         self._context = context
-        self._fit = None
         self._fits = {}
 
     def _features(self, prompts: list[str], only: str | None = None) -> dict[str, np.ndarray]:
@@ -270,7 +268,7 @@ class EmbeddedPrior(PriorBackend):
     def _fitted(self) -> Fitted | None:
         """The fit of each link (``self._fits``, made once per context); the first link's."""
         ctx = self._context
-        if self._fit is None and len(ctx):
+        if not self._fits and len(ctx):
             t0 = time.perf_counter()
             prompts = list(ctx.prompts)
             self._id_of = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
@@ -278,10 +276,9 @@ class EmbeddedPrior(PriorBackend):
                 sd = self.surface_cache.get(prompts).std(axis=0)
                 self._surface_sd = np.where(sd > 1e-9, sd, 1.0)
             self._fits = {link: self._fit_link(link, prompts) for link in self.links}
-            self._fit = self._fits[self.links[0]]
             self.fit_s += time.perf_counter() - t0
             self.n_fits += 1
-        return self._fit
+        return self._fits.get(self.links[0])
 
     def _fit_link(self, link: str, prompts: list[str]) -> Fitted:
         """``fit_context`` on ``link``'s scale, searching every view or the one kept."""
@@ -316,7 +313,7 @@ class EmbeddedPrior(PriorBackend):
         return np.mean(out, axis=0)
 
     def stats(self) -> dict:
-        fit = self._fit
+        fit = self._fits.get(self.links[0])
         return {**self.cache.stats(), "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
                 "n_view_searches": self.n_view_searches,
                 "model": " | ".join(f.label() + ("" if k == "identity" else f" ({k})")

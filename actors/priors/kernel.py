@@ -66,8 +66,8 @@ import numpy as np
 from actors.priors.baseline import constant_model
 from actors.priors.columns import narrow_views
 from actors.priors.history import FORMS, fit_history, fuse_history
-from actors.priors.link import from_fit_scale, to_fit_scale
-from actors.priors.weights import fit_weights, sampling_noise, window_weights
+from actors.priors.link import fit_scale_noise, from_fit_scale, to_fit_scale
+from actors.priors.weights import fit_weights, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
 LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))
@@ -226,8 +226,8 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     w = decay * fw
     _check_kernels(kernels)
     n, wsum = len(y), float(w.sum())
-    y, prior_mean, sigma2 = to_fit_scale(link, y, counts, fw, prior_mean,
-                                         sampling_noise if select == "evidence" else None)
+    sigma2 = fit_scale_noise(link, y, counts, fw) if select == "evidence" else None
+    y, prior_mean = to_fit_scale(link, y, counts, prior_mean)
     const, y, y_raw, mean, mean_raw, slope = constant_model(y, ages, w, halflife, prior_mean,
                                                             prior_strength, drift, lead)
     best = Fitted(**const, link=link)

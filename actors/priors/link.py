@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from actors.priors.weights import sampling_noise
+
 LINKS = ("identity", "logit", "average")
 
 
@@ -43,18 +45,27 @@ def logit_noise(y: np.ndarray, counts: np.ndarray | None, fw: np.ndarray) -> flo
     return float(np.mean(np.asarray(fw) / (k * p * (1.0 - p))))
 
 
-def to_fit_scale(link: str, y: np.ndarray, counts: np.ndarray | None, fw: np.ndarray,
-                 prior_mean: float, noise) -> tuple[np.ndarray, float, float | None]:
-    """(the scores, the prior mean, their sampling noise) on ``link``'s scale; ``noise``: the
-    probability scale's noise function (``weights.sampling_noise``), or None for no noise
-    (leave-one-out needs none)."""
-    if link == "identity":
-        return y, prior_mean, None if noise is None else noise(y, counts, fw)
-    if link != "logit":
+def _check(link: str) -> None:
+    if link not in ("identity", "logit"):
         raise ValueError(f"a fit's link must be 'identity' or 'logit', got {link!r}")
+
+
+def to_fit_scale(link: str, y: np.ndarray, counts: np.ndarray | None,
+                 prior_mean: float) -> tuple[np.ndarray, float]:
+    """(the scores, the prior mean) on ``link``'s scale."""
+    _check(link)
+    if link == "identity":
+        return y, prior_mean
     m = min(max(prior_mean, 1e-3), 1.0 - 1e-3)
-    return (empirical_logits(y, counts), float(np.log(m / (1.0 - m))),
-            None if noise is None else logit_noise(y, counts, fw))
+    return empirical_logits(y, counts), float(np.log(m / (1.0 - m)))
+
+
+def fit_scale_noise(link: str, y: np.ndarray, counts: np.ndarray | None,
+                    fw: np.ndarray) -> float | None:
+    """The scores' (probabilities ``y``) sampling noise on ``link``'s scale, weighed by ``fw``:
+    ``weights.sampling_noise`` or ``logit_noise``."""
+    _check(link)
+    return (sampling_noise if link == "identity" else logit_noise)(y, counts, fw)
 
 
 def from_fit_scale(link: str, f: np.ndarray) -> np.ndarray:

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from actors.priors.base import Context
-from actors.priors.link import empirical_logits, from_fit_scale, logit_noise, to_fit_scale
+from actors.priors.link import (empirical_logits, fit_scale_noise, from_fit_scale, logit_noise,
+                                to_fit_scale)
+from actors.priors.weights import sampling_noise
 
 
 class NoEncoder:
@@ -31,11 +33,14 @@ def test_empirical_logits_are_finite_and_their_noise_is_the_delta_methods():
     # p = (c + 1/2) / (k + 1): 0.1, 0.5, 0.9; 1 / (k p (1 - p)): 2.78, 1, 2.78
     assert logit_noise(y, k, np.ones(3)) == pytest.approx((2 / 0.36 + 1) / 3)
     assert logit_noise(y, None, np.ones(3)) is None
-    same, mean, noise = to_fit_scale("identity", y, k, np.ones(3), 0.4, lambda *a: 0.1)
-    assert same is y and mean == 0.4 and noise == 0.1
-    assert to_fit_scale("logit", y, k, np.ones(3), 0.5, None)[1:] == (0.0, None)
+    same, mean = to_fit_scale("identity", y, k, 0.4)
+    assert same is y and mean == 0.4
+    assert fit_scale_noise("identity", y, k, np.ones(3)) == sampling_noise(y, k, np.ones(3))
+    assert fit_scale_noise("logit", y, k, np.ones(3)) == logit_noise(y, k, np.ones(3))
+    assert to_fit_scale("logit", y, k, 0.5)[1] == 0.0
+    assert fit_scale_noise("logit", y, None, np.ones(3)) is None
     with pytest.raises(ValueError, match="link must be 'identity' or 'logit'"):
-        to_fit_scale("probit", y, k, np.ones(3), 0.5, None)
+        to_fit_scale("probit", y, k, 0.5)
 
 
 def window(rng, versions: int = 10, per_version: int = 26):
