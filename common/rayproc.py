@@ -1,6 +1,7 @@
 """How a Ray driver process of ours starts and ends (launcher, benchmarks, replay, pytest).
 
 - ``prefer_loopback``: a cluster the process starts listens on 127.0.0.1 only.
+- ``no_auto_init``: once Ray is shut down, a late Ray call raises instead of starting a cluster.
 - ``exit_process`` / ``run_main``: end without C++ static destructors (Ray's metrics exporter
   crashes in them).
 
@@ -13,6 +14,7 @@ import sys
 from typing import Callable, NoReturn
 
 LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+AUTO_INIT_SWITCH = "RAY_ENABLE_AUTO_CONNECT"
 
 
 def prefer_loopback(address: str | None = None) -> bool:
@@ -32,6 +34,23 @@ def prefer_loopback(address: str | None = None) -> bool:
         return os.environ.get(LOOPBACK_SWITCH) == "0"
     os.environ.setdefault(LOOPBACK_SWITCH, "0")
     return os.environ[LOOPBACK_SWITCH] == "0"
+
+
+def no_auto_init() -> None:
+    """Make ``ray.get``, ``ray.wait``, ``ray.kill`` and the like raise ("Ray has not been
+    started yet") in this process when Ray is not initialized, instead of calling
+    ``ray.init()``, which would start a new local cluster or join whatever cluster Ray's
+    address file names. Call before or after ray is imported.
+
+    Why: a thread still running when its driver shut Ray down (a call abandoned past its
+    timeout, a watcher between two looks) would otherwise start a cluster of its own with its
+    next call. That cluster outlives the run, and the process's next ``ray.init`` fails with
+    "Maybe you called ray.init twice by accident?" (seen in CI: one such start in the pytest
+    process made every later Ray module on that worker fail)."""
+    os.environ[AUTO_INIT_SWITCH] = "0"  # read when ray is imported
+    hook = sys.modules.get("ray._private.auto_init_hook")
+    if hook is not None:  # already imported: its switch is a module global
+        hook.enable_auto_connect = False
 
 
 def exit_process(code: int) -> NoReturn:
@@ -68,6 +87,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     An exception prints its traceback and exits 1, as Python itself would."""
     import traceback
 
+    no_auto_init()
     try:
         code = main()
     except SystemExit as e:

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from common.rayproc import prefer_loopback
+from common.rayproc import no_auto_init, prefer_loopback
 
 # Every test cluster (and `ray start` in test_job_submit) listens on 127.0.0.1 only; set
 # before any test imports ray (see prefer_loopback).
 prefer_loopback()
+# A Ray call made after a module's cluster is shut down (a thread it left running) raises
+# instead of starting a cluster that the next module's ray.init would trip over.
+no_auto_init()
 
 _status: list[int] = []
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
@@ -122,6 +125,20 @@ def never_in_the_users_run_folders():
         pytest.fail("a test wrote into the user's run folders (a launch not pointed at a "
                     "temporary run.output_dir; this test, or one beside it on another xdist "
                     "worker): " + ", ".join(changed[:10]), pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_shut_down_after_each_module(request):
+    """Fails the module (an error at its last test's teardown, naming it) that leaves this
+    process connected to Ray, and disconnects it: under xdist's --dist loadfile every later
+    module on the same worker would otherwise fail at its own ray.init. Set up before the
+    module's own fixtures, so torn down after them."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.module.__name__} left this process connected to Ray (a "
+                    "ray.init without its ray.shutdown)", pytrace=False)
 
 
 def pytest_sessionfinish(session, exitstatus):
