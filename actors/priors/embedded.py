@@ -79,6 +79,7 @@ SURFACE_NUMBERS = 3    # the surface view reads the last this many numbers of a 
 # A window smaller than this is searched over every view at every fit (``reselect``): its
 # eigendecompositions are cheap (N^3), and a small window's best view moves most.
 FULL_SEARCH_BELOW = 128
+NO_VIEW = ""  # a full search chose the constant model: until the reselect, no view is fitted
 
 
 def hashed_ngrams(texts: list[str], dim: int = NGRAM_DIM,
@@ -225,7 +226,8 @@ class EmbeddedPrior(PriorBackend):
         """No context yet, nothing fitted, no view chosen, no fitting time spent."""
         self._context = Context.empty()
         self._fits: dict[str, Fitted] = {}  # per link, once per context
-        # per link: (the view chosen at its last full search, the window it was chosen on)
+        # per link: (the view chosen at its last full search, NO_VIEW for the constant model;
+        # the window it was chosen on)
         self._chosen: dict[str, tuple[str, frozenset] | None] = {}
         self._id_of: dict[str, int] = {}
         self._surface_sd = np.ones(3 * SURFACE_NUMBERS + 2)
@@ -257,7 +259,8 @@ class EmbeddedPrior(PriorBackend):
 
     def _view_to_search(self, prompts: list[str], link: str) -> str | None:
         """The view chosen at ``link``'s last full search while less than ``reselect`` of the
-        window is new since then (None: search every view)."""
+        window is new since then (``NO_VIEW``: the constant model was chosen, and no view is
+        fitted; None: search every view)."""
         chosen = self._chosen.get(link)
         if chosen is None or len(self.views) == 1 or len(prompts) < FULL_SEARCH_BELOW:
             return None
@@ -284,7 +287,8 @@ class EmbeddedPrior(PriorBackend):
         """``fit_context`` on ``link``'s scale, searching every view or the one kept."""
         ctx = self._context
         only = self._view_to_search(prompts, link)
-        fit = fit_context(self._features(prompts, only), ctx.scores, ctx.ages, self.halflife,
+        views = {} if only == NO_VIEW else self._features(prompts, only)
+        fit = fit_context(views, ctx.scores, ctx.ages, self.halflife,
                           log_length(prompts) if self.use_length else None,
                           prior_mean=self.prior_mean, prior_strength=self.prior_strength,
                           kernels=self.kernels, drift=self.drift, lead=self.lead,
@@ -294,7 +298,7 @@ class EmbeddedPrior(PriorBackend):
                           select=self.select, history_forms=self.history_forms,
                           selected=("surface",) if self.columns == "selected" else (), link=link)
         if only is None:  # a full search: its choice stands for the window it saw
-            self._chosen[link] = None if fit.kernel is None else (fit.view, frozenset(prompts))
+            self._chosen[link] = (NO_VIEW if fit.kernel is None else fit.view, frozenset(prompts))
             self.n_view_searches += 1
         return fit
 

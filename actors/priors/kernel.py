@@ -156,35 +156,47 @@ def kernel_scale(kind: str, X: np.ndarray, center: np.ndarray) -> float:
     return s if s > 1e-12 else 1.0
 
 
-def loo_candidates(Kt: np.ndarray, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
-                   length_weights, sigma2: float | None = None
-                   ) -> list[tuple[float, float, float, np.ndarray, np.ndarray, float]]:
-    """(loo_mse, lam, g, alpha_tilde, the sqrt(w)-scaled LOO residuals (N,), the negative
-    log evidence per score) for every (lam, g) from one eigh of Kt (N, N). The evidence is
-    that of yt ~ N(0, s^2 (Kt + g^2 g_unit g_unit^T) + sigma2 I), s^2 = sigma2 / lam, the
-    scores' sampling noise ``sigma2`` known (``weights.sampling_noise``; None: nan)."""
-    s, U = np.linalg.eigh(Kt)
+def loo_candidates(Kt: np.ndarray | None, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
+                   length_weights, sigma2: float | None = None,
+                   a_unit: np.ndarray | None = None, age_weights=(0.0,), eig=None
+                   ) -> list[tuple[float, float, float, float, np.ndarray, np.ndarray, float]]:
+    """(loo_mse, lam, g, g_a, alpha_tilde, the sqrt(w)-scaled LOO residuals (N,), the negative
+    log evidence per score) for every (g_a, lam, g), in that order, all from one eigh of Kt
+    (N, N) (``eig``: that (eigenvalues, eigenvectors) pair, when already made; Kt may then be
+    None). The kernel is Kt + g^2 g_unit g_unit^T + g_a^2 a_unit a_unit^T: the length and age
+    terms enter as one rank-2 update (Woodbury), so no weight of either costs an eigh. lam
+    runs over LAMBDA_GRID times the kernel's mean eigenvalue (its trace / N, the age term's
+    included). The evidence is that of yt ~ N(0, s^2 kernel + sigma2 I), s^2 = sigma2 / lam,
+    the scores' sampling noise ``sigma2`` known (``weights.sampling_noise``; None: nan)."""
+    s, U = np.linalg.eigh(Kt) if eig is None else eig
     s = np.maximum(s, 0.0)
-    ut = U.T @ yt                                             # (N,)
-    gt = U.T @ g_unit                                         # (N,)
+    n = len(yt)
+    F = np.stack([g_unit, np.zeros(n) if a_unit is None else a_unit], axis=1)   # (N, 2)
+    ut, Ft = U.T @ yt, U.T @ F                                # (N,), (N, 2)
     U2 = U * U                                                # (N, N)
-    s_mean = float(s.mean()) or 1.0
+    age_trace = float(F[:, 1] @ F[:, 1])
     out = []
-    for lam in (c * s_mean for c in LAMBDA_GRID):
-        inv = 1.0 / (s + lam)                                 # (N,)
-        a_y = U @ (inv * ut)                                  # A^-1 yt
-        a_diag = U2 @ inv                                     # diag(A^-1)
-        a_g = U @ (inv * gt)                                  # A^-1 g_unit
-        for g in length_weights:
-            # Sherman-Morrison for A + (g g_unit)(g g_unit)^T.
-            denom = 1.0 + g * g * float(g_unit @ a_g)
-            m_y = a_y - a_g * (g * g * float(g_unit @ a_y) / denom)
-            m_diag = a_diag - (g * a_g) ** 2 / denom
-            loo = m_y / np.maximum(m_diag, 1e-12)
-            nll = float("nan") if sigma2 is None else neg_log_evidence(
-                float(yt @ m_y), float(np.log(s + lam).sum() + np.log(denom)), lam, sigma2,
-                len(yt))
-            out.append((float(loo @ loo) / wsum, lam, g, m_y, loo, nll))
+    for ga in age_weights:
+        s_mean = (float(s.sum()) + ga * ga * age_trace) / n or 1.0
+        for lam in (c * s_mean for c in LAMBDA_GRID):
+            inv = 1.0 / (s + lam)                             # (N,)
+            a_y = U @ (inv * ut)                              # A^-1 yt
+            a_diag = U2 @ inv                                 # diag(A^-1)
+            a_F = U @ (inv[:, None] * Ft)                     # A^-1 F (N, 2)
+            FaF, Fay = F.T @ a_F, F.T @ a_y                   # (2, 2), (2,)
+            logdet = float(np.log(s + lam).sum())
+            for g in length_weights:
+                c = np.array([g, ga])
+                # Woodbury for A + (F c)(F c)^T: S = I + c F' A^-1 F c (2, 2).
+                S_inv = np.linalg.inv(np.eye(2) + c[:, None] * FaF * c[None, :])
+                P = a_F * c                                   # A^-1 F diag(c)
+                m_y = a_y - P @ (S_inv @ (c * Fay))
+                m_diag = a_diag - ((P @ S_inv) * P).sum(1)
+                loo = m_y / np.maximum(m_diag, 1e-12)
+                nll = float("nan") if sigma2 is None else neg_log_evidence(
+                    float(yt @ m_y), logdet - float(np.log(np.linalg.det(S_inv))), lam,
+                    sigma2, n)
+                out.append((float(loo @ loo) / wsum, lam, g, ga, m_y, loo, nll))
     return out
 
 
@@ -207,7 +219,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
-    X: (N, d), or {view name: (N, d_view)}; y: (N,) in [0, 1], ages: (N,) policy versions ago
+    X: (N, d), or {view name: (N, d_view)} (empty: the constant model alone); y: (N,) in [0, 1], ages: (N,) policy versions ago
     (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
     same prompt (None: no history; ``history_forms``: its forms to choose from), counts: (N,)
     rollouts per score, weighed by ``weighting`` (weights.py; None: equal). ``prior_strength``
@@ -247,9 +259,9 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                                  const_loo_mse=best.const_loo_mse, decay=decay, **side))
     views, columns = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
     for base, BT in _base_kernels(views, kernels, wn, T, undecayed, columns):  # stage 1: no age
-        search.over(base, BT, (0.0,))
+        search.over(base, BT, None, (0.0,))
     if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
-        search.over(*search.top, age_weights[1:])
+        search.over(*search.top, age_weights[1:])  # the same eigh: age is a rank-1 term
     best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
@@ -266,8 +278,8 @@ def _check_kernels(kernels) -> None:
 class _Search:
     """``fit_context``'s leave-one-out search over the kernel models of one context: the best
     model so far (the constant one to start with) and its leave-one-out predictions, and the
-    best candidate without the age term (``top``: its base kernel, for stage 2), even if it
-    lost to the constant."""
+    best candidate without the age term (``top``: its base kernel and that kernel's
+    eigendecomposition, for stage 2), even if it lost to the constant."""
 
     best: Fitted
     loo_pred: np.ndarray       # (N,) the best model's prediction of each point without it
@@ -284,21 +296,22 @@ class _Search:
     top: tuple | None = None
     top_crit: float = float("inf")
 
-    def over(self, base: dict, BT: np.ndarray, age_weights) -> None:
-        """Every (age weight, lam, length weight) on one base kernel matrix."""
+    def over(self, base: dict, BT: np.ndarray, eig, age_weights) -> None:
+        """Every (age weight, lam, length weight) on one base kernel matrix, from one
+        eigendecomposition of it (``eig``: already made, or None)."""
         sw = self.sw
-        for ga in age_weights:
-            Kt = (BT + ga * ga * np.outer(self.age_feat, self.age_feat)) * np.outer(sw, sw)
-            for mse, lam, g, m_y, loo, nll in loo_candidates(
-                    Kt, self.ym, sw * self.len_feat, self.wsum, self.length_weights,
-                    self.sigma2):
-                crit = mse if self.sigma2 is None else nll
-                if ga == 0.0 and crit < self.top_crit:
-                    self.top, self.top_crit = (base, BT), crit
-                if crit < self.crit:
-                    self.best = Fitted(lam=lam, length_weight=g, loo_mse=mse, alpha=sw * m_y,
-                                       age_weight=ga, **self.fields, **base)
-                    self.loo_pred, self.crit = self.y_raw - loo / sw, crit
+        if eig is None:
+            eig = np.linalg.eigh(BT * np.outer(sw, sw))
+        for mse, lam, g, ga, m_y, loo, nll in loo_candidates(
+                None, self.ym, sw * self.len_feat, self.wsum, self.length_weights,
+                self.sigma2, sw * self.age_feat, age_weights, eig):
+            crit = mse if self.sigma2 is None else nll
+            if ga == 0.0 and crit < self.top_crit:
+                self.top, self.top_crit = (base, BT, eig), crit
+            if crit < self.crit:
+                self.best = Fitted(lam=lam, length_weight=g, loo_mse=mse, alpha=sw * m_y,
+                                   age_weight=ga, **self.fields, **base)
+                self.loo_pred, self.crit = self.y_raw - loo / sw, crit
 
 
 def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=(),
