@@ -151,8 +151,9 @@ class EmbeddedPrior(PriorBackend):
     ``columns`` (the surface view's columns: "selected", those that greedy forward selection
     by leave-one-out keeps on each window (columns.py), a query's values clipped to the
     window's range; "all", every one),
-    ``link`` (the scale of the fit, link.py: "identity", the probabilities; "logit", the
-    scores' empirical logits; "average", both fitted and their predictions averaged),
+    ``link`` (the scale of the fit, link.py: "average" (the default), fitted on both scales
+    below and their predictions averaged; "identity", the probabilities; "logit", the scores'
+    empirical logits),
     ``prior_mean`` (the answer for an empty context), ``prior_strength`` (pseudo-counts of
     prior_mean in the context mean), ``use_length`` (offer the log-length feature to the LOO
     choice), ``kernels`` (base kernels the LOO choice may pick from: "linear", "rbf"; each
@@ -172,7 +173,7 @@ class EmbeddedPrior(PriorBackend):
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool | str = True,
                  reselect: float = 0.25, weigh_rollouts: bool | str = True,
-                 select: str = "evidence", columns: str = "selected", link: str = "identity",
+                 select: str = "evidence", columns: str = "selected", link: str = "average",
                  encoder=None):
         self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)

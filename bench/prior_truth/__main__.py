@@ -59,7 +59,8 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "embedding_only": {"views": ["embedding"], "same_prompt": False, "select": "loo"},
             # the prior of 2026-12-03: no surface view, every score weighed alike
             "no_surface_unweighted": {"views": ["embedding", "ngram", "both"],
-                                      "weigh_rollouts": False, "select": "loo"},
+                                      "weigh_rollouts": False, "select": "loo",
+                                      "link": "identity"},
             "no_surface": {"views": ["embedding", "ngram", "both"]},
             "unweighted": {"weigh_rollouts": False},
             # each score weighed by its inverse variance about the window, not its count
@@ -70,14 +71,15 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
             "all_columns": {"columns": "all"},
             # the prior until 2026-12-05: leave-one-out, every surface column (the runs
             # measured here were made with it: their --run-variant)
-            "until_2026_12_05": {"select": "loo", "columns": "all"},
+            "until_2026_12_05": {"select": "loo", "columns": "all", "link": "identity"},
             # a radial-basis kernel offered beside the linear one (one more eigh per view)
             "rbf": {"kernels": ["linear", "rbf"]},
             # a recurring prompt's history at face value only, not as its offset from the
             # model (the prior before the offset form)
             "history_level": {"same_prompt": "level"},
-            # the fit on the scores' empirical logits; both scales' predictions averaged
-            "logit_link": {"link": "logit"}, "link_average": {"link": "average"}}
+            # the fit on the probabilities alone (the prior until 2026-12-05, evening: the
+            # runs of that day were made with it), on the scores' empirical logits alone
+            "identity_link": {"link": "identity"}, "logit_link": {"link": "logit"}}
 
 
 def log(msg: str) -> None:

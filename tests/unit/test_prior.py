@@ -544,7 +544,8 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
     from actors.priors.embedded import FULL_SEARCH_BELOW, EmbeddedPrior
 
     prompts, y = rule_prompts(420, seed=5)
-    prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False)
+    # One link: each link keeps its own view (n_view_searches counts each link's searches).
+    prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False, link="identity")
     seen = []
 
     def fit_on(lo, hi):
@@ -558,7 +559,8 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
     chosen = seen[-1][1]
     p = fit_on(20, 220)                   # 10% new: the chosen view alone
     assert seen[-1] == (1, chosen)
-    full = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False, reselect=0.0)
+    full = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False, reselect=0.0,
+                         link="identity")
     full.set_context(Context(tuple(prompts[20:220]), y[20:220], np.zeros(200)))
     p_full = full.predict(prompts[400:])
     if full.stats()["model"].split(":")[0] == chosen:   # the same choice: the same fit
@@ -584,7 +586,7 @@ def test_a_constant_chosen_at_a_full_search_is_kept_like_a_view():
     y = np.random.default_rng(1).binomial(4, 0.5, 420) / 4   # 4 rollouts of a coin each
     # Views that do not depend on NoiseEncoder's hash(), which is salted per process.
     prior = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False,
-                          views=("ngram", "surface"))
+                          views=("ngram", "surface"), link="identity")
     models = []
     for lo in (0, 20, 60):
         prior.set_context(Context(tuple(prompts[lo:lo + 200]), y[lo:lo + 200], np.zeros(200),
