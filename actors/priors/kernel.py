@@ -45,7 +45,8 @@ A view in ``selected`` keeps only the columns that forward selection by leave-on
 on the window (``columns.py``), and a query's values are clipped to the window's range.
 
 **Scale** (``link``). The scores may be fitted as probabilities (the default) or as their
-empirical logits, predictions then mapped back (link.py).
+empirical logits, predictions then mapped back, the logit fit's level moved so that its
+leave-one-out predictions, mapped back, average the window's scores (link.py).
 
 **Rollouts.** With ``counts`` (N,), the rollouts behind each score, a score weighs its recency
 weight times its rollout weight (``weights.py``): in the mean, the fit and the leave-one-out
@@ -66,7 +67,7 @@ import numpy as np
 from actors.priors.baseline import constant_model
 from actors.priors.columns import narrow_views
 from actors.priors.history import FORMS, fit_history, fuse_history
-from actors.priors.link import fit_scale_noise, from_fit_scale, to_fit_scale
+from actors.priors.link import fit_scale_noise, from_fit_scale, mean_shift, to_fit_scale
 from actors.priors.weights import fit_weights, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
@@ -239,6 +240,7 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     _check_kernels(kernels)
     n, wsum = len(y), float(w.sum())
     sigma2 = fit_scale_noise(link, y, counts, fw) if select == "evidence" else None
+    y_prob = y
     y, prior_mean = to_fit_scale(link, y, counts, prior_mean)
     const, y, y_raw, mean, mean_raw, slope = constant_model(y, ages, w, halflife, prior_mean,
                                                             prior_strength, drift, lead)
@@ -263,9 +265,12 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
         search.over(*search.top, age_weights[1:])  # the same eigh: age is a rank-1 term
     best = search.best
+    shift = mean_shift(link, search.loo_pred, y_prob, w)  # a logit fit calibrated (link.py)
+    best.mean += shift
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw, history_forms)
+        fit_history(best, np.asarray(ids), y_raw, search.loo_pred + shift, T, w, rw,
+                    history_forms)
     return best
 
 

@@ -11,6 +11,11 @@ prior's default) predicts the mean of both fits' probabilities, at twice the fit
 The logit of a rate of k rollouts is taken empirically, log((c + 1/2) / (k - c + 1/2)) with
 c = k y successes (finite at 0 and k), and its sampling variance is about 1 / (k p (1 - p))
 (the delta method, p = (c + 1/2) / (k + 1)): the evidence's known noise on that scale.
+
+Mapped back, a logit fit is biased: the empirical logits of 4 rollouts stop at +-2.2 (a
+prompt solved 97% of the time reads as at most 90%), and the mean of sigmoids is not the
+sigmoid of the mean. So a logit fit is calibrated in the large (``mean_shift``): its level
+moved until its leave-one-out predictions, mapped back, average the window's scores.
 Pure NumPy.
 """
 from __future__ import annotations
@@ -71,3 +76,23 @@ def fit_scale_noise(link: str, y: np.ndarray, counts: np.ndarray | None,
 def from_fit_scale(link: str, f: np.ndarray) -> np.ndarray:
     """Predictions on ``link``'s scale back to probabilities (identity: as they are)."""
     return 1.0 / (1.0 + np.exp(-f)) if link == "logit" else f
+
+
+def mean_shift(link: str, loo_pred: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    """The shift on ``link``'s scale that makes the w-weighted mean of the leave-one-out
+    predictions ``loo_pred``, mapped back, equal the scores' (probabilities ``y``):
+    0 on the probability scale (a least-squares fit's own mean). Bisection: the mapped-back
+    mean rises with the shift."""
+    _check(link)
+    if link == "identity":
+        return 0.0
+    wn = np.asarray(w, dtype=np.float64) / float(np.sum(w))
+    target = float(np.clip(wn @ np.asarray(y, dtype=np.float64), 1e-3, 1.0 - 1e-3))
+    lo, hi = -10.0, 10.0
+    for _ in range(50):  # to 2e-14 on the logit scale
+        mid = 0.5 * (lo + hi)
+        if wn @ from_fit_scale(link, loo_pred + mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)

@@ -98,3 +98,26 @@ def test_average_predicts_the_mean_of_both_scales_fits():
     assert not np.allclose(preds["identity"], preds["logit"])
     with pytest.raises(ValueError, match="link must be one of"):
         surface_prior("probit")
+
+
+def test_a_logit_fit_is_calibrated_in_the_large():
+    """Rates of 0.85-1 seen through 4 rollouts: their empirical logits stop at +-2.2, so the
+    sigmoid of their mean sits well below the scores' mean. The logit fit's level is moved
+    until its leave-one-out predictions, mapped back, average the scores (mean_shift): a
+    feature that carries nothing leaves the constant model, which then predicts that mean."""
+    from actors.priors.kernel import fit_context, predict_fitted
+    from actors.priors.link import mean_shift
+
+    rng = np.random.default_rng(3)
+    rate = rng.uniform(0.85, 1.0, 300)
+    y, k = rng.binomial(4, rate) / 4, np.full(300, 4)
+    uncalibrated = float(from_fit_scale("logit", np.mean(empirical_logits(y, k))))
+    assert uncalibrated < y.mean() - 0.03
+    fit = fit_context({"noise": rng.normal(size=(300, 3))}, y, counts=k, select="evidence",
+                      link="logit")
+    assert fit.kernel is None
+    assert predict_fitted(fit, {"noise": np.zeros((2, 3))}) == pytest.approx(y.mean(), abs=2e-3)
+    w, lp = rng.uniform(0.5, 1.0, 300), rng.normal(1.0, 1.0, 300)
+    shift = mean_shift("logit", lp, y, w)
+    assert w @ from_fit_scale("logit", lp + shift) / w.sum() == pytest.approx(w @ y / w.sum())
+    assert mean_shift("identity", lp, y, w) == 0.0
