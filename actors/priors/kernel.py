@@ -220,16 +220,17 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
     """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
     fit it, and with ``ids`` the history fusion's kappa (the module docstring).
 
-    X: (N, d), or {view name: (N, d_view)} (empty: the constant model alone); y: (N,) in [0, 1], ages: (N,) policy versions ago
-    (None: all 0), loglen: (N,) or None (no length feature), ids: (N,) ints, equal for the
-    same prompt (None: no history; ``history_forms``: its forms to choose from), counts: (N,)
-    rollouts per score, weighed by ``weighting`` (weights.py; None: equal). ``prior_strength``
-    pseudo-observations of ``prior_mean`` shrink the context mean (tiny contexts). ``drift``:
-    fit the scores' trend on age and predict ``lead`` versions past the newest observation.
-    ``undecayed``: views whose base kernel goes without the time decay T (a few features whose
-    effect holds at every version: one coefficient each over the window, the age term moving the
-    level). ``selected``: views narrowed first to the columns that columns.py chooses. ``link``:
-    the fit's scale ("logit": the scores' empirical logits, link.py)."""
+    X: (N, d), or {view name: (N, d_view)} (empty: the constant model alone); y: (N,) in
+    [0, 1], ages: (N,) policy versions ago (None: all 0), loglen: (N,) or None (no length feature),
+    ids: (N,) ints, equal for the same prompt (None: no history; ``history_forms``: its forms
+    to choose from), counts: (N,) rollouts per score, weighed by ``weighting`` (weights.py;
+    None: equal). ``prior_strength`` pseudo-observations of ``prior_mean`` shrink the context
+    mean (tiny contexts). ``drift``: fit the scores' trend on age and predict ``lead`` versions
+    past the newest observation. ``undecayed``: views whose base kernel goes without the time
+    decay T (a few features whose effect holds at every version: one coefficient each over the
+    window, the age term moving the level). ``selected``: views narrowed first to the columns
+    that columns.py chooses. ``link``: the fit's scale ("logit": the scores' empirical logits,
+    link.py)."""
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
@@ -260,17 +261,12 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                      fields=dict(mean=mean_raw if slope else mean, halflife=halflife, link=link,
                                  const_loo_mse=best.const_loo_mse, decay=decay, **side))
     views, columns = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
-    for base, BT in _base_kernels(views, kernels, wn, T, undecayed, columns):  # stage 1: no age
-        search.over(base, BT, None, (0.0,))
-    if len(age_weights) > 1 and search.top is not None:   # stage 2: age on the best of them
-        search.over(*search.top, age_weights[1:])  # the same eigh: age is a rank-1 term
+    search.two_stages(_base_kernels(views, kernels, wn, T, undecayed, columns), age_weights)
+    search.calibrate(link, y_prob, w)
     best = search.best
-    shift = mean_shift(link, search.loo_pred, y_prob, w)  # a logit fit calibrated (link.py)
-    best.mean += shift
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        fit_history(best, np.asarray(ids), y_raw, search.loo_pred + shift, T, w, rw,
-                    history_forms)
+        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw, history_forms)
     return best
 
 
@@ -300,6 +296,23 @@ class _Search:
     sigma2: float | None = None  # the scores' sampling noise: choose by evidence (None: LOO)
     top: tuple | None = None
     top_crit: float = float("inf")
+
+    def two_stages(self, kernel_matrices, age_weights) -> None:
+        """Stage 1: every (base kernel fields, matrix) of ``kernel_matrices`` without the age
+        term; stage 2: the age weights on the best of them, from the same eigendecomposition
+        (the age term is a rank-1 update of its kernel)."""
+        for base, BT in kernel_matrices:
+            self.over(base, BT, None, (0.0,))
+        if len(age_weights) > 1 and self.top is not None:
+            self.over(*self.top, age_weights[1:])
+
+    def calibrate(self, link: str, y: np.ndarray, w: np.ndarray) -> None:
+        """The best model's level moved so that its leave-one-out predictions, mapped back to
+        probabilities, average the scores ``y`` (``link.mean_shift``: a logit fit's; nothing
+        on the probability scale); those predictions moved with it."""
+        shift = mean_shift(link, self.loo_pred, y, w)
+        self.best.mean += shift
+        self.loo_pred = self.loo_pred + shift
 
     def over(self, base: dict, BT: np.ndarray, eig, age_weights) -> None:
         """Every (age weight, lam, length weight) on one base kernel matrix, from one
