@@ -157,19 +157,19 @@ def kernel_scale(kind: str, X: np.ndarray, center: np.ndarray) -> float:
     return s if s > 1e-12 else 1.0
 
 
-def loo_candidates(Kt: np.ndarray | None, yt: np.ndarray, g_unit: np.ndarray, wsum: float,
-                   length_weights, sigma2: float | None = None,
-                   a_unit: np.ndarray | None = None, age_weights=(0.0,), eig=None
+def loo_candidates(eig: tuple[np.ndarray, np.ndarray], yt: np.ndarray, g_unit: np.ndarray,
+                   wsum: float, length_weights, sigma2: float | None = None,
+                   a_unit: np.ndarray | None = None, age_weights=(0.0,)
                    ) -> list[tuple[float, float, float, float, np.ndarray, np.ndarray, float]]:
     """(loo_mse, lam, g, g_a, alpha_tilde, the sqrt(w)-scaled LOO residuals (N,), the negative
-    log evidence per score) for every (g_a, lam, g), in that order, all from one eigh of Kt
-    (N, N) (``eig``: that (eigenvalues, eigenvectors) pair, when already made; Kt may then be
-    None). The kernel is Kt + g^2 g_unit g_unit^T + g_a^2 a_unit a_unit^T: the length and age
-    terms enter as one rank-2 update (Woodbury), so no weight of either costs an eigh. lam
-    runs over LAMBDA_GRID times the kernel's mean eigenvalue (its trace / N, the age term's
-    included). The evidence is that of yt ~ N(0, s^2 kernel + sigma2 I), s^2 = sigma2 / lam,
-    the scores' sampling noise ``sigma2`` known (``weights.sampling_noise``; None: nan)."""
-    s, U = np.linalg.eigh(Kt) if eig is None else eig
+    log evidence per score) for every (g_a, lam, g), in that order, all from ``eig``, the
+    eigendecomposition (``np.linalg.eigh``) of a kernel Kt (N, N). The kernel fitted is Kt +
+    g^2 g_unit g_unit^T + g_a^2 a_unit a_unit^T: the length and age terms enter as one rank-2
+    update (Woodbury), so no weight of either costs an eigh. lam runs over LAMBDA_GRID times
+    the kernel's mean eigenvalue (its trace / N, the age term's included). The evidence is that
+    of yt ~ N(0, s^2 kernel + sigma2 I), s^2 = sigma2 / lam, the scores' sampling noise
+    ``sigma2`` known (``weights.sampling_noise``; None: nan)."""
+    s, U = eig
     s = np.maximum(s, 0.0)
     n = len(yt)
     F = np.stack([g_unit, np.zeros(n) if a_unit is None else a_unit], axis=1)   # (N, 2)
@@ -189,14 +189,14 @@ def loo_candidates(Kt: np.ndarray | None, yt: np.ndarray, g_unit: np.ndarray, ws
             for g in length_weights:
                 c = np.array([g, ga])
                 # Woodbury for A + (F c)(F c)^T: S = I + c F' A^-1 F c (2, 2).
-                S_inv = np.linalg.inv(np.eye(2) + c[:, None] * FaF * c[None, :])
+                S = np.eye(2) + c[:, None] * FaF * c[None, :]
+                S_inv = np.linalg.inv(S)
                 P = a_F * c                                   # A^-1 F diag(c)
                 m_y = a_y - P @ (S_inv @ (c * Fay))
                 m_diag = a_diag - ((P @ S_inv) * P).sum(1)
                 loo = m_y / np.maximum(m_diag, 1e-12)
                 nll = float("nan") if sigma2 is None else neg_log_evidence(
-                    float(yt @ m_y), logdet - float(np.log(np.linalg.det(S_inv))), lam,
-                    sigma2, n)
+                    float(yt @ m_y), logdet + float(np.log(np.linalg.det(S))), lam, sigma2, n)
                 out.append((float(loo @ loo) / wsum, lam, g, ga, m_y, loo, nll))
     return out
 
@@ -299,10 +299,10 @@ class _Search:
 
     def two_stages(self, kernel_matrices, age_weights) -> None:
         """Stage 1: every (base kernel fields, matrix) of ``kernel_matrices`` without the age
-        term; stage 2: the age weights on the best of them, from the same eigendecomposition
-        (the age term is a rank-1 update of its kernel)."""
+        term, each from one eigendecomposition; stage 2: the age weights on the best of them,
+        from the same one (the age term is a rank-1 update of its kernel)."""
         for base, BT in kernel_matrices:
-            self.over(base, BT, None, (0.0,))
+            self.over(base, np.linalg.eigh(BT * np.outer(self.sw, self.sw)), (0.0,))
         if len(age_weights) > 1 and self.top is not None:
             self.over(*self.top, age_weights[1:])
 
@@ -314,23 +314,20 @@ class _Search:
         self.best.mean += shift
         self.loo_pred = self.loo_pred + shift
 
-    def over(self, base: dict, BT: np.ndarray, eig, age_weights) -> None:
-        """Every (age weight, lam, length weight) on one base kernel matrix, from one
-        eigendecomposition of it (``eig``: already made, or None)."""
+    def over(self, base: dict, eig, age_weights) -> None:
+        """Every (age weight, lam, length weight) on one base kernel, from its
+        eigendecomposition ``eig`` (of the sqrt(w)-scaled matrix)."""
         sw = self.sw
-        if eig is None:
-            eig = np.linalg.eigh(BT * np.outer(sw, sw))
         for mse, lam, g, ga, m_y, loo, nll in loo_candidates(
-                None, self.ym, sw * self.len_feat, self.wsum, self.length_weights,
-                self.sigma2, sw * self.age_feat, age_weights, eig):
+                eig, self.ym, sw * self.len_feat, self.wsum, self.length_weights,
+                self.sigma2, sw * self.age_feat, age_weights):
             crit = mse if self.sigma2 is None else nll
             if ga == 0.0 and crit < self.top_crit:
-                self.top, self.top_crit = (base, BT, eig), crit
+                self.top, self.top_crit = (base, eig), crit
             if crit < self.crit:
                 self.best = Fitted(lam=lam, length_weight=g, loo_mse=mse, alpha=sw * m_y,
                                    age_weight=ga, **self.fields, **base)
                 self.loo_pred, self.crit = self.y_raw - loo / sw, crit
-
 
 def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=(),
                   columns=None):

@@ -62,7 +62,8 @@ def test_closed_form_loo_matches_refitting():
     l = rng.normal(size=n)
     mean = float(w @ y / w.sum())
     sw = np.sqrt(w)
-    cands = loo_candidates(K * np.outer(sw, sw), sw * (y - mean), sw * l, w.sum(), LENGTH_WEIGHTS)
+    cands = loo_candidates(np.linalg.eigh(K * np.outer(sw, sw)), sw * (y - mean), sw * l,
+                           w.sum(), LENGTH_WEIGHTS)
     assert len(cands) == len(LAMBDA_GRID) * len(LENGTH_WEIGHTS)
     for mse, lam, g, *_ in cands[::4]:
         assert mse == pytest.approx(brute_loo(K, y, w, mean, lam, g, l), rel=1e-6)
@@ -764,13 +765,13 @@ def test_the_evidence_is_the_gaussian_process_likelihood_of_the_scores():
         sign, logdet = np.linalg.slogdet(C)
         return 0.5 * (yt @ np.linalg.solve(C, yt) + logdet) / n
 
-    for mse, lam, g, _, m_y, loo, nll in loo_candidates(K, yt, u, float(n), (0.0, 1.0),
-                                                          sigma2):
+    eig = np.linalg.eigh(K)
+    for mse, lam, g, _, m_y, loo, nll in loo_candidates(eig, yt, u, float(n), (0.0, 1.0), sigma2):
         C = sigma2 / lam * (K + g * g * np.outer(u, u)) + sigma2 * np.eye(n)
         assert nll == pytest.approx(direct(C), rel=1e-9, abs=1e-9)
     assert neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n) == pytest.approx(
         direct(sigma2 * np.eye(n)))
-    assert all(np.isnan(c[-1]) for c in loo_candidates(K, yt, u, float(n), (0.0,)))
+    assert all(np.isnan(c[-1]) for c in loo_candidates(eig, yt, u, float(n), (0.0,)))
 
 
 def test_the_age_and_length_terms_cost_no_eigendecomposition_of_their_own():
@@ -782,8 +783,8 @@ def test_the_age_and_length_terms_cost_no_eigendecomposition_of_their_own():
     n, sigma2 = 14, 0.02
     A = rng.normal(size=(n, 4))
     K, u, a, yt = A @ A.T / 4, rng.normal(size=n), rng.normal(size=n), rng.normal(0, 0.3, n)
-    cands = loo_candidates(None, yt, u, float(n), (0.0, 0.3, 1.0), sigma2, a, (0.0, 1.0, 3.0),
-                           eig=np.linalg.eigh(K))
+    cands = loo_candidates(np.linalg.eigh(K), yt, u, float(n), (0.0, 0.3, 1.0), sigma2, a,
+                           (0.0, 1.0, 3.0))
     assert len(cands) == 3 * len(LAMBDA_GRID) * 3
     assert [c[3] for c in cands[::len(LAMBDA_GRID) * 3]] == [0.0, 1.0, 3.0]
     for mse, lam, g, ga, m_y, loo, nll in cands[::5]:
