@@ -229,7 +229,7 @@ class EmbeddedPrior(PriorBackend):
         self._fits: dict[str, Fitted] = {}  # per link, once per context
         # per link: (the view chosen at its last full search, NO_VIEW for the constant model;
         # the window it was chosen on)
-        self._chosen: dict[str, tuple[str, frozenset] | None] = {}
+        self._chosen: dict[str, tuple[str, frozenset]] = {}
         self._id_of: dict[str, int] = {}
         self._surface_sd = np.ones(3 * SURFACE_NUMBERS + 2)
         self.fit_s = 0.0
