@@ -82,6 +82,15 @@ class Spec:
     def answer(self) -> int:
         return (self.x + (self.k * self.d if self.op == "+" else -self.k * self.d)) % MODULUS
 
+    @property
+    def carries(self) -> int:
+        """How many of its steps carry (``+``) or borrow (``-``) in the units column."""
+        a, n = self.x, 0
+        for _ in range(self.k):
+            n += _carries(a, self.op, self.d)
+            a = _step(a, self.op, self.d)
+        return n
+
 
 def parse_prompt(prompt: str) -> Spec:
     m = _PROMPT_RE.fullmatch(prompt)

@@ -35,9 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.prior_truth.analysis import (context_at, error_stats, in_sample_fit,
-                                        level_mean_predictor, level_window_predictor,
-                                        observations, own_history_predictor, published_at,
-                                        reliability, repeats_block)
+                                        level_cv_predictor, level_mean_predictor,
+                                        level_window_predictor, observations,
+                                        own_history_predictor, published_at, reliability,
+                                        repeats_block)
+from bench.prior_truth.bounds import cross_validated_bound, generator_variables
+from bench.prior_truth.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -47,39 +50,6 @@ TASK_RUNS = {"stepwise": ("v05.yaml", []),
                                          "generators.engine.max_model_len=64"]),
              "word_arithmetic": ("configs/smollm2-135m.yaml", ["run.max_train_s=null"])}
 SNAPSHOTS = ("start", "middle", "end")
-# Prior variants measured on the same contexts and truth as the shipped backend: options
-# merged over the run's prior.options.
-VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
-            "drift_lead0": {"drift": True, "lead": 0.0},
-            "drift_lead1": {"drift": True, "lead": 1.0},
-            "drift_lead2": {"drift": True, "lead": 2.0},
-            "drift_lead1_halflife16": {"drift": True, "lead": 1.0, "halflife": 16.0},
-            "halflife4": {"halflife": 4.0},
-            # the prior before issue 29: the sentence embedding alone, no same-prompt term
-            "embedding_only": {"views": ["embedding"], "same_prompt": False, "select": "loo"},
-            # the prior of 2026-12-03: no surface view, every score weighed alike
-            "no_surface_unweighted": {"views": ["embedding", "ngram", "both"],
-                                      "weigh_rollouts": False, "select": "loo",
-                                      "link": "identity"},
-            "no_surface": {"views": ["embedding", "ngram", "both"]},
-            "unweighted": {"weigh_rollouts": False},
-            # each score weighed by its inverse variance about the window, not its count
-            "variance_weighted": {"weigh_rollouts": "variance"},
-            # the kernel model chosen by leave-one-out error, not by its evidence
-            "loo": {"select": "loo"},
-            # every column of the surface view, none chosen
-            "all_columns": {"columns": "all"},
-            # the prior until 2026-12-05: leave-one-out, every surface column (the runs
-            # measured here were made with it: their --run-variant)
-            "until_2026_12_05": {"select": "loo", "columns": "all", "link": "identity"},
-            # a radial-basis kernel offered beside the linear one (one more eigh per view)
-            "rbf": {"kernels": ["linear", "rbf"]},
-            # a recurring prompt's history at face value only, not as its offset from the
-            # model (the prior before the offset form)
-            "history_level": {"same_prompt": "level"},
-            # the fit on the probabilities alone (the prior until 2026-12-05, evening: the
-            # runs of that day were made with it), on the scores' empirical logits alone
-            "identity_link": {"link": "identity"}, "logit_link": {"link": "logit"}}
 
 
 def log(msg: str) -> None:
@@ -203,6 +173,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
         entry["level_window_error_sd_noise_removed"] = lw["error_sd_noise_removed"]
         entry["surface_in_sample"] = error_stats(in_sample_fit(surface_features(texts), truth),
                                                  truth, samples)
+        entry.update(truth_bounds(task_name, texts, levels, truth, samples))
         if recurring:  # what each prompt's own window history says alone
             entry["own_history_predictor"] = error_stats(own_history_predictor(texts, ctx),
                                                          truth, samples)
@@ -223,7 +194,7 @@ def measure_task(task_name: str, run_dir: Path, per_level: int, samples: int,
         entry["online"]["offline_variant"] = run_variant
         entry["points"] = {"truth": truth.round(4).tolist(),
                            "p": [round(float(x), 4) for x in preds["shipped"]],
-                           "level": levels.tolist()}
+                           "level": levels.tolist(), "prompts": texts}
         log(f"  truth {truth.mean():.3f} (sd {entry['truth_sd']:.3f}, noise "
             f"{shipped['truth_noise_sd']:.3f}); " + "; ".join(
                 f"{v}: sd {s['error_sd']:.3f} (noise removed {s['error_sd_noise_removed']:.3f})"
@@ -360,6 +331,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def truth_bounds(task_name: str, texts: list[str], levels: np.ndarray, truth: np.ndarray,
+                 samples: int) -> dict:
+    """The fits to the truth itself that a snapshot's aims are read against (bounds.py): the
+    level-told predictor out of fold and, for a task with a generator to read, the truth's
+    cross-validated fit on the generator's own variables."""
+    out = {"level_cv_predictor": error_stats(level_cv_predictor(truth, levels), truth, samples)}
+    gen = generator_variables(task_name, texts, levels)
+    if gen is not None:
+        out["generator_bound"] = {"variables": gen[0],
+                                  **cross_validated_bound(gen[1], truth, samples)}
+    return out
+
+
 def with_repeats(per_run: list[list[dict]], run_dirs: list[Path]) -> list[dict]:
     """The headline run's snapshot entries, each with ``repeats`` (analysis.repeats_block)
     over every run's snapshot of the same name when there is more than one run."""
@@ -370,7 +354,10 @@ def with_repeats(per_run: list[list[dict]], run_dirs: list[Path]) -> list[dict]:
             entry["repeats"] = repeats_block(
                 [e["points"] for e in same], entry["samples_per_prompt"], run_dirs,
                 {v: [e["variants"][v]["error_sd_noise_removed"] for e in same]
-                 for v in entry["variants"]})
+                 for v in entry["variants"]},
+                {f"generator_{k}": [e["generator_bound"][k] for e in same]
+                 for k in ("error_sd_noise_removed", "spearman")
+                 if all("generator_bound" in e for e in same)})
     return head
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+FOLDS = 10  # the out-of-fold fits of the truth (level_cv_predictor, bounds.py)
+
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     """Rank correlation (average ranks for ties)."""
@@ -69,6 +71,25 @@ def level_mean_predictor(truth: np.ndarray, levels: np.ndarray) -> np.ndarray:
     return out
 
 
+def folds_of(n: int, folds: int = FOLDS) -> np.ndarray:
+    """Fold of each prompt: interleaved, so that prompts listed level by level spread every
+    level over every fold."""
+    return np.arange(n) % folds
+
+
+def level_cv_predictor(truth, levels, folds: int = FOLDS) -> np.ndarray:
+    """Each prompt predicted by its level's mean truth over the other folds (the other folds'
+    mean where they hold none of its level): the level-told predictor out of sample."""
+    t, lv = np.asarray(truth, dtype=float), np.asarray(levels)
+    fold, out = folds_of(len(t), folds), np.empty(len(t))
+    for f in range(folds):
+        train, test = fold != f, fold == f
+        for i in np.flatnonzero(test):
+            same = train & (lv == lv[i])
+            out[i] = t[same].mean() if same.any() else t[train].mean()
+    return out
+
+
 def mean_se(values) -> dict:
     """{"values", "mean", "se"} of per-run figures (se: the sample sd over sqrt(n); None for
     one run)."""
@@ -78,19 +99,24 @@ def mean_se(values) -> dict:
 
 
 def repeats_block(points: list[dict], samples: int, run_dirs: list[str],
-                  variants: dict[str, list[float]] | None = None) -> dict:
+                  variants: dict[str, list[float]] | None = None,
+                  bounds: dict[str, list[float]] | None = None) -> dict:
     """One snapshot of R runs of a task (``points``: each run's {truth, p, level} on its own
     query prompts, ``samples`` per truth): per run and over the runs (mean, standard error),
     the prior's error sd with the truth's noise removed, the level-told predictor's, the prior
     minus the level-told (below 0: the prior predicts better), and both rank correlations;
     ``variants``: {name: each run's error sd (noise removed)} of the prior's variants, read
-    the same way. A run's figures move with its training (its snapshots differ), so an aim is
-    read over runs."""
-    prior, level = [], []
+    the same way; ``bounds``: {name: each run's figure} of the fits to the truth itself that
+    bounds.py makes, read the same way (with the level-told predictor out of fold, made here
+    from the points: ``level_cv_predictor``). A run's figures move with its training (its
+    snapshots differ), so an aim is read over runs."""
+
+    prior, level, level_cv = [], [], []
     for pt in points:
         t, lv = np.asarray(pt["truth"], dtype=float), np.asarray(pt["level"])
         prior.append(error_stats(np.asarray(pt["p"], dtype=float), t, samples))
         level.append(error_stats(level_mean_predictor(t, lv), t, samples))
+        level_cv.append(error_stats(level_cv_predictor(t, lv), t, samples))
     key = "error_sd_noise_removed"
     return {"runs": len(points), "run_dirs": [str(d) for d in run_dirs],
             "error_sd_noise_removed": mean_se(e[key] for e in prior),
@@ -99,6 +125,8 @@ def repeats_block(points: list[dict], samples: int, run_dirs: list[str],
             "spearman": mean_se(e["spearman"] for e in prior),
             "level_spearman": mean_se(e["spearman"] for e in level),
             "correlation_ceiling": mean_se(e["correlation_ceiling"] for e in prior),
+            "level_cv_error_sd_noise_removed": mean_se(e[key] for e in level_cv),
+            "bounds": {name: mean_se(v) for name, v in (bounds or {}).items()},
             "variants": {name: {"error_sd_noise_removed": mean_se(errs),
                                 "minus_level": mean_se(a - b[key] for a, b in zip(errs, level))}
                          for name, errs in (variants or {}).items()},

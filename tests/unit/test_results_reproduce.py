@@ -7,7 +7,9 @@ analysis changed without its results being recomputed, fails here.
   ``summary.baselines`` and the budget sweep's ``sweep`` block, from the study's ``runs``;
 - bench/results/prior_truth.json: each snapshot's error figures (the shipped prior and the
   level-mean reference) from its stored points (rounded to 4 decimals when written: the
-  tolerance is that rounding's), and its ``repeats`` block from the points of every run;
+  tolerance is that rounding's), the level-told predictor out of fold and the generator's
+  cross-validated bound refitted on the prompts the points name, and its ``repeats`` block
+  from the points of every run;
 - bench/results/driver_bytes.json: each config's totals from their parts and its batch's
   shape from the config (the bytes themselves need Ray's serializer: measured again on the
   default batch by tests/integration/test_pipeline.py).
@@ -79,7 +81,9 @@ def test_a_learning_result_is_what_its_runs_give(name):
 
 
 def test_the_prior_truth_figures_are_what_their_points_give():
-    from bench.prior_truth.analysis import error_stats, level_mean_predictor, repeats_block
+    from bench.prior_truth.analysis import (error_stats, level_cv_predictor,
+                                            level_mean_predictor, repeats_block)
+    from bench.prior_truth.bounds import cross_validated_bound, generator_variables
 
     res = json.loads((RESULTS / "prior_truth.json").read_text())
     assert res["snapshots"]
@@ -94,15 +98,34 @@ def test_the_prior_truth_figures_are_what_their_points_give():
         assert s["level_mean_predictor"]["error_sd_noise_removed"] == pytest.approx(
             lm["error_sd_noise_removed"], abs=2e-4)
         assert s["truth_mean"] == pytest.approx(truth.mean(), abs=1e-4)
+        if "level_cv_predictor" in s:
+            cv = error_stats(level_cv_predictor(truth, level), truth, n)
+            assert s["level_cv_predictor"]["error_sd_noise_removed"] == pytest.approx(
+                cv["error_sd_noise_removed"], abs=2e-4)
+        if "generator_bound" in s:  # refitted on the prompts the points name
+            names, F = generator_variables(s["task"], pts["prompts"], level)
+            again = cross_validated_bound(F, truth, n)
+            assert names == s["generator_bound"]["variables"]
+            for k in ("error_sd_noise_removed", "spearman"):
+                assert s["generator_bound"][k] == pytest.approx(again[k], abs=2e-4), k
         if "repeats" in s:  # the runs' figures, from each run's points (the first: these)
             rep = s["repeats"]
             assert rep["points"][0] == pts and rep["runs"] == len(rep["points"]) > 1
             again = repeats_block(rep["points"], n, rep["run_dirs"])
+            k_cv = "level_cv_error_sd_noise_removed"
             for k in ("error_sd_noise_removed", "level_error_sd_noise_removed",
-                      "prior_minus_level", "spearman", "level_spearman"):
+                      "prior_minus_level", "spearman", "level_spearman",
+                      *(["level_cv_error_sd_noise_removed"] if k_cv in rep else [])):
                 assert rep[k]["values"] == pytest.approx(again[k]["values"], abs=1e-9), k
                 assert (rep[k]["mean"], rep[k]["se"]) == pytest.approx(
                     (again[k]["mean"], again[k]["se"]), abs=1e-9), k
+            for name, got in rep.get("bounds", {}).items():  # each run's, from its prompts
+                k = name.removeprefix("generator_")
+                refit = [cross_validated_bound(generator_variables(s["task"], pt["prompts"],
+                                                                   pt["level"])[1],
+                                               np.array(pt["truth"]), n)[k]
+                         for pt in rep["points"]]
+                assert got["values"] == pytest.approx(refit, abs=2e-4), name
             if "shipped" in rep.get("variants", {}):  # its variant figures: the same prior's
                 assert rep["variants"]["shipped"]["error_sd_noise_removed"]["values"] == \
                     pytest.approx(rep["error_sd_noise_removed"]["values"], abs=2e-4)
