@@ -142,8 +142,8 @@ class EmbeddedPrior(PriorBackend):
     model, whichever predicts better: history.py; "level": as its level only, as before the
     offset form; False: never),
     ``weigh_rollouts`` (weigh each score by the rollouts behind it, when the context says:
-    True or "count", by its count; "variance", by its inverse variance about the window;
-    False: alike; weights.py),
+    "variance" (the default), by its inverse variance about the window; True or "count", by
+    its count; False: alike; weights.py),
     ``select`` (how the kernel model is chosen: "evidence" (the default), by its
     Gaussian-process evidence with the scores' sampling noise known from the rollouts behind
     them (weights.sampling_noise; leave-one-out when the context does not say); "loo", by
@@ -172,7 +172,7 @@ class EmbeddedPrior(PriorBackend):
                  batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None,
                  kernels: Sequence[str] = ("linear",), drift: bool = True,
                  lead: float = 1.0, views: Sequence[str] = VIEWS, same_prompt: bool | str = True,
-                 reselect: float = 0.25, weigh_rollouts: bool | str = True,
+                 reselect: float = 0.25, weigh_rollouts: bool | str = "variance",
                  select: str = "evidence", columns: str = "selected", link: str = "average",
                  encoder=None):
         self.halflife = check_halflife(halflife)

@@ -5,13 +5,13 @@ and the rollouts behind its score.
 With ``counts`` (N,), the rollouts behind each score (a rate of k rollouts has
 variance p (1 - p) / k about its prompt's own rate), a score weighs its recency weight times
 its rollout weight: in the mean, the fit and the leave-one-out criterion, not in T. By
-``weighting="count"`` (the default) that is its count over the window's mean; by
-``"variance"`` (``score_weights``), the inverse of the score's variance about the window's
-mean, tau^2 + p (1 - p) / k, where tau^2, the spread of the prompts' own rates, is the
-window's variance less its sampling noise: a score of 16 rollouts then outweighs one of 4 by
-less than 4x when prompts differ more than their samples do. Measured side by side in
-bench.prior_truth (variant ``variance_weighted``); not better where measured, so not the
-default. A prompt's own history (history.py) counts its earlier scores by their rollouts.
+``weighting="count"`` that is its count over the window's mean; by ``"variance"``
+(``score_weights``; the embedded prior's default), the inverse of the score's variance about
+the window's mean, tau^2 + p (1 - p) / k, where tau^2, the spread of the prompts' own rates,
+is the window's variance less its sampling noise: a score of 16 rollouts then outweighs one
+of 4 by less than 4x when prompts differ more than their samples do. Measured side by side
+in bench.prior_truth (variant ``count_weighted``, docs/prior.md item 10). A prompt's own
+history (history.py) counts its earlier scores by their rollouts.
 """
 from __future__ import annotations
 

@@ -15,20 +15,24 @@ VARIANTS = {"shipped": {}, "no_drift": {"drift": False},
                                       "link": "identity"},
             "no_surface": {"views": ["embedding", "ngram", "both"]},
             "unweighted": {"weigh_rollouts": False},
-            # each score weighed by its inverse variance about the window, not its count
-            "variance_weighted": {"weigh_rollouts": "variance"},
+            # each score weighed by its count, not its inverse variance about the window
+            # (the default until 2026-12-05, night)
+            "count_weighted": {"weigh_rollouts": "count"},
             # the kernel model chosen by leave-one-out error, not by its evidence
             "loo": {"select": "loo"},
             # every column of the surface view, none chosen
             "all_columns": {"columns": "all"},
             # the prior until 2026-12-05: leave-one-out, every surface column (the runs
             # measured here were made with it: their --run-variant)
-            "until_2026_12_05": {"select": "loo", "columns": "all", "link": "identity"},
+            "until_2026_12_05": {"select": "loo", "columns": "all", "link": "identity",
+                                 "weigh_rollouts": "count"},
             # a radial-basis kernel offered beside the linear one (one more eigh per view)
             "rbf": {"kernels": ["linear", "rbf"]},
             # a recurring prompt's history at face value only, not as its offset from the
             # model (the prior before the offset form)
             "history_level": {"same_prompt": "level"},
-            # the fit on the probabilities alone (the prior until 2026-12-05, evening: the
-            # runs of that day were made with it), on the scores' empirical logits alone
-            "identity_link": {"link": "identity"}, "logit_link": {"link": "logit"}}
+            # the prior until 2026-12-05, evening (the runs of that day were made with it):
+            # the fit on the probabilities alone, each score weighed by its count
+            "identity_link": {"link": "identity", "weigh_rollouts": "count"},
+            # the fit on the probabilities alone, on the scores' empirical logits alone
+            "probability_scale": {"link": "identity"}, "logit_link": {"link": "logit"}}

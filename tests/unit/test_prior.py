@@ -716,6 +716,32 @@ def test_a_score_counts_by_the_rollouts_behind_it():
         fit_context(X, scores, counts=np.zeros(8))
 
 
+def test_the_embedded_prior_weighs_a_score_by_its_inverse_variance_by_default():
+    """The backend's default (``weigh_rollouts: variance``): where the text says nothing, its
+    answer is the window's mean with each score weighed by 1 / (tau^2 + p (1 - p) / k), not
+    by its count (True or "count") nor alike (False)."""
+    from actors.priors.base import Context
+    from actors.priors.embedded import EmbeddedPrior
+
+    prompts = tuple(f"q{c}" for c in "abcdefgh")      # alike but for one letter
+    scores = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    counts = np.array([16, 16, 16, 16, 1, 1, 1, 1])
+    tau2 = 0.25 - (0.25 / 16 + 0.25) / 2
+    w16, w1 = 1 / (tau2 + 0.25 / 16), 1 / (tau2 + 0.25)
+
+    def answer(**weighing) -> float:
+        prior = EmbeddedPrior(encoder=NoiseEncoder(), views=("surface",), same_prompt=False,
+                              halflife=None, drift=False, link="identity", prior_strength=0.0,
+                              use_length=False, **weighing)
+        prior.set_context(Context(prompts, scores, np.zeros(8), counts))
+        return float(prior.predict(["qz"])[0])
+
+    assert answer() == pytest.approx(w16 / (w16 + w1))
+    assert answer(weigh_rollouts="count") == pytest.approx(64 / 68)
+    assert answer(weigh_rollouts=True) == pytest.approx(64 / 68)
+    assert answer(weigh_rollouts=False) == pytest.approx(0.5)
+
+
 def test_scores_weigh_by_their_inverse_variance_about_the_window():
     """score_weights: 1 / (tau^2 + p (1 - p) / k): the counts' own ratio when the scores vary
     no more than their sampling does, flatter the more the prompts themselves differ."""

@@ -104,7 +104,7 @@ def test_the_prior_truth_figures_are_what_their_points_give():
                 cv["error_sd_noise_removed"], abs=2e-4)
         if "generator_bound" in s:  # refitted on the prompts the points name
             names, F = generator_variables(s["task"], pts["prompts"], level)
-            again = cross_validated_bound(F, truth, n)
+            again = cross_validated_bound(F, exact(truth, n), n)
             assert names == s["generator_bound"]["variables"]
             for k in ("error_sd_noise_removed", "spearman"):
                 assert s["generator_bound"][k] == pytest.approx(again[k], abs=2e-4), k
@@ -123,12 +123,18 @@ def test_the_prior_truth_figures_are_what_their_points_give():
                 k = name.removeprefix("generator_")
                 refit = [cross_validated_bound(generator_variables(s["task"], pt["prompts"],
                                                                    pt["level"])[1],
-                                               np.array(pt["truth"]), n)[k]
+                                               exact(np.array(pt["truth"]), n), n)[k]
                          for pt in rep["points"]]
                 assert got["values"] == pytest.approx(refit, abs=2e-4), name
             if "shipped" in rep.get("variants", {}):  # its variant figures: the same prior's
                 assert rep["variants"]["shipped"]["error_sd_noise_removed"]["values"] == \
                     pytest.approx(rep["error_sd_noise_removed"]["values"], abs=2e-4)
+
+
+def exact(truth: np.ndarray, n: int) -> np.ndarray:
+    """A truth written to 4 decimals, back to its exact c / n (c correct of n samples): a
+    fit's best-of-grid rank correlation can move by 1e-3 on the rounded one."""
+    return np.round(truth * n) / n
 
 
 def test_the_driver_bytes_figures_add_up_at_each_configs_batch():
