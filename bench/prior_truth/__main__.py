@@ -355,10 +355,20 @@ def with_repeats(per_run: list[list[dict]], run_dirs: list[Path]) -> list[dict]:
                 [e["points"] for e in same], entry["samples_per_prompt"], run_dirs,
                 {v: [e["variants"][v]["error_sd_noise_removed"] for e in same]
                  for v in entry["variants"]},
-                {f"generator_{k}": [e["generator_bound"][k] for e in same]
-                 for k in ("error_sd_noise_removed", "spearman")
-                 if all("generator_bound" in e for e in same)})
+                window_and_truth_bounds(same))
     return head
+
+
+def window_and_truth_bounds(same: list[dict]) -> dict[str, list[float]]:
+    """Each run's figures of the fits that bound the prior at one snapshot, for ``repeats``:
+    the level told, its means learned from the window (``level_window_predictor``), and the
+    truth fitted on the generator's variables (``generator_bound``) where the task has one."""
+    out = {"level_window_error_sd_noise_removed":
+           [e["level_window_error_sd_noise_removed"] for e in same]}
+    if all("generator_bound" in e for e in same):
+        out |= {f"generator_{k}": [e["generator_bound"][k] for e in same]
+                for k in ("error_sd_noise_removed", "spearman")}
+    return out
 
 
 def made_by(old_run: dict, run_dir: Path) -> dict:

@@ -335,7 +335,8 @@ def test_repeats_are_made_with_their_own_seed_and_name(tmp_path, monkeypatch):
     assert not any(a.startswith("run.seed=") for a in cmds[0]) and "run.seed=2" in cmds[1]
     entry = lambda name, p: {"snapshot": name, "samples_per_prompt": 4,  # noqa: E731
                              "points": {"truth": [0.25, 0.5, 1.0], "p": p, "level": [1, 1, 2]},
-                             "variants": {"v": {"error_sd_noise_removed": p[0]}}}
+                             "variants": {"v": {"error_sd_noise_removed": p[0]}},
+                             "level_window_error_sd_noise_removed": p[1]}
     runs = [[entry("start", [0.2, 0.6, 0.9]), entry("end", [0.3, 0.5, 0.9])],
             [entry("end", [0.1, 0.4, 0.8]), entry("start", [0.3, 0.5, 0.9])]]
     head = pt.with_repeats(runs, dirs)
@@ -343,4 +344,7 @@ def test_repeats_are_made_with_their_own_seed_and_name(tmp_path, monkeypatch):
     assert [e["repeats"]["points"][1]["p"] for e in head] == [[0.3, 0.5, 0.9], [0.1, 0.4, 0.8]]
     assert [e["repeats"]["variants"]["v"]["error_sd_noise_removed"]["values"] for e in head] \
         == [[0.2, 0.3], [0.3, 0.1]]  # each run's own snapshot of the same name
+    assert [e["repeats"]["bounds"]["level_window_error_sd_noise_removed"]["values"]
+            for e in head] == [[0.6, 0.5], [0.5, 0.4]]
+    assert not any(k.startswith("generator_") for k in head[0]["repeats"]["bounds"])
     assert "repeats" not in pt.with_repeats([[entry("end", [0.1, 0.2, 0.3])]], dirs[:1])[0]
