@@ -299,9 +299,12 @@ def pinned(studies: dict, key: str, baseline_studies: bool) -> dict:
 
 
 def plot_stem(out: dict, path: Path) -> Path:
-    """learning.png for the controlled study, learning_baselines.png for the baseline one."""
-    return path.with_name(path.stem + "_baselines") if is_baselines(out) else \
-        path.with_suffix("")
+    """learning.png for the controlled study, learning_baselines.png for the baseline one, at
+    the warm start; another start's plots name it (learning_weak.png,
+    learning_weak_baselines.png), so that one file's studies of two starts keep a plot each."""
+    start = out.get("config", {}).get("start", "warm")
+    return path.with_name(path.stem + ("" if start == "warm" else f"_{start}")
+                          + ("_baselines" if is_baselines(out) else ""))
 
 
 def kept_runs(path: Path, st: Settings, baselines_study: bool) -> dict:

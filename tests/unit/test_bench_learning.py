@@ -291,6 +291,17 @@ def test_merge_from_folds_a_separate_study_file_in_unchanged(tmp_path):
     assert got["summary"]["baselines"] == {"warm": {"z": 1}}
     assert got["summary"]["controlled"] == {"warm": {"x": 1}}
     assert (tmp_path / "learning_baselines.png").is_file()
+    # another start's baseline study keeps its own plot: the warm one's is not overwritten
+    before = (tmp_path / "learning_baselines.png").read_bytes()
+    study["config"]["start"] = "weak"
+    study["summary"]["baselines"] = {"weak": {"z": 2}}
+    (tmp_path / "b.json").write_text(json.dumps(study))
+    assert main(["--merge-from", str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "learning.json")]) == 0
+    assert (tmp_path / "learning_weak_baselines.png").is_file()
+    assert (tmp_path / "learning_baselines.png").read_bytes() == before
+    got = json.loads((tmp_path / "learning.json").read_text())
+    assert got["summary"]["baselines"] == {"warm": {"z": 1}, "weak": {"z": 2}}
 
 
 def test_versus_puts_a_variant_in_v05s_place_and_refuses_unlike_studies(tmp_path):
