@@ -329,6 +329,7 @@ class _Search:
                                    age_weight=ga, **self.fields, **base)
                 self.loo_pred, self.crit = self.y_raw - loo / sw, crit
 
+
 def _base_kernels(views: dict, kernels, wn: np.ndarray, T: np.ndarray | None, undecayed=(),
                   columns=None):
     """Every candidate base kernel of the context, time-decayed (but the ``undecayed`` views'):

@@ -110,7 +110,6 @@ def repeats_block(points: list[dict], samples: int, run_dirs: list[str],
     bounds.py makes, read the same way (with the level-told predictor out of fold, made here
     from the points: ``level_cv_predictor``). A run's figures move with its training (its
     snapshots differ), so an aim is read over runs."""
-
     prior, level, level_cv = [], [], []
     for pt in points:
         t, lv = np.asarray(pt["truth"], dtype=float), np.asarray(pt["level"])

@@ -16,10 +16,13 @@ holds 4-16 rollouts a score.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
 from bench.prior_truth.analysis import FOLDS, error_stats, folds_of
+from tasks import arithmetic as ar
+from tasks import stepwise as sw
 
 RIDGE_GRID = tuple(float(x) for x in np.logspace(-3, 2, 11))  # per training prompt
 SCALES = ("probability", "logit")
@@ -38,24 +41,21 @@ def generator_variables(task: str, prompts: list[str], levels
 
 
 def _stepwise(prompt: str, level: int) -> dict:
-    from tasks import stepwise as sw
-
     s = sw.parse_prompt(prompt)
+    carries = s.carries
     row = {f"level{v}": float(level == v) for v in sw.LEVELS}
     row |= {f"steps_at_level{v}": s.k * float(level == v) for v in sw.LEVELS}
     row |= {f"step_size{d}": float(s.d == d) for d in sw.STEP_SIZES}
     row |= {f"start_units{u}": float(s.x % 10 == u) for u in range(10)}
-    return row | {"minus": float(s.op == "-"), "carries": float(s.carries),
-                  "carry_share": s.carries / s.k}
+    return row | {"minus": float(s.op == "-"), "carries": float(carries),
+                  "carry_share": carries / s.k}
 
 
 def _arithmetic(prompt: str, level: int) -> dict:
-    from tasks import arithmetic as ar
-
     expr = prompt.rstrip("=")
     value = ar.evaluate(expr)
-    ops = [c for c in expr if c in "+-*"]
-    numbers = [int(x) for x in expr.replace("*", " ").replace("+", " ").replace("-", " ").split()]
+    ops = re.findall(r"[+\-*]", expr)
+    numbers = [int(x) for x in re.findall(r"\d+", expr)]
     row = {f"level{v}": float(level == v) for v in ar.LEVELS}
     return row | {"negative": float(value < 0), "two_digits": float(abs(value) >= 10),
                   "three_digits": float(abs(value) >= 100), "log_value": math.log1p(abs(value)),
