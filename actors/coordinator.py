@@ -86,7 +86,11 @@ class Coordinator:
         self.sampling = cfg.sampling
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.sched = Scheduler(cfg.sched, estimator, len(self.pool), cfg.version, clock=time.time)
-        self.needs_prior = estimator.needs_prior
+        sel = self.sched.selector
+        # The prior is asked before admission when the estimator reads it or selection does
+        self.needs_prior = estimator.needs_prior or (sel is not None and sel.needs_scores)
+        self._said_unscored = False  # "admission falls back to the data order": said once
+        self.notes: list[str] = []   # to say once on the run's console (next batch carries)
         self.learner_ranks = cfg.learner_ranks
         self.prior_pending_since: float | None = None
         self.failures = Counter()        # uid -> engine errors
@@ -119,8 +123,10 @@ class Coordinator:
             await self._wake.wait()
         self._kick()
         dropped, self.sched.dropped = self.sched.dropped, []
+        notes, self.notes = self.notes, []
         return hand_over(prompts, self.sched.version, self.sched.in_flight(), dropped,
-                         self.learner_ranks)
+                         self.learner_ranks, generated=self.sched.counts["rollouts_dispatched"],
+                         notes=notes)
 
     async def set_version(self, version: int, payload=None) -> None:
         """Learner published ``version`` (every live generator loaded it)."""
@@ -267,6 +273,9 @@ class Coordinator:
         in a run resumed from a checkpoint, so "trained once" can be checked by uid."""
         try:
             while not self._stopped and (n := self.sched.room()) > 0:
+                if self.sched.selector is not None:
+                    await self._admit_selected()
+                    continue
                 start = self._drawing_from = self.sampler.position
                 problems = self.sampler.next(n)
                 priors = await self._priors(problems)  # a snapshot may be taken meanwhile
@@ -281,6 +290,24 @@ class Coordinator:
                                              uids=[f"s{start + i}" for i in range(m)]))
         finally:
             self._admitting = False
+
+    async def _admit_selected(self) -> None:
+        """Admission by selection (``actors.scheduler.selection``): fill the candidate window
+        from the stream, have every waiting candidate scored in one call, and admit what the
+        scheduler chooses. The window is part of the checkpoint, so nothing drawn is lost."""
+        s = self.sched
+        start, n = self.sampler.position, s.to_draw()
+        s.offer(self.sampler.next(n), [f"s{start + i}" for i in range(n)])
+        if self.needs_prior:
+            priors = await self._priors(s.waiting())  # nothing else changes the window meanwhile
+            if self._stopped:
+                return
+            s.score(priors)
+            if any(p is None for p in priors) and not self._said_unscored:
+                self._said_unscored = True
+                self.notes.append("the prior did not answer: admission falls back to the data "
+                                  "order meanwhile (counted: summary.json selection_fallbacks)")
+        self._apply(s.admit_selected())
 
     async def _priors(self, problems) -> list:
         if not self.needs_prior:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import random
 
+import numpy as np
+
 from actors.scheduler import PromptInFlight
 from actors.scheduler.messages import Dispatch
 from common.sharding import make_shards
 from common.types import (PromptRecord, Rollout, RolloutRequest, SamplingConfig, TrainBatch,
                           TrainSample)
 from estimator.core import reward_to_prob
+from estimator.registry import batch_group
 
 
 class PromptSampler:
@@ -73,11 +76,13 @@ def success_rate(pif: PromptInFlight, rewards: tuple[float, float]) -> float:
     return float(reward_to_prob(pif.state.vbar, rewards))
 
 
-def train_samples(pif: PromptInFlight) -> list[TrainSample]:
+def train_samples(pif: PromptInFlight, adv=None) -> list[TrainSample]:
     """One TrainSample per trained rollout (``pif.trained``: all observed ones, but those the
     oracle holds out and those a full batch trimmed), the first by index; advantages from
-    the estimator state, which saw every rollout."""
-    adv = pif.state.advantages()  # (k,) in pif.state.indices() order
+    the estimator state, which saw every rollout (``adv``: given, by a batch-level
+    estimator, in the same order)."""
+    if adv is None:
+        adv = pif.state.advantages()  # (k,) in pif.state.indices() order
     out = []
     for i, a in list(zip(pif.state.indices(), adv))[:pif.trained]:
         r: Rollout = pif.payloads[i]
@@ -86,11 +91,12 @@ def train_samples(pif: PromptInFlight) -> list[TrainSample]:
     return out
 
 
-def make_record(pif: PromptInFlight) -> PromptRecord:
-    """The run's record of a finished prompt (estimator evaluated once)."""
+def make_record(pif: PromptInFlight, baseline: float | None = None) -> PromptRecord:
+    """The run's record of a finished prompt (estimator evaluated once; ``baseline``: given
+    by a batch-level estimator, the mean of its responses' baselines)."""
     st = pif.state
-    res = st.result()
-    baseline = float(res.baseline[0])
+    if baseline is None:
+        baseline = float(st.result().baseline[0])
     fused = st.est.needs_prior and not st.fallback
     rs: list[Rollout] = [pif.payloads[i] for i in st.indices()]
     return PromptRecord(
@@ -109,12 +115,30 @@ def make_record(pif: PromptInFlight) -> PromptRecord:
         spans=[(r.generator, r.t_start, r.t_end) for r in rs])
 
 
+def batch_advantages(prompts: list[PromptInFlight]) -> tuple[list, list]:
+    """Each prompt's advantages and baseline when its estimator takes a batch's baselines
+    together (``Estimator.batch_level``: James-Stein), else (None, None) each: the prompt's
+    own state decides."""
+    est = prompts[0].state.est if prompts else None
+    if est is None or not est.batch_level or len(prompts) < 2:
+        return [None] * len(prompts), [None] * len(prompts)
+    res = batch_group(est, [p.state.rewards() for p in prompts])
+    rewards = [p.state.rewards() for p in prompts]
+    advs = [res.advantages[i, :len(r)] for i, r in enumerate(rewards)]
+    # the record's baseline: the mean of its responses' (reward minus advantage)
+    return advs, [float(np.mean(r - a)) for r, a in zip(rewards, advs)]
+
+
 def hand_over(prompts: list[PromptInFlight], version: int, inflight: int, dropped: list,
-              learner_ranks: int = 0, put=None) -> TrainBatch:
+              learner_ranks: int = 0, put=None, generated: int = 0,
+              notes: list[str] | None = None) -> TrainBatch:
     """The batch of finished ``prompts``: their records, and their samples split over
     ``learner_ranks`` ranks and ``put`` (default ``ray.put``: the calling actor's object
-    store) one shard each (``common.sharding``), or inline with no ranks given."""
-    samples = [s for p in prompts for s in train_samples(p)]
+    store) one shard each (``common.sharding``), or inline with no ranks given; ``generated``:
+    the rollouts generated for training so far (``TrainBatch.rollouts_generated``); ``notes``:
+    what the coordinator has to say on the run's console."""
+    advs, bases = batch_advantages(prompts)
+    samples = [s for p, a in zip(prompts, advs) for s in train_samples(p, a)]
     shards = None
     if learner_ranks:  # by reference: the driver passes the shards on unread
         if put is None:
@@ -122,6 +146,7 @@ def hand_over(prompts: list[PromptInFlight], version: int, inflight: int, droppe
 
             put = ray.put
         shards, samples = make_shards(samples, learner_ranks, put), []
-    return TrainBatch(records=[make_record(p) for p in prompts], samples=samples,
+    return TrainBatch(records=[make_record(p, b) for p, b in zip(prompts, bases)],
+                      samples=samples,
                       version=version, inflight_prompts=inflight, dropped=dropped,
-                      shards=shards)
+                      shards=shards, rollouts_generated=generated, notes=list(notes or []))

@@ -61,6 +61,12 @@ class Accounting:
     prompts_dropped: int = 0
     drop_reasons: dict = field(default_factory=dict)
     prompts_in_flight_at_end: int = 0
+    # Admission by selection (``algo.select``): prompts_drawn = prompts_admitted +
+    # prompts_deferred + prompts_waiting_at_end (without selection drawn = admitted)
+    prompts_drawn: int = 0
+    prompts_deferred: int = 0
+    prompts_waiting_at_end: int = 0
+    selection_fallbacks: int = 0  # admitted unscored: the prior failed (the data order)
     rollouts_dispatched: int = 0
     rollouts_finished: int = 0
     rollouts_cancelled: int = 0

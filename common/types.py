@@ -134,6 +134,11 @@ class TrainBatch:
     inflight_prompts: int      # admitted, not yet handed, after this hand-over
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (uid, reason) since the last
     shards: object | None = None   # common.sharding.Shards: the samples by reference
+    # Rollouts generated for training so far, this one's included (the scheduler's
+    # rollouts_dispatched: every rollout sent to a generator, trained or not): the cost axis
+    # of equal-rollout comparisons and ``run.max_rollouts``
+    rollouts_generated: int = 0
+    notes: list[str] = field(default_factory=list)  # said once on the run's console
 
     def sample_versions(self) -> list[int]:
         """Each sample's policy version, in the batch's order."""

@@ -135,6 +135,8 @@ class Estimator:
     name = "base"
     needs_prior = False  # the one statement of whether the estimator reads a prior
     adaptive = False     # False: exactly k_init rollouts; True: the budget rule decides
+    batch_level = False  # True: the baselines of a learner batch are taken together
+                         # (``batch_group``); alone, a group gets ``group``'s
     default_scale = False
 
     def __init__(self, cfg: EstimatorConfig | None = None):
@@ -211,6 +213,41 @@ class RLOO(Estimator):
             raise ValueError("rloo needs k >= 2 rewards per group")
         total = np.where(mask, rewards, 0.0).sum(axis=1, keepdims=True)
         return (total - rewards) / (k[:, None] - 1)  # (N, K): one baseline per response
+
+
+class JamesStein(Estimator):
+    """Each response's baseline is its group's leave-one-out mean shrunk toward the mean of
+    the batch's other groups, by a James-Stein factor estimated from the batch itself
+    (arXiv 2511.03710: V0.5's shrinkage without a prior; no std division). Over a batch of N
+    groups (``batch_group``), with s2 the pooled within-group variance (ddof 1) and tau2 the
+    variance of the groups' means less their noise (at least 0):
+
+        lambda_i = tau2 / (tau2 + s2 / (k_i - 1))
+        b_ij     = lambda_i * mean(r_i without r_ij) + (1 - lambda_i) * mean of the other
+                   groups' means
+
+    Leave-one-out on both sides: a response's own reward is in neither mean. A group alone
+    (N = 1: no batch to shrink toward) gets the leave-one-out mean, RLOO's baseline. Where
+    the groups' means do not differ beyond their noise (tau2 = 0), every baseline is the
+    others' mean: a uniform group then still carries signal, as with V0.5's prior."""
+
+    name, batch_level = "james_stein", True
+
+    def baseline(self, rewards, mask, prior, k, mean):
+        if (k < 2).any():
+            raise ValueError("james_stein needs k >= 2 rewards per group")
+        total = np.where(mask, rewards, 0.0).sum(axis=1, keepdims=True)
+        loo = (total - rewards) / (k[:, None] - 1)  # (N, K)
+        n = len(k)
+        if n < 2:
+            return loo
+        s2 = float((np.where(mask, (rewards - mean[:, None]) ** 2, 0.0).sum(axis=1)
+                    / (k - 1)).mean())
+        tau2 = max(0.0, float(np.var(mean, ddof=1)) - s2 * float(np.mean(1.0 / k)))
+        noise = s2 / (k - 1)  # (N,) the variance of a leave-one-out mean
+        lam = np.where(tau2 + noise > 0, tau2 / np.maximum(tau2 + noise, 1e-300), 1.0)
+        others = (mean.sum() - mean) / (n - 1)  # (N,)
+        return lam[:, None] * loo + (1.0 - lam)[:, None] * others[:, None]
 
 
 class DAPO(Estimator):
@@ -293,7 +330,19 @@ class Oracle(Estimator):
 
 
 ESTIMATORS: dict[str, Callable[..., Estimator]] = {
-    cls.name: cls for cls in (GRPO, DrGRPO, RLOO, DAPO, PriorOnly, V05, Oracle)}
+    cls.name: cls for cls in (GRPO, DrGRPO, RLOO, JamesStein, DAPO, PriorOnly, V05, Oracle)}
+
+
+def batch_group(est: Estimator, groups: list[np.ndarray], priors=None) -> GroupResult:
+    """``est.group`` over a batch of groups of any sizes (padded to the largest, masked): the
+    learner batch of a ``batch_level`` estimator, whose baselines depend on every group.
+    ``groups``: each group's rewards (k_i,); the result's rows follow them."""
+    width = max(len(g) for g in groups)
+    rewards = np.zeros((len(groups), width))
+    mask = np.zeros((len(groups), width), bool)
+    for i, g in enumerate(groups):
+        rewards[i, :len(g)], mask[i, :len(g)] = g, True
+    return est.group(rewards, mask, priors)
 
 
 def make_estimator(name: str, **kwargs) -> Estimator:

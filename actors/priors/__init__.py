@@ -30,14 +30,27 @@ def register_prior(name: str, factory: Callable[..., PriorBackend] | str) -> Non
     _REGISTRY[name] = factory
 
 
-def make_prior(name: str, **options) -> PriorBackend:
-    """Build the backend registered as ``name``; unknown names or options raise ValueError."""
+def backend_class(name: str) -> type:
+    """The class (or factory) registered as ``name``, its module imported (none of them
+    imports torch at import time); ValueError for an unknown name."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown prior backend {name!r}; valid: {', '.join(prior_names())}")
     factory = _REGISTRY[name]
     if isinstance(factory, str):
         module, attr = factory.split(":")
         factory = getattr(importlib.import_module(module), attr)
+    return factory
+
+
+def scores_prompts(name: str) -> bool:
+    """Whether backend ``name`` tells prompts apart before their rollouts (its
+    ``scores_prompts`` trait; a factory without one is taken to)."""
+    return bool(getattr(backend_class(name), "scores_prompts", True))
+
+
+def make_prior(name: str, **options) -> PriorBackend:
+    """Build the backend registered as ``name``; unknown names or options raise ValueError."""
+    factory = backend_class(name)
     try:
         inspect.signature(factory).bind(**options)
     except TypeError as e:
@@ -45,5 +58,5 @@ def make_prior(name: str, **options) -> PriorBackend:
     return factory(**options)
 
 
-__all__ = ["Context", "PriorBackend", "ConstantPrior", "DEFAULT_BACKEND", "make_prior",
-           "prior_names", "register_prior"]
+__all__ = ["Context", "PriorBackend", "ConstantPrior", "DEFAULT_BACKEND", "backend_class",
+           "make_prior", "prior_names", "register_prior", "scores_prompts"]

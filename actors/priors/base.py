@@ -47,6 +47,8 @@ class PriorBackend(ABC):
     """
 
     name: str = "backend"
+    # Tells prompts apart before any of their rollouts (admission by selection needs it)
+    scores_prompts: bool = True
 
     @abstractmethod
     def set_context(self, context: Context) -> None:
@@ -81,6 +83,7 @@ class ConstantPrior(PriorBackend):
     """The context's (recency-weighted) mean success rate for every prompt: AUC 0.5 by design."""
 
     name = "constant"
+    scores_prompts = False  # one number for every prompt: selection cannot run on it
 
     def __init__(self, prior_mean: float = DEFAULT_PRIOR_MEAN, halflife: float | None = None):
         self.prior_mean = check_prob("prior_mean", prior_mean)

@@ -26,9 +26,12 @@ def snapshot(sched, encode_problem: Callable, encode_payload: Callable) -> dict:
                          for i, p in sorted(g.payloads.items())]})
     # ``dropped``: drops not yet handed over (they reach dropped.jsonl with the next batch);
     # without them a resumed run would have those uids nowhere.
+    # ``selection``: the candidates drawn and not yet decided, the prior's error terms, the
+    # prompts' histories and the counters (drawn = admitted + deferred + waiting on resume too)
+    sel = {} if sched.selector is None else {"selection": sched.selector.snapshot(encode_problem)}
     return {"version": sched.version, "counts": dict(sched.counts), "drops": dict(sched.drops),
             "dropped": [[uid, why] for uid, why in sched.dropped],
-            **sched.calendar.snapshot(), "inflight": prompts}
+            **sched.calendar.snapshot(), "inflight": prompts, **sel}
 
 
 def restore(sched, snap: dict, decode_problem: Callable, decode_payload: Callable) -> list:
@@ -59,6 +62,8 @@ def restore(sched, snap: dict, decode_problem: Callable, decode_payload: Callabl
     # Absent from checkpoints written before it was kept.
     sched.dropped = [(uid, why) for uid, why in snap.get("dropped", [])]
     sched.calendar.restore(snap, shift)
+    if sched.selector is not None and "selection" in snap:
+        sched.selector.restore(snap["selection"], decode_problem)
     actions = []
     # "groups": the key of checkpoints written before the rename to "inflight".
     for d in snap["inflight"] if "inflight" in snap else snap["groups"]:

@@ -8,8 +8,10 @@ from typing import Any, Callable, Sequence
 
 from actors.scheduler.admission import AdmissionCalendar
 from actors.scheduler.messages import Cancel, Dispatch, Finished, SchedulerConfig, priority
+from actors.scheduler.selection import Candidate, Selector, sizes
 from actors.scheduler.state import PromptInFlight, Request, up_to_samples
 from common.records import SCHEDULER_COUNTS
+from estimator.core import reward_to_prob
 from estimator.state import PromptState
 
 
@@ -36,6 +38,8 @@ class Scheduler:
         self._finished: list[PromptInFlight] = []    # finished since the last drain_finished()
         self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
         self.paused = False
+        # Admission by selection (``algo.select``): the candidate window and its rule
+        self.selector = None if cfg.selection is None else Selector(cfg.selection)
 
     # -- admission -------------------------------------------------------------------------
     def room(self) -> int:
@@ -57,7 +61,38 @@ class Scheduler:
     def admit(self, problems: Sequence[Any], priors: Sequence[float | None],
               uids: Sequence[str] | None = None) -> list:
         """Admit prompts (with their prior probabilities; None: no prior) and dispatch their
-        first rollouts. Admitting more than ``room()`` is a driver bug."""
+        first rollouts. Admitting more than ``room()`` is a driver bug. With a selector the
+        driver offers candidates instead (``offer``, ``score``, ``admit_selected``)."""
+        if self.selector is not None:
+            raise ValueError("this scheduler admits by selection: offer candidates instead")
+        return self._admit(problems, priors, uids)
+
+    # -- admission by selection (``actors.scheduler.selection``) -------------------------------
+    def to_draw(self) -> int:
+        """Candidates the driver should draw from its stream now (0: no room to admit)."""
+        return self.selector.to_draw(self.room())
+
+    def offer(self, problems: Sequence[Any], uids: Sequence[str]) -> None:
+        """Prompts drawn from the stream join the candidate window (each uid once)."""
+        self.selector.offer([Candidate(u, p) for p, u in zip(problems, uids, strict=True)])
+
+    def waiting(self) -> list:
+        """The candidates' problems, in the order ``score`` takes their priors."""
+        return [c.problem for c in self.selector.waiting]
+
+    def score(self, priors: Sequence[float | None]) -> None:
+        """The prior's p for every waiting candidate (None: no score: the data order)."""
+        self.selector.score(list(priors))
+
+    def admit_selected(self) -> list:
+        """Admit from the window, in draw order, each candidate with its probability, until
+        ``room()`` is filled or the window is walked; the others are deferred or wait."""
+        chosen, _ = self.selector.choose(self.room())
+        return self._admit([c.problem for c in chosen], [c.p for c in chosen],
+                           [c.uid for c in chosen])
+
+    def _admit(self, problems: Sequence[Any], priors: Sequence[float | None],
+               uids: Sequence[str] | None) -> list:
         if len(problems) != len(priors):
             raise ValueError(f"{len(problems)} problems but {len(priors)} priors")
         if len(problems) > self.room():
@@ -238,6 +273,10 @@ class Scheduler:
     def _finish(self, pif: PromptInFlight) -> None:
         pif.t_done = self.clock()
         self._finished.append(pif)
+        if self.selector is not None:
+            st = pif.state
+            self.selector.observe(pif.problem, st.prior_p,
+                                  float(reward_to_prob(st.vbar, st.est.cfg.rewards)), st.k)
         if not pif.state.keep:
             self.drop(pif.uid, "filtered_all_equal", refill=True)
             return
@@ -372,12 +411,16 @@ class Scheduler:
                 "requests": len(self.requests),
                 "parked": len(self.parked), "recheck": len(self._recheck),
                 "finished": len(self._finished), "dropped": len(self.dropped),
-                "drops": len(self.drops), "counts": len(self.counts)}
+                "drops": len(self.drops), "counts": len(self.counts),
+                **{f"selection_{k}": n for k, n in sizes(self.selector).items()}}
 
     def accounting(self) -> dict:
         """The scheduler's part of ``common.records.Accounting``: its counters, under the
         names summary.json gives them, and its drops."""
-        return {**{k: self.counts[k] for k in SCHEDULER_COUNTS},
+        sel = self.selector
+        drawn = ({"prompts_drawn": self.counts["prompts_admitted"]} if sel is None else
+                 {k: v for k, v in sel.stats().items() if k != "prior_error_var"})
+        return {**{k: self.counts[k] for k in SCHEDULER_COUNTS}, **drawn,
                 "prompts_dropped": sum(self.drops.values()), "drop_reasons": dict(self.drops)}
 
     # -- checkpoints (``actors.scheduler.checkpoint``: snapshot, restore) ------------------

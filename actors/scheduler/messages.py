@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from actors.scheduler.selection import SelectionConfig
+
 
 def priority(deadline: int, first: bool) -> int:
     """Engine priority of a request (vLLM runs lower values first): earliest deadline first,
@@ -29,6 +31,9 @@ class SchedulerConfig:
     # recent mean k (``batch_prompts`` until prompts have finished), so that every algorithm,
     # fixed-k or not, makes one update per S rollouts.
     batch_samples: int | None = None
+    # Admission by selection (``actors.scheduler.selection``): which drawn prompts get
+    # rollouts at all. None: every prompt drawn is admitted, in the stream's order.
+    selection: SelectionConfig | None = None
 
     def __post_init__(self):
         if self.batch_prompts < 1:
@@ -42,6 +47,9 @@ class SchedulerConfig:
         if self.max_inflight_prompts is not None and self.max_inflight_prompts < self.batch_prompts:
             raise ValueError(f"max_inflight_prompts ({self.max_inflight_prompts}) must be >= "
                              f"batch_prompts ({self.batch_prompts}): else no batch can form")
+        if self.selection is not None and self.selection.window < self.batch_prompts:
+            raise ValueError(f"the selection window ({self.selection.window}) must hold at "
+                             f"least one batch ({self.batch_prompts} prompts)")
 
 
 # -- what the driver does ------------------------------------------------------------------

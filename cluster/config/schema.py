@@ -80,6 +80,41 @@ class Config(Section):
                              f"({self.generators.engine.max_model_len})")
         return self
 
+    @model_validator(mode="after")
+    def _selection_can_run(self) -> "Config":
+        """Selection needs a window of at least one batch, and a prior that tells prompts apart
+        before their rollouts (the constant one does not)."""
+        a = self.algo
+        if a.select == "none":
+            return self
+        if a.select_window is not None and a.select_window < self.scheduler_batch_prompts():
+            raise ValueError(f"algo.select_window ({a.select_window}) must hold at least one "
+                             f"batch ({self.scheduler_batch_prompts()} prompts)")
+        if a.select == "prior":
+            from actors.priors import scores_prompts
+            if not scores_prompts(self.prior.backend):
+                raise ValueError(f"algo.select=prior needs a prior that scores prompts before "
+                                 f"their rollouts; prior.backend {self.prior.backend!r} does "
+                                 "not (use embedded or v0, or algo.select=history)")
+        return self
+
+    @property
+    def needs_prior(self) -> bool:
+        """Whether the run has a prior server: its estimator reads a prior, or its admission
+        does (``algo.select: prior``)."""
+        from estimator.registry import ESTIMATORS
+        return ESTIMATORS[self.algo.name].needs_prior or self.algo.select == "prior"
+
+    def selection(self):
+        """The scheduler's ``SelectionConfig`` (None: no selection)."""
+        from actors.scheduler.selection import SelectionConfig
+        a = self.algo
+        if a.select == "none":
+            return None
+        return SelectionConfig(source=a.select, floor=a.select_floor, k=a.k_init,
+                               window=a.select_window or 4 * self.scheduler_batch_prompts(),
+                               seed=self.run.seed)
+
     @property
     def max_staleness(self) -> int:
         """The scheduler's staleness bound, the one place sync is told from async: ``mode:

@@ -32,6 +32,12 @@ class RunConfig(Section):
         "excluded; counted over the run and its resumes) to this many seconds; None: "
         "max_steps alone decides. Runs compared on the same wall-clock budget "
         "(bench.learning) use it."))
+    max_rollouts: int | None = Field(None, ge=1, description=(
+        "Also stop at the end of the step that brings the rollouts generated for training to "
+        "this many (every rollout sent to a generator: those of filtered groups, cancelled "
+        "extras and the oracle's held-out ones included; evaluations excluded; summary.json's "
+        "rollouts_dispatched); None: no rollout budget. Runs compared at equal generated "
+        "rollouts (bench.learning --selection) use it."))
     seed: int = Field(0, description="Seed of the prompt order and the held-out sampling.")
     eval_every: int = Field(5, ge=0, description=(
         "Held-out evaluation every N steps, and after the last step (0: never, unless "
@@ -40,6 +46,10 @@ class RunConfig(Section):
         "Also evaluate after the step that brings training wall-clock since the last "
         "evaluation to this many seconds (0: by steps only): curves against time with even "
         "spacing whatever a step costs."))
+    eval_every_rollouts: int = Field(0, ge=0, description=(
+        "Also evaluate after the step that brings the rollouts generated since the last "
+        "evaluation to this many (0: not by rollouts): curves against generated rollouts with "
+        "even spacing whatever a mode generates per update."))
     eval_prompts: int = Field(64, ge=1, description="Held-out prompts per evaluation.")
     eval_samples: int = Field(4, ge=0, description=(
         "Sampled answers per held-out prompt (at rollout.temperature) besides the greedy one; "
@@ -81,6 +91,12 @@ class RunConfig(Section):
     record_rollouts: bool = Field(False, description="Write finished rollout groups to rollouts.msgpack.")
     progress: bool = Field(True, description="Print a progress line per step.")
 
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates on held-out prompts at all (by steps, seconds or
+        rollouts; then also at its start and after its last step)."""
+        return bool(self.eval_every or self.eval_every_s or self.eval_every_rollouts)
+
     @field_validator("name")
     @classmethod
     def _names_a_folder(cls, v: str) -> str:
@@ -121,6 +137,20 @@ class AlgoConfig(Section):
     train_k: int | None = Field(_EST.train_k, description=(
         "oracle only: rollouts trained per prompt; its other k_init - train_k rollouts set "
         "the baseline and are not trained on (bench.learning's reference)."))
+    select: Literal["none", "prior", "history"] = Field("none", description=(
+        "Which drawn prompts get rollouts at all (actors/scheduler/selection.py): 'prior' "
+        "admits each with the chance that its first k_init rollouts would not all be equal, "
+        "predicted by the prior's p and its measured error, never below select_floor; "
+        "'history' predicts it from the prompt's own rewards when it was last trained "
+        "(GRESO-style: where prompts recur); 'none': every prompt drawn is admitted. A "
+        "deferred prompt stays in the dataset (the next epoch draws it again); summary.json "
+        "counts prompts_drawn = prompts_admitted + prompts_deferred + prompts_waiting_at_end."))
+    select_floor: float = Field(0.1, gt=0, le=1, description=(
+        "The least admission probability under selection (exploration: every kind of "
+        "prompt keeps coming, so the prior keeps seeing the whole distribution)."))
+    select_window: int | None = Field(None, ge=1, description=(
+        "Candidates drawn ahead of need and scored by the prior in one call (at least one "
+        "batch of prompts); None: four batches."))
 
     @model_validator(mode="after")
     def _valid_for_the_estimator(self) -> "AlgoConfig":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from estimator.registry import ESTIMATORS
 from learner.bundles import fill_bundles, holds
 
 
@@ -89,7 +88,7 @@ def plan(cfg) -> Plan:
         RolePlan("learner", cfg.learner.ranks, cfg.learner.cpus, cfg.learner.gpus,
                  custom("learner")),
         # A prior server only for an estimator that reads a prior (the registry says which).
-        RolePlan("prior", 1 if ESTIMATORS[cfg.algo.name].needs_prior else 0,
+        RolePlan("prior", 1 if cfg.needs_prior else 0,
                  cfg.prior.cpus, cfg.prior.gpus, custom("prior")),
         # The coordinator is light (asyncio bookkeeping, reward checks): a sliver of a CPU.
         # Both modes run through it (sync is its scheduler with a barrier).

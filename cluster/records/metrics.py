@@ -232,7 +232,7 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult
         # rollouts the batch did not train: cut by its cap at S samples, held out by the oracle
         "rollouts_not_trained": sum(r.k - r.trained_samples for r in batch.records
                                     if r.trained_samples is not None),
-        "trained_tokens": sum(tokens),
+        "trained_tokens": sum(tokens), "generated_rollouts": batch.rollouts_generated,
         **{k: getattr(learner, k) for k in ("loss", "grad_norm", "grad_noise_to_signal",
                                             "entropy", "clip_fraction", "approx_kl", "lr",
                                             "skipped", "skip_reason")},
@@ -329,6 +329,7 @@ class Tally:
     def evaluation(self, held_out: HeldOut) -> None:
         self.totals.eval_time_s += held_out.duration_s
         self.totals.last_eval_train_s = self.totals.train_s
+        self.totals.last_eval_rollouts = self.totals.rollouts_generated
 
     def update_failures(self, n: int) -> None:
         """Generators that failed to load a published version."""

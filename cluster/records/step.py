@@ -119,6 +119,9 @@ class StepMetrics:
     trained_samples: int | None = None
     rollouts_not_trained: int | None = None
     trained_tokens: int | None = None
+    # rollouts generated for training since the run's start, this step's batch's included
+    # (trained or not: filtered groups, cancelled extras, held-out ones; TrainBatch's)
+    generated_rollouts: int | None = None
     loss: float | None = None
     grad_norm: float | None = None
     grad_noise_to_signal: float | None = None

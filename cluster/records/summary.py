@@ -30,6 +30,10 @@ class Totals:
     eval_time_s: float = 0.0
     train_s: float = 0.0
     last_eval_train_s: float = 0.0
+    # rollouts generated for training (the scheduler's rollouts_dispatched, as of the last
+    # batch; run.max_rollouts reads it) and as of the last evaluation
+    rollouts_generated: int = 0
+    last_eval_rollouts: int = 0
     prior_error_sum: float = 0.0       # sum of |p - observed| over prior_error_prompts prompts
     prior_error_prompts: int = 0
     prior_error_sq_sum: float = 0.0    # sums of the corrected terms over prior_error_n prompts

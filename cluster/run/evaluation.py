@@ -270,7 +270,7 @@ class Evaluator:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.cfg.run.eval_every or self.cfg.run.eval_every_s)
+        return self.cfg.run.evaluates
 
     def __call__(self, generators: list) -> HeldOut:
         cfg, run = self.cfg, self.cfg.run

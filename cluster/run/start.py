@@ -77,7 +77,7 @@ def coordinator_config(cfg, task, state: RunState):
     sched = SchedulerConfig(
         batch_prompts=cfg.scheduler_batch_prompts(), batch_samples=r.batch_samples,
         max_staleness=cfg.max_staleness, slots_per_generator=cfg.generators.engine.max_num_seqs,
-        max_inflight_prompts=r.max_inflight_prompts)
+        max_inflight_prompts=r.max_inflight_prompts, selection=cfg.selection())
     return est, CoordinatorConfig(
         cfg.task, sched, SamplingConfig(temperature=r.temperature, top_p=r.top_p,
                                         max_tokens=r.max_tokens,

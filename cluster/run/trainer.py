@@ -26,16 +26,22 @@ from cluster.run.start import (Run, generator_stats, in_service, measure_peaks, 
 from cluster.run.watchdog import Stalled
 
 
-def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float) -> tuple[bool, bool]:
+def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float,
+                      generated: int = 0, last_eval_generated: int = 0) -> tuple[bool, bool]:
     """After step ``step``'s update, ``train_s`` seconds of training into the run, resumes
-    included (the last evaluation at ``last_eval_at``, on the same clock): is it the last
-    step (``run.max_steps``, or the ``run.max_train_s`` budget spent), and is an evaluation
-    due (every ``eval_every`` steps, every ``eval_every_s`` seconds of training, and after
+    included (the last evaluation at ``last_eval_at``, on the same clock), ``generated``
+    rollouts generated for training (``last_eval_generated`` at the last evaluation): is it
+    the last step (``run.max_steps``, or the ``run.max_train_s`` or ``run.max_rollouts``
+    budget spent), and is an evaluation due (every ``eval_every`` steps, every
+    ``eval_every_s`` seconds of training, every ``eval_every_rollouts`` rollouts, and after
     the last step when evaluating)?"""
-    last = step >= run.max_steps or (run.max_train_s is not None and train_s >= run.max_train_s)
-    due = bool(run.eval_every or run.eval_every_s) and (
+    last = (step >= run.max_steps or (run.max_train_s is not None and train_s >= run.max_train_s)
+            or (run.max_rollouts is not None and generated >= run.max_rollouts))
+    every_r = run.eval_every_rollouts
+    due = run.evaluates and (
         last or (bool(run.eval_every) and step % run.eval_every == 0)
-        or (bool(run.eval_every_s) and train_s - last_eval_at >= run.eval_every_s))
+        or (bool(run.eval_every_s) and train_s - last_eval_at >= run.eval_every_s)
+        or (bool(every_r) and generated - last_eval_generated >= every_r))
     return last, due
 
 
@@ -93,7 +99,9 @@ class Trainer:
             self.dog.get("coordinator", self.coord.start.remote())
             if self.r.replacer:
                 self.r.replacer.start()
-            last = self.step >= cfg.run.max_steps
+            budget = cfg.run.max_rollouts  # a resumed run that spent its budget is done
+            last = self.step >= cfg.run.max_steps or (
+                budget is not None and self.tally.totals.rollouts_generated >= budget)
             while not last:
                 last = self.one_step()
             acct = self.dog.get("coordinator", self.coord.stop.remote())
@@ -142,7 +150,7 @@ class Trainer:
         t0, g0 = time.time(), self.generator_stats()
         batch, t1 = timed(wait_batch, self.dog, self.coord, self.batch_prompts, self.stop)
         result, t2 = timed(self.dog.call, "learner (train)", self.learner.train_batch, batch)
-        last, eval_due = self.due(self.tally.tick(t2))
+        last, eval_due = self.due(self.tally.tick(t2), batch.rollouts_generated)
         if eval_due or last:  # nothing new is admitted while evaluating, nor after the end
             self.dog.get("coordinator", self.coord.pause.remote())
         if result.skipped:  # the same version: the coordinator reopens its admission for it
@@ -162,10 +170,13 @@ class Trainer:
         self.after_step(self.step, m)
         return last
 
-    def due(self, train_s: float) -> tuple[bool, bool]:
-        """(last step, evaluation due) after this step, ``train_s`` into the run."""
-        return last_and_eval_due(self.cfg.run, self.step, train_s,
-                                 self.tally.totals.last_eval_train_s)
+    def due(self, train_s: float, generated: int) -> tuple[bool, bool]:
+        """(last step, evaluation due) after this step, ``train_s`` into the run and
+        ``generated`` rollouts generated for training (counted from here on)."""
+        t = self.tally.totals
+        t.rollouts_generated = generated
+        return last_and_eval_due(self.cfg.run, self.step, train_s, t.last_eval_train_s,
+                                 t.rollouts_generated, t.last_eval_rollouts)
 
     def record(self, batch, result, marks: tuple, g0: list, ev: HeldOut | None):
         """The step's ``StepMetrics``, counted (``Tally``) and written (metrics.jsonl,
@@ -178,6 +189,8 @@ class Trainer:
                          len(r.nodes.alive) if r.nodes else None)
         r.files.step(m)
         r.files.prompts(batch, self.step, self.version, marks[1], result.skipped)
+        for line in batch.notes:
+            r.files.warn(line)
         self.recorded = self.step
         return m
 

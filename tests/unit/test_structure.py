@@ -16,7 +16,7 @@ FLOORS = (("estimator",), ("common",), ("tasks",), ("actors", "learner"), ("clus
           ("bench",))
 LAYERS = tuple(pkg for floor in FLOORS for pkg in floor)
 PRODUCT = LAYERS[:-1]  # bench/ is measurement code: its own limits are not these
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+MAX_FUNCTION_LINES = 60
 
 
 def modules(packages=LAYERS) -> dict[str, Path]:
@@ -114,18 +114,19 @@ def test_the_architecture_pages_links_stay_inside_the_repository():
     assert links and outside == []
 
 
-def test_no_product_file_over_400_lines_and_no_function_over_60():
-    long_files, long_functions = [], []
+def test_no_product_function_over_60_lines():
+    """A function past a screen is doing several jobs. Files have no cap: a file is as long
+    as its one job needs (a 400-line cap made learner/state_io.py a mixin and
+    actors/priors/baseline.py a split of kernel.py; issue 44)."""
+    long_functions = []
     for name, path in modules(PRODUCT).items():
         text = path.read_text()
-        if len(text.splitlines()) > MAX_FILE_LINES:
-            long_files.append(f"{name}: {len(text.splitlines())}")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
                     long_functions.append(f"{name}.{node.name}: {n}")
-    assert long_files == [] and long_functions == []
+    assert long_functions == []
 
 
 def test_the_driver_loop_is_short_enough_to_read_as_its_pseudocode():
