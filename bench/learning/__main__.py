@@ -49,8 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
-from bench.learning.analysis import (AXES, baselines, controlled, mean_curve, read_curve,
-                                     summarise)
+from bench.learning.analysis import baselines, controlled, mean_curves, read_curve, summarise
 from bench.learning.starts import STARTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +89,24 @@ MODES = {
                           # the others' mean: Dr.GRPO-4's advantages x 4/3, the same baseline
                           # information (does the advantages' scale explain V0.5 at k = 4?)
                           ("rloo4", {"algo": {"name": "rloo", "k_init": 4, "k_max": 4}}))},
+    # The per-rollout study (--selection, issue 41): synchronous and seeded like the paired
+    # study, 4 rollouts per prompt to start; the baselines, and selection (algo.select: which
+    # prompts get rollouts at all) on V0.5 and on Dr.GRPO-4. DAPO's dynamic sampling drops
+    # all-equal groups after their rollouts (counted) and refills; GRESO-style skipping reads
+    # a prompt's own last rewards (only where prompts recur).
+    **{f"sync_{name}": {"mode": "sync", "rollout": {"seeded": True},
+                        "algo": {"k_init": 4, "k_max": 4, **algo}}
+       for name, algo in (("grpo4", {"name": "grpo"}), ("dapo4", {"name": "dapo"}),
+                          ("js4", {"name": "james_stein"}),
+                          ("v05_sel", {"name": "v05", "k_max": 16, "select": "prior"}),
+                          ("v05_k4_sel", {"name": "v05", "select": "prior"}),
+                          # the exploration floor, tried on the warm start only (0.1 above)
+                          ("v05_k4_sel_floor03", {"name": "v05", "select": "prior",
+                                                  "select_floor": 0.03}),
+                          ("v05_k4_sel_floor30", {"name": "v05", "select": "prior",
+                                                  "select_floor": 0.3}),
+                          ("drgrpo4_sel", {"name": "dr_grpo", "select": "prior"}),
+                          ("greso4", {"name": "dr_grpo", "select": "history"}))},
     # V0.5 with the prior of 2026-12-03 (no surface view, every score weighed alike), beside
     # the shipped prior in the same study: what issue 29's second prior changed.
     "async_v05_prior1203": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16},
@@ -106,6 +123,13 @@ QUICK_MODES = ("async_v05", "sync_grpo16")
 # samples per prompt against the mean of 12 more that are not trained on), at equal updates.
 BASELINE_MODES = ("async_drgrpo4", "async_oracle4", "async_v05", "async_v05_k4", "async_grpo4")
 PAIRED_MODES = ("sync_drgrpo4", "sync_oracle4", "sync_v05", "sync_v05_k4")
+# The per-rollout study (--selection): every mode on the warm start, each with the same
+# budget of generated rollouts; the baselines the selection mode is judged against (the best
+# of them per setting, picked after the runs); Dr.GRPO-4 the reference.
+SELECTION_MODES = ("sync_drgrpo4", "sync_grpo4", "sync_dapo4", "sync_js4", "sync_v05",
+                   "sync_v05_sel", "sync_v05_k4_sel", "sync_drgrpo4_sel")
+SELECTION_BASELINES = ("sync_drgrpo4", "sync_grpo4", "sync_dapo4", "sync_js4", "sync_greso4")
+SELECTION_MODE = "sync_v05_k4_sel"  # the selection mode the aims read (chosen on the warm start)
 
 
 def parse_args(argv):
@@ -123,6 +147,18 @@ def parse_args(argv):
     ap.add_argument("--paired", action="store_true",
                     help=f"with --baselines: {', '.join(PAIRED_MODES)} (synchronous, each "
                          "training rollout seeded: common random numbers across modes)")
+    ap.add_argument("--selection", action="store_true",
+                    help=f"the per-rollout study: {', '.join(SELECTION_MODES)} on the same "
+                         "budget of generated rollouts (--rollouts), compared at equal generated "
+                         "rollouts; writes summary.settings.<--setting> of --out (default "
+                         "bench/results/learning_selection.json)")
+    ap.add_argument("--rollouts", type=int,
+                    help="with --selection: generated rollouts per run (default 3072: 48 "
+                         "updates of 64 at 4 a prompt)")
+    ap.add_argument("--setting", help="with --selection: the setting's name in the results "
+                                      "(default: --start)")
+    ap.add_argument("--selection-mode", default=SELECTION_MODE,
+                    help=f"with --selection: the mode the aims read (default {SELECTION_MODE})")
     ap.add_argument("--seeds", type=int, help="seeds per mode (default 3; --quick: 1)")
     ap.add_argument("--evals", type=int, help="evaluations per run after the initial one "
                                               "(default 6; --quick: 1)")
@@ -139,7 +175,8 @@ def parse_args(argv):
     ap.add_argument("--batch-samples", type=int, default=64,
                     help="samples per learner update for every mode (rollout.batch_samples; "
                          "default 64; 0: v05.yaml's batch of prompts, the old uncontrolled study)")
-    ap.add_argument("--out", default=str(RESULTS / "learning.json"))
+    ap.add_argument("--out", help="the results file (default bench/results/learning.json; "
+                                  "--selection: learning_selection.json)")
     ap.add_argument("--keep-runs-from", metavar="FILE",
                     help="the modes not run now: their runs from the same study in FILE (its "
                          "steps, seeds, evaluations, held-out prompts, start and config must be "
@@ -168,13 +205,15 @@ class Settings:
     eval_prompts: int
     modes: tuple[str, ...]
     steps: int | None = None  # updates per run instead of budget_s (equal updates)
+    rollouts: int | None = None  # generated rollouts per run instead (equal generated rollouts)
     start: str = "warm"       # the starting policy (bench.learning.starts)
     batch_samples: int = 64   # samples per update, every mode (0: batch_prompts)
     config: str = "v05.yaml"  # the run config the modes start from
 
     @classmethod
     def of(cls, args) -> "Settings":
-        default = ((PAIRED_MODES if args.paired else BASELINE_MODES) if args.baselines else
+        default = (SELECTION_MODES if args.selection else
+                   (PAIRED_MODES if args.paired else BASELINE_MODES) if args.baselines else
                    QUICK_MODES if args.quick else CONTROLLED_MODES)
         modes = tuple(m for m in (args.modes.split(",") if args.modes else default) if m)
         unknown = set(modes) - set(MODES)
@@ -185,12 +224,18 @@ class Settings:
                    evals=args.evals or (1 if args.quick else 6),
                    eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes,
                    steps=args.steps or (60 if args.baselines else None),
+                   rollouts=(args.rollouts or 3072) if args.selection else None,
                    start=args.start, batch_samples=args.batch_samples, config=args.config)
 
     def overrides(self) -> list[str]:
         n = self.eval_prompts
         samples = [f"rollout.batch_samples={self.batch_samples}"] if self.batch_samples else []
-        if self.steps:  # equal updates: every mode stops at the same step
+        if self.rollouts:  # equal generated rollouts: every run stops at the same budget
+            budget = ["run.max_steps=100000", "run.max_train_s=null",
+                      f"run.max_rollouts={self.rollouts}", "run.eval_every=0",
+                      f"run.eval_every_rollouts={max(1, self.rollouts // self.evals)}",
+                      "run.eval_every_s=0"]
+        elif self.steps:  # equal updates: every mode stops at the same step
             budget = [f"run.max_steps={self.steps}", "run.max_train_s=null",
                       f"run.eval_every={max(1, self.steps // self.evals)}", "run.eval_every_s=0"]
         else:
@@ -214,8 +259,9 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
         for seed, mode in round_robin(st.modes, st.seeds):  # load drift spreads out
             cfg = run_config(base, mode, seed, run_dir)
             shared.reset(cfg)
-            log(f"== {mode} seed {seed}: " + (f"{st.steps} updates" if st.steps else
-                                               f"{st.budget_s:.0f} s of training"))
+            log(f"== {mode} seed {seed}: " + (
+                f"{st.rollouts} generated rollouts" if st.rollouts else
+                f"{st.steps} updates" if st.steps else f"{st.budget_s:.0f} s of training"))
             trainer = shared.trainer(cfg, initial_eval=initial.get(seed))
             trainer.run()
             initial[seed] = trainer.initial_eval
@@ -225,7 +271,8 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
             runs[mode].append(curve)
             a, b = curve["points"][0], curve["points"][-1]
             log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
-                f"{b['train_s']:.0f} s, {b['rollouts']} rollouts, {curve['steps']} steps")
+                f"{b['train_s']:.0f} s, {b['generated']} rollouts generated, "
+                f"{b['rollouts']} trained, {curve['steps']} steps")
     return runs
 
 
@@ -239,7 +286,8 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
     out = {**stamp("bench.learning", argv),
            "config": {"file": st.config, "run": base_cfg.model_dump(mode="json")["run"],
                       "budget_train_s": None if st.steps else st.budget_s,
-                      "budget_steps": st.steps, "seeds": st.seeds, "evals": st.evals,
+                      "budget_steps": st.steps, "budget_rollouts": st.rollouts,
+                      "seeds": st.seeds, "evals": st.evals,
                       "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
                       "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
                       "batch_prompts": base_cfg.rollout.batch_prompts,
@@ -250,14 +298,43 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
                     f"answers (T = {base_cfg.rollout.temperature:g}, the config's "
                     "rollout.temperature); train_s: training wall-clock, evaluations excluded",
            "runs": runs,
-           "curves": {m: {axis: mean_curve(r, axis) for axis in AXES} for m, r in runs.items()
-                      if r},
+           "curves": mean_curves(runs),
            "summary": summarise(runs), "wall_s": wall_s}
     out["summary"].update(command=out["command"], date=out["date"],
                           controlled={st.start: controlled(runs)})
     if any(m in BASELINE_MODES[:2] + PAIRED_MODES[:2] for m in runs):  # Dr.GRPO-4 or the oracle
         out["summary"]["baselines"] = {st.start: baselines(runs)}
     return out
+
+
+def selection_report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float,
+                     setting: str, selection_mode: str) -> dict:
+    """One setting of the per-rollout study: ``report``'s runs and curves, its summary the
+    per-generated-rollout reading (``bench.learning.per_rollout``) under ``settings.<name>``."""
+    from bench.learning.per_rollout import setting_summary
+
+    one = report(st, base_cfg, runs, argv, wall_s)
+    one["config"]["setting"] = setting
+    figures = setting_summary(runs, selection_mode, SELECTION_BASELINES, "sync_drgrpo4")
+    one["summary"] = {"command": one["command"], "date": one["date"],
+                      "final_accuracy": one["summary"]["final_accuracy"],
+                      "settings": {setting: {**figures, "command": one["command"],
+                                             "date": one["date"]}}}
+    return one
+
+
+def merge_settings(one: dict, path: Path) -> dict:
+    """A setting of the per-rollout study into the file at ``path``: each setting's latest
+    invocation under ``studies.<setting>``, their pinned figures under
+    ``summary.settings.<setting>``; the top level names the latest invocation."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    setting = one["config"]["setting"]
+    studies = {**old.get("studies", {}), setting: one}
+    return {"command": one["command"], "date": one["date"], "study": "per generated rollout "
+            "(bench.learning --selection): one setting per invocation, each with its command",
+            "summary": {"settings": {name: s["summary"]["settings"][name]
+                                     for name, s in studies.items()}},
+            "studies": studies}
 
 
 def is_baselines(out: dict) -> bool:
@@ -307,17 +384,17 @@ def plot_stem(out: dict, path: Path) -> Path:
                           + ("_baselines" if is_baselines(out) else ""))
 
 
-def kept_runs(path: Path, st: Settings, baselines_study: bool) -> dict:
+def kept_runs(path: Path, st: Settings, key: str) -> dict:
     """``--keep-runs-from FILE``: the runs of the modes this invocation does not run, from the
-    study of this start and kind in FILE, whose sizes must be this invocation's ({file,
-    command, date, modes, runs})."""
+    study ``key`` in FILE (a start, a start's baseline study, a setting), whose sizes must be
+    this invocation's ({file, command, date, modes, runs})."""
     res = json.loads(path.read_text())
-    key = f"{st.start}-baselines" if baselines_study else st.start
     study = (res.get("studies") or {study_key(res): res}).get(key)
     if study is None:
         raise SystemExit(f"{path}: no study {key!r} to keep runs from")
     c = study["config"]
-    mine = {"budget_steps": st.steps, "seeds": st.seeds, "evals": st.evals,
+    mine = {"budget_steps": st.steps, "budget_rollouts": st.rollouts, "seeds": st.seeds,
+            "evals": st.evals,
             "eval_prompts": st.eval_prompts, "start": st.start, "file": st.config,
             "batch_samples": st.batch_samples or None}
     differ = {k: (c.get(k), v) for k, v in mine.items() if c.get(k) != v}
@@ -349,9 +426,12 @@ def main(argv=None) -> int:
     from common.rayproc import prefer_loopback
 
     prefer_loopback("local")  # before ray is imported: this bench starts its own cluster
-    from bench.learning.plots import plots
+    from bench.learning.plots import plots, selection_plots
     from cluster.config.schema import load_config
 
+    if args.out is None:
+        args.out = str(RESULTS / ("learning_selection.json" if args.selection else
+                                  "learning.json"))
     if args.merge_from:
         return merge_from(Path(args.merge_from), Path(args.out))
     st = Settings.of(args)
@@ -359,8 +439,9 @@ def main(argv=None) -> int:
         raise SystemExit("--start picks a policy for v05.yaml; another --config has its own model")
     model = [f"model.path={STARTS[st.start]()}"] if st.config == "v05.yaml" else []
     base_cfg = load_config(REPO / st.config, [*st.overrides(), *model, *args.overrides])
-    kept = kept_runs(Path(args.keep_runs_from), st, args.baselines) if args.keep_runs_from \
-        else {}
+    key = (args.setting or st.start if args.selection else
+           f"{st.start}-baselines" if args.baselines else st.start)
+    kept = kept_runs(Path(args.keep_runs_from), st, key) if args.keep_runs_from else {}
     t0 = time.time()
     runs = run_all(st, base_cfg.model_dump(mode="json"),
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
@@ -368,9 +449,20 @@ def main(argv=None) -> int:
         both = {**kept["runs"], **runs}
         runs = {m: both[m] for m in dict.fromkeys([*kept["order"], *st.modes])}
         st = replace(st, modes=tuple(runs))
-    one = report(st, base_cfg, runs, argv, time.time() - t0)
+    if args.selection:
+        setting = args.setting or st.start
+        one = selection_report(st, base_cfg, runs, argv, time.time() - t0, setting,
+                               args.selection_mode)
+    else:
+        one = report(st, base_cfg, runs, argv, time.time() - t0)
     if kept:
         one["runs_kept_from"] = {k: kept[k] for k in ("file", "command", "date", "modes")}
+    if args.selection:
+        write_json(args.out, merge_settings(one, Path(args.out)))
+        selection_plots(one, Path(args.out).with_name(f"{Path(args.out).stem}_{setting}"))
+        print(json.dumps({k: v for k, v in one["summary"]["settings"][setting].items()
+                          if k != "modes"}, indent=1))
+        return 0
     out = merge(one, Path(args.out))
     write_json(args.out, out)
     plots(one, plot_stem(one, Path(args.out)))

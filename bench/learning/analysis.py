@@ -7,6 +7,8 @@ standard error and where the run was when it was measured, on three axes:
     step            updates applied
     train_s         training wall-clock (evaluations excluded) since the run's start
     rollouts        rollouts of the prompts trained so far
+    generated       rollouts generated for training so far: every rollout sent to a generator
+                    (filtered groups, cancelled extras, the oracle's held-out ones included)
     trained_tokens  prompt + response tokens the learner trained on so far
 
 The point before any update (the initial evaluation) is at 0 on every axis.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-AXES = ("step", "train_s", "rollouts", "trained_tokens")
+AXES = ("step", "train_s", "rollouts", "generated", "trained_tokens")
 
 
 def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0, 1.0)) -> dict:
@@ -29,7 +31,7 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
     run_dir = Path(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    points = [{"step": 0, "train_s": 0.0, "rollouts": 0, "trained_tokens": 0,
+    points = [{"step": 0, "train_s": 0.0, "rollouts": 0, "generated": 0, "trained_tokens": 0,
                "accuracy": summary[f"eval_{metric}_initial"],
                "se": summary[f"eval_{metric}_initial_se"],
                "greedy": summary.get("eval_greedy_initial")}]
@@ -40,6 +42,8 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
         tokens += r["trained_tokens"]
         if r.get(f"eval_{metric}") is not None:
             points.append({"step": r["step"], "train_s": train_s, "rollouts": int(rollouts),
+                           # runs written before it was recorded: the trained prompts' rollouts
+                           "generated": int(r.get("generated_rollouts") or rollouts),
                            "trained_tokens": int(tokens), "accuracy": r[f"eval_{metric}"],
                            "se": r[f"eval_{metric}_se"], "greedy": r.get("eval_greedy")})
     prompts = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
@@ -54,6 +58,7 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
                            and math.isfinite(r["grad_noise_to_signal"])],
             "zero_advantage_share": zero_advantage_share(prompts,
                                                          zero_uniform=_zero_uniform(run_dir)),
+            "generated": generated_figures(summary, prompts, _algo(run_dir)),
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
             "prior": prior_quality(prompts, rewards=rewards),
@@ -61,13 +66,45 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
             "initial_eval_reused": bool(summary.get("eval_initial_reused"))}
 
 
-def _zero_uniform(run_dir: Path) -> bool:
-    """The run's ``algo.zero_uniform`` (its config.yaml; False where absent)."""
+def _algo(run_dir: Path) -> dict:
+    """The run's ``algo`` section (its config.yaml; {} where absent)."""
     import yaml
 
     path = Path(run_dir) / "config.yaml"
     cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
-    return bool(((cfg or {}).get("algo") or {}).get("zero_uniform", False))
+    return (cfg or {}).get("algo") or {}
+
+
+def _zero_uniform(run_dir: Path) -> bool:
+    """The run's ``algo.zero_uniform`` (False where absent)."""
+    return bool(_algo(run_dir).get("zero_uniform", False))
+
+
+def generated_figures(summary: dict, prompts: list[dict], algo: dict, tol: float = 1e-9) -> dict:
+    """Where a run's generated rollouts went (summary.json's ``rollouts_dispatched``: every
+    rollout sent to a generator for training): ``zero_advantage_share``, the share that landed
+    in groups that gave the learner nothing (a trained prompt whose every advantage is 0, and
+    every rollout of a group filtered out as all-equal, k_init each); the selection's
+    ``prompts_drawn`` / ``prompts_deferred`` and its ``skip_rate``; ``uniform_share``, the
+    share in groups whose rewards were all equal (filtered ones included): V0.5's baseline
+    gives such a group a nonzero advantage where the prior disagrees with it, so its zero
+    share alone would flatter it."""
+    zero_uniform = bool(algo.get("zero_uniform", False))
+    zero = sum(p["k"] for p in prompts
+               if all(abs(r - p["baseline"]) <= tol for r in p["rewards"])
+               or (zero_uniform and max(p["rewards"]) - min(p["rewards"]) <= tol))
+    uniform = sum(p["k"] for p in prompts if max(p["rewards"]) - min(p["rewards"]) <= tol)
+    filtered = (summary.get("drop_reasons") or {}).get("filtered_all_equal", 0)
+    total = summary.get("rollouts_dispatched") or 0
+    k = algo.get("k_init", 4)
+    drawn = summary.get("prompts_drawn") or summary.get("prompts_admitted") or 0
+    deferred = summary.get("prompts_deferred") or 0
+    return {"rollouts": total, "zero_advantage_rollouts": zero + filtered * k,
+            "zero_advantage_share": (zero + filtered * k) / total if total else None,
+            "uniform_share": (uniform + filtered * k) / total if total else None,
+            "prompts_drawn": drawn, "prompts_deferred": deferred,
+            "skip_rate": deferred / drawn if drawn else None,
+            "selection_fallbacks": summary.get("selection_fallbacks") or 0}
 
 
 def zero_advantage_share(prompts: list[dict], tol: float = 1e-9,
@@ -135,6 +172,14 @@ def mean_curve(runs: list[dict], axis: str, n: int = 60) -> dict:
             "max": ys.max(axis=0).tolist(), "se": se.tolist()}
 
 
+def mean_curves(runs: dict[str, list[dict]]) -> dict:
+    """Each mode's ``mean_curve`` on every axis its runs have (``generated`` is absent from
+    runs written before 2026-12-06)."""
+    return {m: {axis: mean_curve(r, axis) for axis in AXES
+                if all(axis in x["points"][-1] for x in r)}
+            for m, r in runs.items() if r}
+
+
 def first_reach(runs: list[dict], axis: str, target: float, n: int = 400) -> float | None:
     """Where on ``axis`` the seeds' mean curve first reaches ``target`` (None: never)."""
     curve = mean_curve(runs, axis, n)
@@ -197,7 +242,7 @@ def summarise(runs: dict[str, list[dict]], v05: str = "async_v05",
     return out
 
 
-def _at(runs: list[dict], axis: str, x: float) -> np.ndarray:
+def accuracy_at(runs: list[dict], axis: str, x: float) -> np.ndarray:
     """Each seed's accuracy at ``x`` on ``axis`` (linear between its evaluations), (seeds,)."""
     return np.array([float(interp(r["points"], axis, np.array([x]))[0]) for r in runs])
 
@@ -207,7 +252,8 @@ def paired_difference(a: list[dict], b: list[dict], axis: str, x: float) -> dict
     paired by seed (the runs of a seed share their starting weights and evaluation prompts)."""
     by_seed = {r["seed"]: r for r in b}
     pairs = [(r, by_seed[r["seed"]]) for r in a if r["seed"] in by_seed]
-    d = _at([p for p, _ in pairs], axis, x) - _at([q for _, q in pairs], axis, x)
+    d = (accuracy_at([p for p, _ in pairs], axis, x)
+         - accuracy_at([q for _, q in pairs], axis, x))
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None
     return {"mean": float(d.mean()), "se": se, "seeds": d.tolist(), "at": float(x),
             "axis": axis}
@@ -240,7 +286,8 @@ def controlled(runs: dict[str, list[dict]], v05: str = "async_v05") -> dict:
     for axis in ("rollouts", "train_s"):
         common = min(min(x["points"][-1][axis] for x in runs[m])
                      for m in [v05, *grpo.values()])
-        at = {G: float(np.nanmean(_at(runs[m], axis, common))) for G, m in grpo.items()}
+        at = {G: float(np.nanmean(accuracy_at(runs[m], axis, common)))
+              for G, m in grpo.items()}
         out[f"grpo_accuracy_at_equal_{axis}"] = {f"G{G}": a for G, a in sorted(at.items())}
         best = max(at, key=at.get)
         if axis == "rollouts":

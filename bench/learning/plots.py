@@ -85,3 +85,63 @@ def plots(out: dict, stem: Path) -> None:
     fig.tight_layout()
     fig.savefig(f"{stem}_stats.png", dpi=110)
     plt.close(fig)
+
+
+def selection_plots(out: dict, stem: Path) -> None:
+    """The per-rollout study's plot of one setting: accuracy against generated rollouts (each
+    mode's mean over seeds), every mode minus the best baseline at equal generated rollouts
+    (paired, +- 2 SE), and where each mode's generated rollouts went (the share in groups
+    that gave the learner nothing; the selection's skip rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, curves = out["config"], out["curves"]
+    setting = cfg["setting"]
+    s = out["summary"]["settings"][setting]
+    modes = list(curves)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    ax = axes[0]
+    for i, mode in enumerate(modes):
+        cv = curves[mode]["generated"]
+        color = COLORS.get(mode, f"C{i % 10}")
+        ax.plot(cv["x"], cv["mean"], color=color, lw=2, label=mode)
+        ax.fill_between(cv["x"], [m - e for m, e in zip(cv["mean"], cv["se"])],
+                        [m + e for m, e in zip(cv["mean"], cv["se"])], color=color, alpha=0.15,
+                        lw=0)
+    ax.axvline(s["at_generated_rollouts"], color="grey", ls=":", lw=1)
+    ax.set_xlabel("rollouts generated (every one sent to a generator)")
+    ax.set_ylabel(f"held-out accuracy ({cfg['eval_metric']}, {cfg['eval_prompts']} prompts)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    best = s.get("best_baseline")
+    diffs = s.get("minus_best", {})
+    names = [m for m in modes if m in diffs]
+    ax.bar(range(len(names)), [diffs[m]["mean"] for m in names],
+           yerr=[2 * (diffs[m]["se"] or 0) for m in names], capsize=3,
+           color=[COLORS.get(m, "grey") for m in names])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
+    ax.set_title(f"minus the best baseline ({best}) at {s['at_generated_rollouts']:.0f} generated "
+                 "rollouts, paired, +- 2 SE", fontsize=9)
+    ax = axes[2]
+    x = range(len(modes))
+    for j, (key, label, color) in enumerate((
+            ("zero_advantage_share", "generated rollouts in groups with no advantage",
+             "tab:grey"),
+            ("uniform_share", "generated rollouts in groups whose rewards were all equal",
+             "tab:blue"),
+            ("skip_rate", "prompts drawn and deferred", "tab:orange"))):
+        ax.bar([i + (j - 1) * 0.27 for i in x], [s["modes"][m].get(key) or 0.0 for m in modes],
+               width=0.27, label=label, color=color)
+    ax.set_xticks(list(x), modes, rotation=25, ha="right", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.set_title("where the rollouts went (mean over seeds)", fontsize=9)
+    fig.suptitle(f"per generated rollout, setting '{setting}' ({cfg['task']} task, "
+                 f"{cfg['seeds']} seeds paired, {cfg['budget_rollouts']} generated rollouts a "
+                 "run)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(f"{stem}.png", dpi=110)
+    plt.close(fig)

@@ -17,8 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.learning.analysis import (AXES, controlled, mean_curve, paired_difference,
-                                    summarise)
+from bench.learning.analysis import controlled, mean_curves, paired_difference, summarise
 
 SAME = ("budget_train_s", "seeds", "evals", "eval_prompts", "batch_samples", "start", "task")
 
@@ -51,7 +50,7 @@ def side_by_side(new: dict, mode: str, old: dict) -> dict:
     """A bench.learning result holding the study's runs and the variant's, for ``plots``."""
     runs = {**old["runs"], mode: new["runs"][mode]}
     return {"config": new["config"], "runs": runs, "summary": summarise(runs),
-            "curves": {m: {axis: mean_curve(r, axis) for axis in AXES} for m, r in runs.items()}}
+            "curves": mean_curves(runs)}
 
 
 def main(argv=None) -> int:

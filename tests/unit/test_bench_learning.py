@@ -119,10 +119,13 @@ def test_prior_quality_uses_the_tasks_reward_range():
 def test_read_curve_from_run_files(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({
         "eval_sampled_initial": 0.5, "eval_sampled_initial_se": 0.03, "eval_greedy_initial": 0.9,
-        "prompts_trained": 4, "eval_time_s": 7.0}))
-    rows = [{"step": 1, "step_time_s": 2.0, "rollouts": 8, "trained_tokens": 400, "grad_norm": 0.1},
+        "prompts_trained": 4, "eval_time_s": 7.0, "rollouts_dispatched": 26,
+        "drop_reasons": {"filtered_all_equal": 2}, "prompts_drawn": 9, "prompts_deferred": 3}))
+    rows = [{"step": 1, "step_time_s": 2.0, "rollouts": 8, "trained_tokens": 400, "grad_norm": 0.1,
+             "generated_rollouts": 12},
             {"step": 2, "step_time_s": 3.0, "rollouts": 10, "trained_tokens": 500, "grad_norm": 0.3,
-             "eval_sampled": 0.6, "eval_sampled_se": 0.02, "eval_greedy": 0.95}]
+             "eval_sampled": 0.6, "eval_sampled_se": 0.02, "eval_greedy": 0.95,
+             "generated_rollouts": 26}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = [{"k": 4, "rewards": [1, 1, 1, 1], "baseline": 1.0, "prior_p": None, "step": 1},
                {"k": 6, "rewards": [1, -1, 1, 1, 1, 1], "baseline": 0.5, "prior_p": None,
@@ -130,10 +133,14 @@ def test_read_curve_from_run_files(tmp_path):
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
     c = read_curve(tmp_path, "sampled")
     assert [p["accuracy"] for p in c["points"]] == [0.5, 0.6]
-    assert c["points"][1] | {} == {"step": 2, "train_s": 5.0, "rollouts": 18,
+    assert c["points"][1] | {} == {"step": 2, "train_s": 5.0, "rollouts": 18, "generated": 26,
                                    "trained_tokens": 900, "accuracy": 0.6, "se": 0.02,
                                    "greedy": 0.95}
     assert c["grad_norms"] == [0.1, 0.3] and c["zero_advantage_share"] == 0.5
+    # every generated rollout counted: the uniform group's 4 and the two filtered groups' 4 each
+    g = c["generated"]
+    assert g["zero_advantage_rollouts"] == 4 + 2 * 4 and g["zero_advantage_share"] == 12 / 26
+    assert g["uniform_share"] == 12 / 26 and g["skip_rate"] == 3 / 9
     assert c["k_mean"] == 5.0 and c["prior"] is None
 
 
@@ -240,13 +247,13 @@ def test_keep_runs_from_takes_the_other_modes_of_a_like_study_and_refuses_an_unl
     path.write_text(json.dumps({"studies": {"warm-baselines": study}}))
     args = ["--baselines", "--paired", "--modes", "sync_v05", "--steps", "48", "--seeds", "5",
             "--evals", "2", "--eval-prompts", "500"]
-    kept = kept_runs(path, Settings.of(parse_args(args)), True)
+    kept = kept_runs(path, Settings.of(parse_args(args)), "warm-baselines")
     assert kept["modes"] == ["sync_drgrpo4", "sync_oracle4"] and "sync_v05" not in kept["runs"]
     assert kept["order"] == list(runs) and kept["runs"]["sync_oracle4"] == runs["sync_oracle4"]
     with pytest.raises(SystemExit, match="'seeds': \\(5, 3\\)"):
-        kept_runs(path, Settings.of(parse_args(args[:-5] + ["3"] + args[-4:])), True)
+        kept_runs(path, Settings.of(parse_args(args[:-5] + ["3"] + args[-4:])), "warm-baselines")
     with pytest.raises(SystemExit, match="no study 'warm'"):
-        kept_runs(path, Settings.of(parse_args(args)), False)
+        kept_runs(path, Settings.of(parse_args(args)), "warm")
 
 
 def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path):
