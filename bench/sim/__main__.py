@@ -31,7 +31,7 @@ from bench.sim.measured import (LEARNING, PRIOR_TRUTH, resolve_best_grpo_g,
                                 resolve_prior_error_sd)
 from bench.sim.metrics import ratios
 from bench.sim.models import SimConfig, from_dict, load_file, parse_overrides
-from bench.sim.study import aims, run_modes, run_sweeps
+from bench.sim.study import aims, run_modes, run_sweeps, selection_summary
 
 MAIN = SimConfig(steps=30)
 # A smaller cluster of the same shape (a smoke test of the whole benchmark in about a minute).
@@ -142,7 +142,8 @@ def main(argv=None) -> dict:
                                   "window (after the first max_staleness + 2 learner steps); "
                                   "ratios: *_prompts_per_hour of prompts trained, "
                                   "*_rollouts_per_hour of rollouts trained"),
-                  config={**asdict(cfg), **prov}, modes=per, ratios=rat)
+                  config={**asdict(cfg), **prov}, modes=per, ratios=rat,
+                  summary={"selection": selection_summary(per, rat)})
     plot.gantt(results, f"{out}.png")
     plot.utilisation(results, f"{out}_utilisation.png")
     prior_sweep = None

@@ -20,18 +20,27 @@ Modes (``MODES``):
 - ``*_equal_mse``: GRPO with the group size whose baseline MSE equals V0.5's at this prior
   quality (``SimConfig.equal_mse_group``, set by the caller from a V0.5 run).
 - ``async_grpo_best_g``: async GRPO at ``SimConfig.best_grpo_group`` (the G that learned best
-  per unit of compute in ``bench.learning``; 4 when none is measured).
+  per unit of compute in ``bench.learning``; 4 when none is measured); ``async_grpo4``: G = 4.
+- ``*_select``: admission by selection (``actors.scheduler.selection``, the shipped rule): a
+  prompt gets rollouts with the chance that its group would not be uniform, predicted by the
+  prior, never below ``SimConfig.select_floor``. ``async_v05_k4_select`` holds V0.5 at k = 4.
+
+Each trained prompt's rollouts are also counted by what they give the learner: ``nonzero``
+(some advantage is not 0) and ``mixed`` (its rewards are not all equal: a group-mean method's
+only signal; V0.5's baseline also gives a uniform group an advantage where the prior
+disagrees with it).
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig
+from actors.scheduler.selection import SelectionConfig
 from bench.sim.engine import Engine, Rollout
 from bench.sim.models import SimConfig
 from estimator import ESTIMATORS, make_estimator
@@ -41,10 +50,11 @@ from estimator import ESTIMATORS, make_estimator
 class ModeSpec:
     barrier: bool          # synchronous: max_staleness 0
     colocated: bool        # every GPU generates, then every GPU trains
-    algo: str              # "grpo" or "v05"
+    algo: str              # "grpo", "v05" or "v05_k4" (V0.5 held at k = 4)
     group: int | str = 16  # GRPO's G, or the SimConfig field that holds it
     oversample: bool = False  # barrier only: admit SimConfig.oversampled_prompts, train the
                               # first B to finish, abort the rest
+    select: bool = False   # admission by selection (the prior decides which prompts)
 
 
 MODES = {
@@ -56,6 +66,9 @@ MODES = {
     "async_grpo_best_g": ModeSpec(False, False, "grpo", "best_grpo_group"),
     "async_v05": ModeSpec(False, False, "v05"),
     "async_grpo_equal_mse": ModeSpec(False, False, "grpo", "equal_mse_group"),
+    "async_grpo4": ModeSpec(False, False, "grpo", 4),
+    "async_v05_select": ModeSpec(False, False, "v05", select=True),
+    "async_v05_k4_select": ModeSpec(False, False, "v05_k4", select=True),
 }
 CHUNK = 512  # prompts drawn per block of random numbers
 
@@ -113,6 +126,8 @@ class Sim:
         spec = self.spec
         if spec.algo == "v05":
             self.est = ESTIMATORS["v05"](cfg.estimator_config())
+        elif spec.algo == "v05_k4":
+            self.est = ESTIMATORS["v05"](replace(cfg.estimator_config(), k_max=cfg.k_init))
         else:
             g = getattr(cfg, spec.group) if isinstance(spec.group, str) else spec.group
             if g is None:
@@ -131,12 +146,16 @@ class Sim:
         self.train_s_per_token = cfg.learner.s_per_token_gpu * slow / self.learner_gpus
         self.engines = [Engine(i, times, cfg.decode.max_num_seqs, cfg.learner.sync_s, self)
                         for i in range(self.n_engines)]
+        selection = (SelectionConfig(floor=cfg.select_floor, window=4 * admit,
+                                     k=self.est.cfg.k_init, seed=cfg.seed)
+                     if spec.select else None)
         self.sched = Scheduler(
             SchedulerConfig(batch_prompts=admit,
                             max_staleness=0 if spec.barrier else cfg.max_staleness,
                             slots_per_generator=cfg.decode.max_num_seqs,
-                            max_inflight_prompts=cfg.max_inflight_prompts),
+                            max_inflight_prompts=cfg.max_inflight_prompts, selection=selection),
             self.est, self.n_engines, clock=lambda: self.now)
+        self.candidates: dict = {}       # uid -> (stream, prior) of a drawn, undecided prompt
         self.source = PromptSource(cfg)
         self.latency = cfg.dispatch_latency_s
         self.events: list = []
@@ -192,6 +211,8 @@ class Sim:
 
     def fill(self) -> None:
         """Admit as many new prompts as the scheduler has room for."""
+        if self.spec.select:
+            return self.fill_selected()
         while not self.stopped and (n := self.sched.room()) > 0:
             uids, priors = [], []
             for _ in range(n):
@@ -203,6 +224,28 @@ class Sim:
                 uids.append(uid)
                 priors.append(prior if self.est.needs_prior else None)
             self.apply(self.sched.admit(uids, priors, uids=uids))
+
+    def fill_selected(self) -> None:
+        """Admission by selection, as the coordinator drives it: the window filled from the
+        stream, every waiting candidate scored by its prior, the scheduler's choice admitted;
+        a deferred prompt's streams are forgotten."""
+        s = self.sched
+        while not self.stopped and s.room() > 0:
+            uids = []
+            for _ in range(s.to_draw()):
+                pid, self.next_pid = self.next_pid, self.next_pid + 1
+                p, prior, rewards, lengths = self.source.get(pid)
+                uids.append(f"p{pid}")
+                self.candidates[uids[-1]] = ((-1.0 + 2.0 * p, rewards, lengths), prior)
+            s.offer(uids, uids)
+            s.score([self.candidates[u][1] for u in s.waiting()])
+            chosen = s.admit_selected()
+            waiting = set(s.waiting())
+            for u in [u for u in self.candidates if u not in waiting]:
+                stream, _ = self.candidates.pop(u)
+                if u in s.inflight:
+                    self.streams[u] = stream
+            self.apply(chosen)
 
     def on_finished(self, engine: Engine, finished: list) -> None:
         for r in finished:
@@ -255,8 +298,12 @@ class Sim:
         rolls = [grp.payloads[i] for grp in batch for i in grp.state.indices()]
         tokens = sum(r.length for r in rolls) + len(rolls) * self.cfg.length.prompt_tokens
         dur = self.cfg.learner.step_overhead_s + tokens * self.train_s_per_token
+        nonzero = mixed = 0
         for grp in batch:
             self.staleness.extend(self.sched.version - v for v in grp.start_version.values())
+            r, k = grp.state.rewards(), grp.state.k
+            nonzero += k * bool((abs(grp.state.advantages()) > 1e-12).any())
+            mixed += k * bool(r.max() > r.min())
             self.k_trained.append(grp.state.k)
             self.rounds_trained.append(grp.state.rounds)
             mu = self.streams[grp.uid][0]
@@ -265,7 +312,8 @@ class Sim:
         self.learner_busy = True
         self.learner_segments.append((self.now, self.now + dur, 0))
         self.steps.append(dict(t_start=self.now, t_end=self.now + dur, prompts=len(batch),
-                               rollouts=len(rolls), tokens=tokens))
+                               rollouts=len(rolls), tokens=tokens, nonzero_rollouts=nonzero,
+                               mixed_rollouts=mixed))
         self.schedule(self.now + dur, self.end_train)
         # The aborts' reports come back through on_aborted -> try_train: the learner is busy
         # and the step's admissions closed (the batch was taken), so nothing re-enters.
@@ -300,6 +348,8 @@ class Sim:
             rollouts_dispatched=acct["rollouts_dispatched"],
             rollouts_finished=len(self.finish_times), rollouts_cancelled=acct["rollouts_cancelled"],
             stale_regenerated=acct["stale_regenerated"], aborted_prompts=self.aborted_prompts,
+            drawn=acct["prompts_drawn"], deferred=acct.get("prompts_deferred", 0),
+            waiting=acct.get("prompts_waiting_at_end", 0),
             rollouts_in_engines=sum(e.outstanding for e in self.engines),
             max_staleness_bound=0 if self.spec.barrier else self.cfg.max_staleness)
         return SimResult(self.mode, self.cfg, self.n_engines, self.learner_gpus, self.now,

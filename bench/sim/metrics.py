@@ -94,6 +94,9 @@ def summarise(res: SimResult) -> dict:
         prompts_per_hour=prompts / hours,
         rollouts_per_hour=float(((fin > w0) & (fin <= w1)).sum()) / hours,
         trained_rollouts_per_hour=sum(s["rollouts"] for s in steps) / hours,
+        # trained rollouts of prompts with some nonzero advantage / with rewards not all equal
+        nonzero_trained_rollouts_per_hour=sum(s["nonzero_rollouts"] for s in steps) / hours,
+        mixed_trained_rollouts_per_hour=sum(s["mixed_rollouts"] for s in steps) / hours,
         trained_tokens_per_hour=sum(s["tokens"] for s in steps) / hours,
         learner_busy_fraction=train / (w1 - w0),
         mean_step_s=(w1 - w0) / max(1, len(steps)),
@@ -143,8 +146,13 @@ RATIOS = [("async_v05_vs_sync_grpo16", "async_v05", "sync_grpo16"),
           ("sync_v05_vs_sync_grpo16", "sync_v05", "sync_grpo16"),
           ("async_grpo16_vs_sync_grpo16", "async_grpo16", "sync_grpo16"),
           ("sync_grpo16_colocated_oversample_vs_sync_grpo16_colocated",
-           "sync_grpo16_colocated_oversample", "sync_grpo16_colocated")]
-UNITS = {"prompts_per_hour": "prompts_per_hour", "rollouts_per_hour": "trained_rollouts_per_hour"}
+           "sync_grpo16_colocated_oversample", "sync_grpo16_colocated"),
+          ("async_v05_select_vs_async_grpo4", "async_v05_select", "async_grpo4"),
+          ("async_v05_k4_select_vs_async_grpo4", "async_v05_k4_select", "async_grpo4"),
+          ("async_v05_vs_async_grpo4", "async_v05", "async_grpo4")]
+UNITS = {"prompts_per_hour": "prompts_per_hour", "rollouts_per_hour": "trained_rollouts_per_hour",
+         "nonzero_rollouts_per_hour": "nonzero_trained_rollouts_per_hour",
+         "mixed_rollouts_per_hour": "mixed_trained_rollouts_per_hour"}
 
 
 def ratios(per_mode: dict) -> dict:

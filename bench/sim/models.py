@@ -284,6 +284,8 @@ class SimConfig:
                                       # from bench/results/learning.json when that names one)
     oversample: float = 0.1           # sync_grpo16_colocated_oversample: admit ceil((1 + this)
                                       # x B) prompts per step, train the first B to finish
+    select_floor: float = 0.1         # *_select modes: the selection's exploration floor
+                                      # (algo.select_floor; actors/scheduler/selection.py)
     steps: int = 40                   # budget: learner steps per mode ...
     max_hours: float | None = None    # ... or simulated hours, whichever ends first
     warmup_steps: int | None = None   # rates after this many steps; None: max_staleness + 2
@@ -309,6 +311,8 @@ class SimConfig:
         _check(self.equal_mse_group is None or self.equal_mse_group >= 1, "equal_mse_group must be >= 1")
         _check(self.best_grpo_group >= 1, f"best_grpo_group must be >= 1, got {self.best_grpo_group}")
         _check(self.oversample >= 0, f"oversample must be >= 0, got {self.oversample}")
+        _check(0 < self.select_floor <= 1, f"select_floor must lie in (0, 1], got "
+               f"{self.select_floor}")
         _check(self.overlap_slowdown >= 1.0, f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
         _check(self.dispatch_latency_s >= 0, f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s}")
         _check(self.max_hours is None or self.max_hours > 0, "max_hours must be > 0")

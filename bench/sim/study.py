@@ -118,6 +118,35 @@ def _needed(sweeps: dict) -> list[str]:
                           key=list(MODES).index))
 
 
+SELECTION_MODE = "async_v05_k4_select"  # the selection mode bench.learning's warm start chose
+
+
+def selection_summary(per: dict, rat: dict, mode: str = SELECTION_MODE) -> dict:
+    """``summary.selection``: V0.5 with selection against async GRPO-4 per hour, in trained
+    rollouts of groups with a nonzero advantage (the aim's unit), of groups whose rewards
+    were not all equal (a group-mean method's only signal: the stricter unit), of all trained
+    rollouts and of prompts; the same for V0.5 without selection; skip rates ({} when the
+    modes did not run)."""
+    stem = mode + "_vs_async_grpo4"
+    if mode not in per or "async_grpo4" not in per:
+        return {}
+    out = {"mode": mode,
+           "nonzero_rollouts_per_h_vs_async_grpo4": rat.get(f"{stem}_nonzero_rollouts_per_hour"),
+           "mixed_rollouts_per_h_vs_async_grpo4": rat.get(f"{stem}_mixed_rollouts_per_hour"),
+           "trained_rollouts_per_h_vs_async_grpo4": rat.get(f"{stem}_rollouts_per_hour"),
+           "prompts_per_h_vs_async_grpo4": rat.get(f"{stem}_prompts_per_hour")}
+    for m in ("async_v05", "async_v05_select", "async_v05_k4_select"):
+        if m in per and "async_grpo4" in per:
+            c = per[m]["checks"]
+            out.setdefault("per_mode", {})[m] = {
+                "nonzero_rollouts_per_h_vs_async_grpo4":
+                    rat.get(f"{m}_vs_async_grpo4_nonzero_rollouts_per_hour"),
+                "mixed_rollouts_per_h_vs_async_grpo4":
+                    rat.get(f"{m}_vs_async_grpo4_mixed_rollouts_per_hour"),
+                "skip_rate": c["deferred"] / c["drawn"] if c.get("drawn") else 0.0}
+    return out
+
+
 def aims(per: dict, rat: dict, cfg: SimConfig, prior_sweep: dict | None) -> dict:
     """The issue's aims at 32 GPUs, each with the number and whether it is met."""
     v = per["async_v05"]
@@ -135,6 +164,10 @@ def aims(per: dict, rat: dict, cfg: SimConfig, prior_sweep: dict | None) -> dict
         "async_v05_sample_age_max": dict(value=v["sample_age_max"], aim=cfg.max_staleness,
                                          at_most=True),
     }
+    sel = selection_summary(per, rat)
+    if sel:  # issue 41: learning signal per hour, every trained rollout judged by its group
+        out["selection_nonzero_rollouts_per_h_vs_async_grpo4"] = dict(
+            value=sel["nonzero_rollouts_per_h_vs_async_grpo4"], aim=1.5)
     if prior_sweep is not None:
         vals = [p["ratios"].get("v05_vs_equal_mse_share_of_limit_ratio") for p in prior_sweep["points"]]
         vals = [x for x in vals if x is not None]
