@@ -32,6 +32,10 @@ injects, one scenario at a time:
 14 node_added                             (the same run) a new generator node joins
 15 node_lost_learner                      the learner's node lost whole; a new one joins and
                                           the same command resumes
+16 prior_killed_under_selection           3 while the prior decides admission (algo.select):
+                                          drawn = admitted + deferred + waiting checked
+17 sigterm_then_resume_under_selection    10 under selection: the waiting candidates are in
+                                          the checkpoint; the identity checked after resume
 
 In-process scenarios share one set of long-lived actors (engine start dominates on a CPU;
 ``bench.harness`` starts them once and gives each scenario the same starting state); 4, 5, 10
@@ -82,6 +86,8 @@ SCENARIOS = {
     "node_lost_generators": "nodes",
     "node_added": "nodes",
     "node_lost_learner": "nodes",
+    "prior_killed_under_selection": "inproc",
+    "sigterm_then_resume_under_selection": "stops",
 }
 QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_loss",
          "driver_sigkill"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.chaos.faults import FaultyLearner, GeneratorKill, Watch, pid_of, restarted
-from bench.chaos.outcome import Outcome, first_step_after, judge, read_jsonl
+from bench.chaos.outcome import Outcome, drawn_identity, first_step_after, judge, read_jsonl
 from bench.harness import config_for
 
 
@@ -183,10 +183,22 @@ def generator_killed_during_weight_update(b: Bench) -> Outcome:
 # -- 3. the prior --------------------------------------------------------------------------
 def prior_killed(b: Bench) -> Outcome:
     """The prior server killed after step 2 (Ray restarts it: max_restarts=1)."""
+    return _prior_killed(b, "prior_killed")
+
+
+def prior_killed_under_selection(b: Bench) -> Outcome:
+    """The same kill while the prior decides which prompts get rollouts (algo.select):
+    admission falls back to the data order until it answers again, every drawn prompt is
+    admitted, deferred or waiting, once."""
+    out = _prior_killed(b, "prior_killed_under_selection", algo={"select": "prior"})
+    return drawn_identity(out, b.workdir / "prior_killed_under_selection")
+
+
+def _prior_killed(b: Bench, name: str, **sections) -> Outcome:
     import ray
 
     t0 = time.time()
-    cfg = b.cfg("prior_killed", run={"max_steps": b.steps + 2})
+    cfg = b.cfg(name, run={"max_steps": b.steps + 2}, **sections)
     b.reset(cfg)
     trainer = b.trainer(cfg)
     prior = b.roles.prior
@@ -219,12 +231,12 @@ def prior_killed(b: Bench) -> Outcome:
               "first_admission_with_the_prior_after_s":
                   first_prior and round(first_prior["t_admit"] - t_kill, 2),
               "prompts_trained_with_fallback": sum(p["fallback"] for p in prompts),
-              **_counters(s, "prior_fallbacks")}
+              **_counters(s, "prior_fallbacks", "selection_fallbacks")}
     what = (f"Ray restarted the prior ({back and round(back, 1)}s after the kill; its context "
             f"window starts empty); {s.get('prior_fallbacks')} prompts admitted meanwhile used "
             f"the empirical-mean fallback (counted in prior_fallbacks); prompts admitted after "
             f"it came back used its predictions again.")
-    return _outcome(b, "prior_killed", "ray.kill (crash, Ray restarts it) of the prior server "
+    return _outcome(b, name, "ray.kill (crash, Ray restarts it) of the prior server "
                     "after step 2", cfg, ran, t0, recovery_time_s=back,
                     t_fault=st.get("t"), t_recovered=w and w.t_back,
                     recovery="from the kill to the prior answering again from its new process",

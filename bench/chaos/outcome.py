@@ -114,3 +114,22 @@ def first_step_after(run_dir: Path, t: float, after_step: int = 0) -> dict | Non
         if row["step"] > after_step and row["t_step_end"] > t:
             return row
     return None
+
+
+def drawn_identity(out: Outcome, run_dir: Path) -> Outcome:
+    """Admission by selection: every prompt drawn ended once, as admitted, deferred or still
+    waiting (summary.json, resumes included): the figures in ``detail["drawn"]``, and the
+    row not survived where they do not add up."""
+    s = summary_of(run_dir) or {}
+    keys = ("prompts_drawn", "prompts_admitted", "prompts_deferred", "prompts_waiting_at_end",
+            "selection_fallbacks")
+    d = {k: s.get(k) for k in keys}
+    holds = None not in d.values() and d["prompts_drawn"] == (
+        d["prompts_admitted"] + d["prompts_deferred"] + d["prompts_waiting_at_end"])
+    out.detail["drawn"] = {**d, "identity_holds": holds}
+    out.survived = bool(out.survived and holds)
+    out.what_happened += (f" Selection: {d['prompts_drawn']} prompts drawn = "
+                          f"{d['prompts_admitted']} admitted + {d['prompts_deferred']} deferred "
+                          f"+ {d['prompts_waiting_at_end']} waiting"
+                          + ("" if holds else ": does NOT add up") + ".")
+    return out

@@ -21,9 +21,10 @@ import re
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from bench.chaos.outcome import Outcome, read_jsonl, summary_of
+from bench.chaos.outcome import Outcome, drawn_identity, read_jsonl, summary_of
 from bench.chaos.procs import ProcBench, _args, _resume, error_line, latest_step, launch
 
 GRACE_S = 60.0  # run.preempt_grace_s of the preempted run
@@ -38,10 +39,11 @@ def _last_line(log: Path, pattern: str) -> str | None:
     return hits[-1].strip()[:300] if hits else None
 
 
-def sigterm_then_resume(pb: ProcBench, seed: int = 0) -> Outcome:
+def sigterm_then_resume(pb: ProcBench, seed: int = 0,
+                        name: str = "sigterm_then_resume") -> Outcome:
     """SIGTERM to the driver after a random step in [2, steps - 2], a random 0-3 s into the
     next one; then ``run.resume=true``."""
-    name, t0 = "sigterm_then_resume", time.time()
+    t0 = time.time()
     run_dir = pb.workdir / name
     rng = random.Random(seed)
     at, delay = rng.randint(2, max(2, pb.steps - 2)), round(rng.uniform(0.0, 3.0), 2)
@@ -77,6 +79,16 @@ def sigterm_then_resume(pb: ProcBench, seed: int = 0) -> Outcome:
                   f"{at} (no periodic checkpoint; run.preempt_grace_s={GRACE_S:g})", what, info)
     out.survived = out.survived and landed and clean_stop
     return out
+
+
+def sigterm_then_resume_under_selection(pb: ProcBench) -> Outcome:
+    """The same preemption and resume with admission by selection (algo.select=prior): the
+    candidates waiting at the checkpoint are in it, and after the resume every prompt drawn
+    was admitted, deferred or is waiting, once."""
+    name = "sigterm_then_resume_under_selection"
+    out = sigterm_then_resume(replace(pb, overrides=[*pb.overrides, "algo.select=prior"]),
+                              name=name)
+    return drawn_identity(out, pb.workdir / name)
 
 
 def _mount(where: Path, size: str) -> str | None:

@@ -30,9 +30,12 @@ METRIC_KEYS = {"step", "policy_version", "reward_mean", "rollouts", "tokens_gene
 
 
 def assert_accounted(summary):
-    """Every admitted prompt ended exactly once: trained, dropped, or still in flight."""
+    """Every admitted prompt ended exactly once: trained, dropped, or still in flight; every
+    prompt drawn from the stream was admitted, deferred (selection) or is still waiting."""
     assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
                                            + summary["prompts_in_flight_at_end"])
+    assert summary["prompts_drawn"] == (summary["prompts_admitted"] + summary["prompts_deferred"]
+                                        + summary["prompts_waiting_at_end"])
 
 
 def make_cfg(tmp, name, **sections):
@@ -316,6 +319,35 @@ def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
     fates = prompt_fates(cfg2.run_dir)
     assert fates["lost"] == fates["trained_twice"] == fates["unknown"] == []
     assert fates["trained"] == 8 * 4 and fates["admitted"] == summary["prompts_admitted"]
+
+
+def test_selection_defers_prompts_and_a_crash_and_resume_accounts_for_every_draw(fresh):
+    """Dr.GRPO-4 with admission by selection (algo.select=prior), a checkpoint every 2 steps,
+    the driver dies after step 3: resumed, the candidates waiting at the checkpoint are
+    decided after it, and every prompt drawn is admitted, deferred or waiting exactly once
+    (summary.json), every admitted one trained once, each with the prior's p recorded."""
+    sections = dict(mode="sync", algo={"name": "dr_grpo", "k_init": 4, "k_max": 4,
+                                       "select": "prior", "select_floor": 0.05})
+    cfg = make_cfg(fresh["tmp"], "select", **sections,
+                   run={"max_steps": 4, "eval_every": 0, "checkpoint_every": 2})
+
+    def crash_after_3(step, metrics):
+        if step == 3:
+            raise Crash("the driver died")
+
+    with pytest.raises(Crash):
+        run(fresh, cfg, after_step=crash_after_3)
+    cfg2 = make_cfg(fresh["tmp"], "select", **sections,
+                    run={"max_steps": 6, "eval_every": 0, "resume": True})
+    summary = run(fresh, cfg2)
+    assert summary["resumed_from"] == "step2" and summary["steps"] == 6
+    assert_accounted(summary)
+    assert summary["prompts_waiting_at_end"] > 0 and summary["selection_fallbacks"] == 0
+    prompts = prompts_of(cfg2)
+    assert len({p["uid"] for p in prompts}) == len(prompts) == 6 * 4
+    assert all(p["prior_p"] is not None for p in prompts)
+    fates = prompt_fates(cfg2.run_dir)
+    assert fates["lost"] == fates["trained_twice"] == fates["unknown"] == []
 
 
 def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(fresh,
