@@ -210,12 +210,21 @@ CONFIG_VALUES = [
     ("rollout.top_p=1.5", r"rollout\.top_p: Input should be less than or equal to 1; got 1\.5"),
     ("optim.lr=.nan", r"optim\.lr: Input should be greater than 0; got nan"),
     ("optim.lr=.inf", r"optim\.lr: must be a finite number; got inf"),
+    # admission by selection (issue 41): the floor, the window, a prior that can score
+    ("algo.select_floor=0", r"algo\.select_floor: Input should be greater than 0; got 0"),
+    ("algo.select_floor=1.5", r"algo\.select_floor: Input should be less than or equal to 1"),
+    ("algo.select=prior algo.select_window=4",
+     r"algo\.select_window \(4\) must hold at least one batch \(16 prompts\)"),
+    ("algo.select=prior prior.backend=constant",
+     r"algo\.select=prior needs a prior that scores prompts before their rollouts; "
+     r"prior\.backend 'constant' does not"),
+    ("algo.select=oracle", r"algo\.select: Input should be 'none', 'prior' or 'history'"),
 ]
 
 
 @pytest.mark.parametrize("override, message", CONFIG_VALUES, ids=[c[0] for c in CONFIG_VALUES])
 def test_a_bad_config_value_names_the_field_and_its_range(launcher, override, message):
-    rc, err = launcher(override)
+    rc, err = launcher(*override.split())
     assert rc == 2 and re.search(message, err), err
 
 

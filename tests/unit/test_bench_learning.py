@@ -347,3 +347,44 @@ def test_a_mode_with_its_own_prior_options_gets_them_in_its_config(tmp_path):
                                  "weigh_rollouts": False}
     assert old.algo.name == "v05" and old.run.seed == 3
     assert run_config(base, "async_v05", 3, tmp_path).prior.options == base["prior"]["options"]
+
+
+def per_rollout_runs(accs_by_seed, generated_per_eval, zero=0.4, skip=0.0):
+    out = seeded(accs_by_seed, rollouts_per_eval=64)
+    for r in out:
+        for i, q in enumerate(r["points"]):
+            q["generated"] = i * generated_per_eval
+        r["generated"] = {"zero_advantage_share": zero, "uniform_share": zero, "skip_rate": skip}
+    return out
+
+
+def test_the_per_rollout_reading_picks_the_best_baseline_at_equal_generated_rollouts():
+    """Every mode is read at the generated rollouts every run reached (linear between
+    evaluations); DAPO generated twice as much per update, so it is read at its half-way
+    point; the best baseline is picked after the runs among the baselines only, and the
+    selection mode minus it is paired by seed."""
+    from bench.learning.per_rollout import setting_summary, verdict
+
+    runs = {"sync_drgrpo4": per_rollout_runs([[0.5, 0.6, 0.7], [0.5, 0.62, 0.72]], 100),
+            # over-samples: at 200 generated rollouts it is at its first evaluation
+            "sync_dapo4": per_rollout_runs([[0.5, 0.69, 0.9], [0.5, 0.71, 0.95]], 200),
+            "sync_v05_k4_sel": per_rollout_runs([[0.5, 0.66, 0.76], [0.5, 0.66, 0.78]], 100,
+                                                zero=0.1, skip=0.3),
+            # not a baseline: never picked as the one to beat, however good
+            "sync_v05": per_rollout_runs([[0.5, 0.9, 0.99], [0.5, 0.9, 0.99]], 100)}
+    s = setting_summary(runs, "sync_v05_k4_sel", ("sync_drgrpo4", "sync_dapo4", "sync_js4"),
+                        "sync_drgrpo4")
+    assert s["at_generated_rollouts"] == 200
+    assert s["modes"]["sync_dapo4"]["accuracy_at_equal_rollouts"]["seeds"] == \
+        pytest.approx([0.69, 0.71])
+    assert s["best_baseline"] == "sync_drgrpo4"   # 0.71 at 200 against DAPO's 0.70
+    d = s["selection_minus_best"]
+    assert d["seeds"] == pytest.approx([0.06, 0.06]) and d["se"] == pytest.approx(0.0)
+    assert verdict(d) == "ahead" and verdict({"mean": -0.01, "se": 0.004}) == "behind"
+    assert verdict({"mean": 0.01, "se": 0.006}) == "tie"
+    # the area: the mean accuracy over [0, 200] of the linear curve
+    auc = s["modes"]["sync_drgrpo4"]["auc"]["seeds"][0]
+    assert auc == pytest.approx(np.mean(interp(runs["sync_drgrpo4"][0]["points"], "generated",
+                                               np.linspace(0, 200, 400))))
+    assert s["zero_advantage_share_vs_reference"] == pytest.approx(0.25)
+    assert s["modes"]["sync_v05_k4_sel"]["skip_rate"] == pytest.approx(0.3)

@@ -701,3 +701,41 @@ def test_the_oracle_refuses_what_it_cannot_be():
     with pytest.raises(ValueError, match="beyond the first train_k"):
         make_estimator("oracle", k_init=16, k_max=16, train_k=4).group(
             np.ones((1, 4)), np.ones((1, 4), bool))
+
+
+def test_james_stein_against_a_loop_of_its_formula():
+    """Each response's baseline: its group's leave-one-out mean shrunk toward the mean of the
+    other groups' means by tau2 / (tau2 + s2 / (k - 1)), written out one response at a time."""
+    from estimator.registry import batch_group
+
+    rng = np.random.default_rng(5)
+    groups = [rng.choice([-1.0, 1.0], size=k, p=[1 - q, q])
+              for k, q in zip([4, 4, 6, 4, 8], [0.9, 0.5, 0.3, 0.1, 0.6])]
+    res = batch_group(make_estimator("james_stein", k_init=4, k_max=8), groups)
+    means = np.array([g.mean() for g in groups])
+    s2 = np.mean([g.var(ddof=1) for g in groups])
+    tau2 = max(0.0, means.var(ddof=1) - s2 * np.mean([1 / len(g) for g in groups]))
+    for i, g in enumerate(groups):
+        lam = tau2 / (tau2 + s2 / (len(g) - 1))
+        others = np.mean(np.delete(means, i))
+        for j, r in enumerate(g):
+            loo = (g.sum() - r) / (len(g) - 1)
+            assert res.advantages[i, j] == pytest.approx(r - (lam * loo + (1 - lam) * others))
+
+
+def test_james_stein_alone_is_rloo_and_without_spread_is_the_others_mean():
+    from estimator.registry import batch_group
+
+    js = make_estimator("james_stein")
+    g = np.array([1.0, -1.0, 1.0, 1.0])
+    alone = js.group(g[None, :])
+    assert np.allclose(alone.advantages, make_estimator("rloo").group(g[None, :]).advantages)
+    # four groups of equal means: tau2 = 0, every baseline is the other groups' mean
+    same = [np.array([1.0, -1.0, 1.0, -1.0]), np.array([-1.0, 1.0, -1.0, 1.0])] * 2
+    res = batch_group(js, same)
+    assert np.allclose(res.advantages[0], same[0] - 0.0)
+    # a uniform group keeps a signal against the batch where tau2 < infinity
+    mixed = [np.array([1.0, 1.0, 1.0, 1.0]), np.array([1.0, -1.0, -1.0, -1.0]),
+             np.array([-1.0, -1.0, 1.0, 1.0])]
+    adv = batch_group(js, mixed).advantages[0]
+    assert (adv > 0).all() and np.allclose(adv, adv[0])

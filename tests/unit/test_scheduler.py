@@ -775,3 +775,34 @@ def test_a_long_run_with_drops_keeps_the_schedulers_containers_flat():
     assert s.drops["filtered_all_equal"] > 100
     for key in sizes[0]:
         assert max(z[key] for z in sizes[100:]) <= max(max(z[key] for z in sizes[:10]), 4), key
+
+
+def test_a_batch_level_estimator_takes_the_batchs_baselines_together_at_hand_over():
+    """James-Stein's baselines depend on every group of the learner batch: the hand-over
+    computes them over the batch, in the samples and in the records (the mean of a prompt's
+    responses' baselines); a prompt handed alone keeps its own (leave-one-out) ones."""
+    from actors.prompts import hand_over
+    from estimator.registry import batch_group
+
+    js = make_estimator("james_stein", k_init=4, k_max=4)
+    s = Scheduler(cfg(batch_prompts=3, max_staleness=0), js, 1)
+    pattern = {0: [1.0] * 4, 1: [1.0, -1.0, -1.0, -1.0], 2: [-1.0, -1.0, 1.0, 1.0]}
+    f = Fake(s, reward=lambda uid, i: pattern[int(uid[1:]) % 3][i])
+    from tasks.base import Problem
+
+    f.apply(s.admit([Problem(x, f"what is {x}?", "1") for x in "abc"], [None] * 3,
+                    uids=["p0", "p1", "p2"]))
+    f.complete_all()
+    prompts, _ = s.take_batch(3)
+    for p in prompts:
+        p.payloads = {i: Rollout(p.uid, p.problem.id, [1], [2], [-0.5], "t", "stop", 0,
+                                 reward=float(r))
+                      for i, r in enumerate(pattern[int(p.uid[1:]) % 3])}
+    batch = hand_over(prompts, 0, 0, [])
+    expected = batch_group(js, [p.state.rewards() for p in prompts]).advantages
+    got = [x.advantage for x in batch.samples]
+    assert got == pytest.approx(expected.ravel().tolist())
+    assert got[:4] != pytest.approx([0.0] * 4)  # the uniform group has a signal in the batch
+    alone = hand_over(prompts[:1], 0, 0, [])
+    assert [x.advantage for x in alone.samples] == pytest.approx([0.0] * 4)  # RLOO's
+    assert batch.records[0].baseline == pytest.approx(1.0 - sum(expected[0]) / 4)

@@ -30,6 +30,16 @@ def test_a_time_budget_ends_the_run_at_the_step_that_spends_it():
     assert last_and_eval_due(run, 1000, 1.0, 0.0) == (True, True)  # max_steps still counts
 
 
+def test_a_rollout_budget_ends_the_run_and_rollouts_space_the_evaluations():
+    run = RunConfig(max_steps=100000, max_rollouts=3072, eval_every=0, eval_every_rollouts=512)
+    assert run.evaluates
+    assert last_and_eval_due(run, 7, 1.0, 0.0, 448, 0) == (False, False)
+    assert last_and_eval_due(run, 8, 1.0, 0.0, 520, 0) == (False, True)   # 512 since the last
+    assert last_and_eval_due(run, 9, 1.0, 0.0, 900, 520) == (False, False)
+    assert last_and_eval_due(run, 30, 1.0, 0.0, 3100, 2900) == (True, True)  # spent: the last
+    assert not RunConfig(eval_every=0).evaluates
+
+
 def test_evaluations_by_training_time_since_the_last_one():
     run = RunConfig(max_steps=1000, eval_every=0, eval_every_s=20.0)
     assert last_and_eval_due(run, 2, 19.0, 0.0) == (False, False)
