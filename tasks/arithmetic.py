@@ -155,6 +155,7 @@ class ArithmeticTask(GeneratedTask):
     """Integer arithmetic; the verifier reads an integer on the completion's first line."""
 
     name = "arithmetic"
+    answer_format = "an integer alone on the first line"
     levels, default_n_train = LEVELS, 800
     build_split = staticmethod(build_split)
 

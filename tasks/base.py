@@ -68,6 +68,8 @@ class Task(ABC):
     """
 
     name: str = "task"
+    # What ``extract`` reads as the final answer, in words (said when few answers parse)
+    answer_format: str = "a final answer"
 
     def __init__(self, reward_low: float = -1.0, reward_high: float = 1.0):
         self.rewards: tuple[float, float] = check_rewards(reward_low, reward_high)

@@ -233,6 +233,7 @@ class MathTask(Task):
     """
 
     name = "math"
+    answer_format = "the last \\boxed{...}, else the last 'Answer: ...' line"
     slow_verifier = True  # math_verify: scored in worker processes, each with a deadline
 
     def __init__(self, path: str | Path, heldout_path: str | Path | None = None, seed: int = 0,

@@ -208,6 +208,7 @@ class StepwiseTask(GeneratedTask):
     which must be ``answer: <integer>`` (anything else is unparsed)."""
 
     name = "stepwise"
+    answer_format = "an answer line ending the completion"
     levels, default_n_train = LEVELS, 4000
     build_split = staticmethod(build_split)
 

@@ -120,6 +120,7 @@ class WordArithmeticTask(GeneratedTask):
     """Plain-English arithmetic questions; the verifier grades the last number written."""
 
     name = "word_arithmetic"
+    answer_format = "the last number written"
     levels, default_n_train = LEVELS, 800
     build_split = staticmethod(build_split)
 

@@ -20,6 +20,7 @@ from cluster.records.checkpoints import CheckpointWriteError, run_state_writer
 from cluster.records.metrics import StepTimes, generator_delta, run_summary, step_metrics
 from cluster.records.step import HeldOut
 from cluster.records.summary import RunSummary
+from cluster.records.unparsed import UnparsedWatch
 from cluster.run.preempt import Interrupted, Preempted, installed, wait_batch
 from cluster.run.start import (Run, generator_stats, in_service, measure_peaks, publish,
                                run_extras, start_run)
@@ -76,6 +77,9 @@ class Trainer:
         self.reused = initial_eval is not None
         self.final: HeldOut | None = None
         self.stop = installed()
+        # answers the grader cannot read: said once, within the first steps
+        self.unparsed = UnparsedWatch(run.cfg.rollout.max_tokens,
+                                      getattr(run.task, "answer_format", "a final answer"))
         self.tally.skip(time.time())  # training time counts from here (and ``run``'s start)
 
     @property
@@ -189,8 +193,9 @@ class Trainer:
                          len(r.nodes.alive) if r.nodes else None)
         r.files.step(m)
         r.files.prompts(batch, self.step, self.version, marks[1], result.skipped)
-        for line in batch.notes:
-            r.files.warn(line)
+        for line in [*batch.notes, self.unparsed.step(batch.records)]:
+            if line:
+                r.files.warn(line)
         self.recorded = self.step
         return m
 
