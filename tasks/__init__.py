@@ -14,6 +14,8 @@ the math task reads its file on first use.
 from __future__ import annotations
 
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.arithmetic import ArithmeticTask
@@ -78,6 +80,17 @@ class TaskConfig(BaseModel):
         "math: the prompt column (OpenRLHF's --input_key); a dotted path reaches into a nested "
         "column. Its cells are strings, taken as is, or chat messages [{role, content}, ...] "
         "(verl's layout), rendered with the model's chat template when it has one."))
+    grading: Literal["default", "strict", "flexible"] = Field("default", description=(
+        "math: how a completion's final answer is read and graded (tasks/grading.py). "
+        "default: the last of \\boxed{...}, an 'Answer:' line, '#### ...', 'The answer is "
+        "...' and <answer> tags, compared by math_verify; strict: verl's math_dapo rule (the "
+        "last 'Answer:' line of the last 300 characters, Minerva-normalized, equal as text: "
+        "curves comparable with a verl DAPO run); flexible: the last number written (verl's "
+        "GSM8K flexible, for small models that ignore a format instruction)."))
+    grading_by_source: dict[str, Literal["default", "strict", "flexible"]] = Field(
+        default_factory=dict, description=(
+            "math: a grader per dataset source, for rows that carry verl's data_source column "
+            "(e.g. {openai/gsm8k: flexible, math_dapo: strict}); other rows get `grading`."))
     answer_key: str | None = Field(None, description=(
         "math: the ground-truth column (OpenRLHF's --label_key), e.g. 'answer' or "
         "'reward_model.ground_truth'; None: 'reward_model.ground_truth' (verl's layout) when "
@@ -127,6 +140,7 @@ def make_task_from_config(cfg: TaskConfig) -> Task:
                          **common)
     return make_task(cfg.name, path=cfg.path, heldout_path=cfg.heldout_path,
                      n_train=cfg.n_train, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+                     grading=cfg.grading, grading_by_source=dict(cfg.grading_by_source),
                      **common)
 
 

@@ -28,6 +28,7 @@ class Problem:
     answer: str
     difficulty: int = 0
     messages: tuple[tuple[str, str], ...] = ()
+    source: str = ""  # the dataset row's data_source (verl's column): picks its grader
 
     def __post_init__(self):  # lists after a checkpoint's round trip: tuples, so it hashes
         object.__setattr__(self, "messages", tuple(tuple(m) for m in self.messages))
@@ -90,9 +91,14 @@ class Task(ABC):
     def is_correct(self, problem: Problem, extracted: str) -> bool | None:
         """Whether ``extracted`` answers ``problem``; None if it cannot be interpreted at all."""
 
+    def answer_of(self, problem: Problem, completion: str) -> str | None:
+        """The final answer of ``completion`` as ``problem`` is graded (a task whose graders
+        differ by problem reads it with the problem's); by default ``extract``."""
+        return self.extract(completion)
+
     def score(self, problem: Problem, completion: str) -> Verdict:
         r_lo, r_hi = self.rewards
-        extracted = self.extract(completion)
+        extracted = self.answer_of(problem, completion)
         if extracted is None:
             return Verdict(reward=r_lo, parsed=False, extracted=None)
         ok = self.is_correct(problem, extracted)

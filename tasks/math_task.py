@@ -17,25 +17,22 @@ A key that is not a column names the file and its columns; a bad row names the f
 (the line, for JSON lines) and the column. Two rows with one id and different prompts are an
 error; rows that repeat a prompt are kept once.
 
-The completion's final answer is the last ``\\boxed{...}``, else the last ``Answer: ...``
-line (the DAPO instruction), and it is compared with the ground truth by
-``math_verify.verify`` (so 1/2, 0.5 and \\frac{1}{2} agree). No such answer, or one that
-``math_verify`` cannot parse, scores ``r_lo`` with ``parsed=False``.
+The completion's final answer is read and graded by ``tasks.grading``: by default the last
+of the markers models write (``\\boxed{...}``, an ``Answer: ...`` line, ``#### ...``, "The
+answer is ...", ``<answer>`` tags), compared by ``math_verify`` (so 1/2, 0.5 and
+\\frac{1}{2} agree); ``grading: strict`` is verl's math_dapo rule, ``flexible`` the last
+number. A row's ``data_source`` column picks its grader from ``grading_by_source``. No
+answer, or one the grader cannot interpret, scores ``r_lo`` with ``parsed=False``.
 """
 from __future__ import annotations
 
 import random
-import re
-import threading
-from functools import lru_cache
 from pathlib import Path
 
 from tasks.base import Problem, Task
 from tasks.datafile import Table, json_type, read_table
+from tasks.grading import Grader
 
-# As DAPO's own verifier: the text after the last "Answer:" on its line (case-insensitive).
-_ANSWER_LINE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # verl's layout first; the flat shape {"prompt": ..., "answer": ...} otherwise.
 ANSWER_KEYS = ("reward_model.ground_truth", "answer")
 _MISSING = object()
@@ -115,8 +112,10 @@ def parse_row(row: dict, prompt_key: str, answer_key: str, default_id: str) -> P
     difficulty = 0 if difficulty is _MISSING else difficulty
     if isinstance(difficulty, bool) or not isinstance(difficulty, int):
         raise ValueError(f"column 'difficulty': must be an integer, got {difficulty!r}")
+    source = lookup(row, "data_source")
     return Problem(id=default_id if pid is _MISSING else str(pid), prompt=text, answer=answer,
-                   difficulty=difficulty, messages=turns)
+                   difficulty=difficulty, messages=turns,
+                   source="" if source is _MISSING else str(source))
 
 
 def _no_problems(table: Table) -> ValueError:
@@ -147,7 +146,7 @@ def load_problems(path: str | Path, prompt_key: str = "prompt",
     an earlier row's prompt is skipped: verl's DAPO-Math-17k parquet holds each prompt about
     100 times). A bad row raises ValueError naming the file, the row and the column."""
     table = read_table(path, [prompt_key, *([answer_key] if answer_key else ANSWER_KEYS),
-                              "id", "extra_info", "difficulty"])
+                              "id", "extra_info", "difficulty", "data_source"])
     prompt_key, answer_key = resolve_keys(table, prompt_key, answer_key)
     kept: dict[str, Problem] = {}  # prompt -> its first problem
     first_row: dict[str, int] = {}  # id of a kept problem -> its row
@@ -169,59 +168,6 @@ def load_problems(path: str | Path, prompt_key: str = "prompt",
     return list(kept.values())
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (balanced braces), or None."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip() or None
-    return None
-
-
-def extract_answer(completion: str) -> str | None:
-    """The final answer: last \\boxed{...}, else the last "Answer: ..." line, else None."""
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed
-    lines = _ANSWER_LINE.findall(completion)
-    if not lines:
-        return None
-    ans = lines[-1].strip().strip("*").strip().rstrip(".").strip()  # "**Answer:** 5."
-    ans = ans[1:-1].strip() if len(ans) >= 2 and ans[0] == ans[-1] == "$" else ans
-    return ans or None
-
-
-def _timeout() -> int | None:
-    # math_verify's timeouts use SIGALRM, which only the main thread may install.
-    return 5 if threading.current_thread() is threading.main_thread() else None
-
-
-@lru_cache(maxsize=65536)
-def _parse(text: str) -> tuple:
-    """math_verify parse of a bare answer; tried as LaTeX math first, then as plain text."""
-    from math_verify import parse
-
-    # no_fallback: text math_verify cannot interpret yields [] instead of the raw string.
-    kw = dict(fallback_mode="no_fallback", parsing_timeout=_timeout())
-    return tuple(parse(f"${text}$", **kw) or parse(text, **kw))
-
-
-def answers_match(gold: str, answer: str) -> bool | None:
-    """math_verify equivalence; None when ``answer`` cannot be parsed."""
-    from math_verify import verify
-
-    pred = _parse(answer)
-    if not pred:
-        return None
-    ref = _parse(gold)
-    if not ref:  # an unparseable ground truth (free text): fall back to exact text
-        return " ".join(gold.split()) == " ".join(answer.split())
-    return bool(verify(list(ref), list(pred), timeout_seconds=_timeout()))
-
-
 class MathTask(Task):
     """Problems from a dataset file (see the module docstring), scored with math_verify.
 
@@ -233,14 +179,16 @@ class MathTask(Task):
     """
 
     name = "math"
-    answer_format = "the last \\boxed{...}, else the last 'Answer: ...' line"
     slow_verifier = True  # math_verify: scored in worker processes, each with a deadline
 
     def __init__(self, path: str | Path, heldout_path: str | Path | None = None, seed: int = 0,
                  n_train: int | None = None, n_heldout: int = 200,
                  reward_low: float = -1.0, reward_high: float = 1.0,
-                 prompt_key: str = "prompt", answer_key: str | None = None):
+                 prompt_key: str = "prompt", answer_key: str | None = None,
+                 grading: str = "default", grading_by_source: dict | None = None):
         super().__init__(reward_low, reward_high)
+        self.grader = Grader(grading)
+        self.by_source = {s: Grader(g) for s, g in (grading_by_source or {}).items()}
         self.path, self.heldout_path, self.seed = path, heldout_path, seed
         self.n_train, self.n_heldout = n_train, n_heldout
         self.keys = (check_key(prompt_key, "prompt_key"),
@@ -275,8 +223,20 @@ class MathTask(Task):
     def heldout(self) -> list[Problem]:
         return list(self._split()[1])
 
+    @property
+    def answer_format(self) -> str:
+        return self.grader.answer_format
+
+    def grader_of(self, problem: Problem) -> Grader:
+        """The grader of ``problem``'s ``data_source`` (``grading_by_source``), else the
+        task's (``grading``)."""
+        return self.by_source.get(problem.source, self.grader)
+
     def extract(self, completion: str) -> str | None:
-        return extract_answer(completion)
+        return self.grader.extract(completion)
+
+    def answer_of(self, problem: Problem, completion: str) -> str | None:
+        return self.grader_of(problem).extract(completion)
 
     def is_correct(self, problem: Problem, extracted: str) -> bool | None:
-        return answers_match(problem.answer, extracted)
+        return self.grader_of(problem).is_correct(problem.answer, extracted)

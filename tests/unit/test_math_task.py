@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tasks.base import Problem, Verdict
-from tasks.math_task import MathTask, answers_match, extract_answer, load_problems
+from tasks.grading import answers_match, extract_default as extract_answer
+from tasks.math_task import MathTask, load_problems
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "math_small.jsonl"
 
@@ -139,8 +140,8 @@ def test_missing_file_duplicate_ids_and_too_large_heldout(tmp_path):
     ("answer: 3\nwait, Answer: 5", "5"),
     ("We get \\boxed{\\frac{a}{b+1}} here", "\\frac{a}{b+1}"),
     ("\\boxed{1} then \\boxed{2}", "2"),
-    ("\\boxed{7} ... Answer: 8", "7"),
-    ("the answer is 4", None),
+    ("\\boxed{7} ... Answer: 8", "8"),     # the last marker written wins (tasks/grading.py)
+    ("the answer is 4", "4"),
     ("\\boxed{unclosed", None),
     ("Answer:   ", None),
     ("", None),
