@@ -118,6 +118,8 @@ def answers_match(gold: str, answer: str) -> bool | None:
 
 
 # -- strict: verl's math_dapo (Minerva's normalization) -----------------------------------
+# The words and rewrites are Minerva's published answer normalization (Lewkowycz et al.,
+# 2022, appendix), which verl's math_dapo applies: the same lists, or the strings differ.
 _UNIT_WORDS = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km",
                "units", "\\ldots", "sue", "points", "feet", "minutes", "digits", "cents",
                "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
