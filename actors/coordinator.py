@@ -382,7 +382,7 @@ class Coordinator:
         for pos, r in enumerate(rollouts):
             if not r.cancelled:
                 v = next(it)
-                r.reward, r.parsed = v.reward, v.parsed
+                r.reward, r.parsed, r.reward_extras = v.reward, v.parsed, v.extras
             finished.append(Finished(pos, r.reward if r.reward is not None else 0.0,
                                      len(r.token_ids), r.version, r, r.cancelled))
         return self.sched.on_rollouts(d.request_id, finished)

@@ -14,6 +14,7 @@ import numpy as np
 
 from actors.scheduler import PromptInFlight
 from actors.scheduler.messages import Dispatch
+from common.records import mean_extras
 from common.sharding import make_shards
 from common.types import (PromptRecord, Rollout, RolloutRequest, SamplingConfig, TrainBatch,
                           TrainSample)
@@ -109,6 +110,7 @@ def make_record(pif: PromptInFlight, baseline: float | None = None) -> PromptRec
         generators=sorted({r.generator for r in rs}), rounds=st.rounds,
         cancelled_rollouts=pif.cancelled_rollouts, trained_samples=pif.trained,
         cancelled_tokens=pif.cancelled_tokens, regenerations=pif.regenerations,
+        reward_extras=mean_extras([dict(r.reward_extras) for r in rs]),
         tokens=sum(len(r.token_ids) for r in rs), lengths=[len(r.token_ids) for r in rs],
         prompt_tokens=len(rs[0].prompt_token_ids) if rs else 0,
         t_admit=pif.t_admit, t_done=pif.t_done,

@@ -154,7 +154,7 @@ class Scorer:
         shaped = v.reward + self.overlong(n_tokens)
         if shaped != v.reward:
             self.counts["overlong_shaped"] += 1
-        return Verdict(shaped, v.parsed, v.extracted)
+        return Verdict(shaped, v.parsed, v.extracted, v.extras)
 
     async def _inline(self, problem, text: str, fault: str) -> Verdict:
         try:

@@ -57,6 +57,9 @@ def preflight(cfg):
     p = plan(cfg)
     task = make_task_from_config(cfg.task)
     task.train(), task.heldout()  # splits are built on first use: their errors are said now
+    if cfg.task.reward_function is not None:  # the user's function on the first rows
+        from tasks.reward_function import check
+        check(task)
     # nothing to resume, or a run in the way, is said now, not once the actors are up
     start = plan_start(cfg.run_dir, cfg.run.resume, cfg.run.overwrite, cfg.run.max_steps,
                        cfg.run.keep_checkpoints)

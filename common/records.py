@@ -90,3 +90,14 @@ class Accounting:
         """summary.json's fields (the uid lists left out)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("inflight_uids", "dropped_since_last_batch")}
+
+
+def mean_extras(extras: list[dict], weights: list[int] | None = None) -> dict | None:
+    """Each key's mean over the dicts that have it (weighted; None: no dict has a key)."""
+    weights = weights or [1] * len(extras)
+    sums: dict[str, list[float]] = {}
+    for d, w in zip(extras, weights):
+        for k, v in (d or {}).items():
+            s = sums.setdefault(k, [0.0, 0.0])
+            s[0], s[1] = s[0] + w * v, s[1] + w
+    return {k: s / n for k, (s, n) in sums.items()} or None

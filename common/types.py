@@ -61,6 +61,7 @@ class Rollout:
     t_end: float = 0.0
     reward: float | None = None
     parsed: bool = True
+    reward_extras: tuple = ()  # (name, value) pairs a reward function returned beside its score
     cancelled: bool = False   # aborted in the engine before it finished (tokens so far kept)
     incarnation: str = ""     # which life of the generator actor served it (restart detection)
 
@@ -116,6 +117,8 @@ class PromptRecord:
     spans: list[tuple[int, float, float]]  # (generator, start, end) per sample
     trained_samples: int | None = None  # samples the learner trained of its k (None: all):
                                         # fewer for the oracle and in a trimmed batch
+    # a reward function's other returned numbers, each's mean over the prompt's rollouts
+    reward_extras: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -91,6 +91,12 @@ class TaskConfig(BaseModel):
         default_factory=dict, description=(
             "math: a grader per dataset source, for rows that carry verl's data_source column "
             "(e.g. {openai/gsm8k: flexible, math_dapo: strict}); other rows get `grading`."))
+    reward_function: str | None = Field(None, description=(
+        "FILE.py:FUNCTION, a reward function in verl's signature (data_source, solution_str, "
+        "ground_truth, extra_info) -> float or dict with 'score' (tasks/reward_function.py) "
+        "that replaces the task's verifier in every process that scores (coordinator, scoring "
+        "workers, evaluation); the file relative to the launch directory or absolute. Its "
+        "rewards must span [reward_low, reward_high]: checked at launch on the first rows."))
     answer_key: str | None = Field(None, description=(
         "math: the ground-truth column (OpenRLHF's --label_key), e.g. 'answer' or "
         "'reward_model.ground_truth'; None: 'reward_model.ground_truth' (verl's layout) when "
@@ -112,6 +118,9 @@ class TaskConfig(BaseModel):
             raise ValueError(f"task {self.name!r} needs `path` (a .parquet, .jsonl or .json "
                              "file, or a save_to_disk directory)")
         check_key(self.prompt_key, "task.prompt_key")
+        if self.reward_function is not None:
+            from tasks.reward_function import split_spec
+            split_spec(self.reward_function)
         if self.answer_key is not None:
             check_key(self.answer_key, "task.answer_key")
         return self
@@ -132,6 +141,14 @@ class TaskConfig(BaseModel):
 
 
 def make_task_from_config(cfg: TaskConfig) -> Task:
+    task = _dataset_task(cfg)
+    if cfg.reward_function is None:
+        return task
+    from tasks.reward_function import RewardFunctionTask
+    return RewardFunctionTask(task, cfg.reward_function)
+
+
+def _dataset_task(cfg: TaskConfig) -> Task:
     cfg.check_files()
     common = dict(seed=cfg.seed, n_heldout=cfg.n_heldout,
                   reward_low=cfg.reward_low, reward_high=cfg.reward_high)

@@ -29,6 +29,7 @@ class Problem:
     difficulty: int = 0
     messages: tuple[tuple[str, str], ...] = ()
     source: str = ""  # the dataset row's data_source (verl's column): picks its grader
+    extra: str = ""   # the row's extra_info as JSON text (a reward function's extra_info)
 
     def __post_init__(self):  # lists after a checkpoint's round trip: tuples, so it hashes
         object.__setattr__(self, "messages", tuple(tuple(m) for m in self.messages))
@@ -46,6 +47,7 @@ class Verdict:
     reward: float
     parsed: bool
     extracted: str | None
+    extras: tuple = ()  # (name, value) pairs a reward function returned beside its score
 
 
 def check_rewards(reward_low: float, reward_high: float) -> tuple[float, float]:

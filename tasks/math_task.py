@@ -26,6 +26,7 @@ answer, or one the grader cannot interpret, scores ``r_lo`` with ``parsed=False`
 """
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -112,10 +113,12 @@ def parse_row(row: dict, prompt_key: str, answer_key: str, default_id: str) -> P
     difficulty = 0 if difficulty is _MISSING else difficulty
     if isinstance(difficulty, bool) or not isinstance(difficulty, int):
         raise ValueError(f"column 'difficulty': must be an integer, got {difficulty!r}")
-    source = lookup(row, "data_source")
+    source, extra = lookup(row, "data_source"), lookup(row, "extra_info")
     return Problem(id=default_id if pid is _MISSING else str(pid), prompt=text, answer=answer,
                    difficulty=difficulty, messages=turns,
-                   source="" if source is _MISSING else str(source))
+                   source="" if source is _MISSING else str(source),
+                   extra="" if not isinstance(extra, dict) else json.dumps(extra, sort_keys=True,
+                                                                          default=str))
 
 
 def _no_problems(table: Table) -> ValueError:

@@ -13,7 +13,7 @@ import numpy as np
 
 from cluster.records.step import HeldOut, StepMetrics
 from cluster.records.summary import RunSummary, Totals
-from common.records import Accounting, StepResult
+from common.records import Accounting, StepResult, mean_extras
 from common.types import PromptRecord, TrainBatch
 from estimator.core import reward_to_prob
 
@@ -165,6 +165,9 @@ def batch_metrics(records: list[PromptRecord], estimator_k_init: int,
            "cancelled_rollouts": int(sum(r.cancelled_rollouts for r in records)),
            "prior_accept_rate": float(np.mean(accepted)) if accepted else None,
            "unparsed_fraction": sum(r.unparsed for r in records) / max(1, rollouts),
+           # a reward function's other numbers: each's mean over the step's rollouts
+           "reward_extras": mean_extras([r.reward_extras for r in records],
+                                        [r.k for r in records]),
            "response_len_mean": float(np.mean([n for r in records for n in r.lengths]))}
     if with_prior:
         # The prior's running error: |p - observed success rate| over this step's prompts.

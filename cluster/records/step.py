@@ -106,6 +106,7 @@ class StepMetrics:
     cancelled_rollouts: int | None = None
     prior_accept_rate: float | None = None
     unparsed_fraction: float | None = None
+    reward_extras: dict | None = None  # a reward function's other numbers (tasks/reward_function)
     response_len_mean: float | None = None
     # the prior on this step's prompts: |error|, ranking (AUC), noise-corrected error
     prior_abs_error: float | None = None

@@ -284,7 +284,23 @@ def verl_files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verl")
     pd.DataFrame(verl_rows(specs[:40], "train")).to_parquet(tmp / "train.parquet")
     pd.DataFrame(verl_rows(specs[40:44], "test")).to_parquet(tmp / "test.parquet")
+    (tmp / "my_rewards.py").write_text(REWARD_FILE)
     return tmp
+
+
+# The user's reward function in verl's signature, outside the package (task.reward_function):
+# the last line's last integer against the ground truth, +1/-1, with numbers of its own.
+REWARD_FILE = """
+import re
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    lines = solution_str.strip().splitlines()
+    found = re.findall(r"-?\\d+", lines[-1]) if lines else []
+    right = bool(found) and found[-1] == ground_truth
+    return {"score": 1.0 if right else -1.0, "acc": float(right),
+            "from_train_split": float((extra_info or {}).get("split") == "train")}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +321,7 @@ def job(head, verl_files, tmp_path_factory, request):
            f"run.max_train_s={TRAIN_S}", f"run.name={RUN}",
            "task.name=math", f"task.path={verl_files / 'train.parquet'}",
            f"task.heldout_path={verl_files / 'test.parquet'}", "task.n_heldout=4",
+           f"task.reward_function={verl_files / 'my_rewards.py'}:compute_score",
            f"model.path={model}", "rollout.max_tokens=48",
            # evaluated at the start and after the last step only, 4 prompts
            "run.eval_every=100000", "run.eval_prompts=4", "run.eval_samples=1",
@@ -406,8 +423,9 @@ def test_the_dashboard_actors_page_shows_each_role_by_run_and_name(job):
 
 def test_a_verl_parquet_dataset_trains_through_the_job(job):
     """The prompts came from the file (verl's extra_info.index is the id), and its ground
-    truths reached the verifier: with numeric answers in the policy's own format, rollouts
-    are scored right (+1) where they match the file's answer and wrong (-1) elsewhere. How
+    truths reached the user's reward function (a file outside the package, verl's signature,
+    ``task.reward_function``), which scored every rollout: right (+1) where the answer line
+    matches the file's answer and wrong (-1) elsewhere, its other numbers logged per step. How
     many are right varies (the two-operation prompts are hard for the policy: a step's
     reward_mean of 0.0 came up, and a held-out sampled accuracy of 0 on 4 prompts); a right
     one among a run's rollouts needs the file's answers. The held-out file is evaluated, at
@@ -425,6 +443,10 @@ def test_a_verl_parquet_dataset_trains_through_the_job(job):
     assert set(rewards) <= {-1.0, 1.0} and 1.0 in rewards, rewards
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == summary["steps"]
+    # the function's own numbers, each step's mean over its rollouts: from its extra_info too
+    assert all(m["reward_extras"]["from_train_split"] == 1.0 for m in metrics)
+    assert all(m["reward_extras"]["acc"] == pytest.approx((m["reward_mean"] + 1) / 2)
+               for m in metrics)
     print(f"verl parquet: {summary['steps']} steps, {summary['prompts_trained']} prompts "
           f"trained of {summary['prompts_admitted']} admitted, held-out sampled accuracy "
           f"{summary['eval_accuracy_initial']} -> {summary['eval_accuracy_final']}")

@@ -130,6 +130,29 @@ def test_a_verl_parquet_gets_past_every_check_and_a_bad_row_or_key_stops_it(laun
                                     r"column; its columns: data_source, prompt, .*\n", err), err
 
 
+def test_a_reward_file_gets_past_every_check_and_a_bad_one_stops_it(launcher, model_dir,
+                                                                   tmp_path):
+    """A verl-layout parquet with a reward function in verl's signature reaches the launch; a
+    missing file, and a 0/1 function on the default -1/+1 range, are said in one line."""
+    data = verl_parquet(tmp_path / "ok.parquet", 6)
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text("def compute_score(data_source, solution_str, ground_truth, "
+                       "extra_info=None):\n    return float(ground_truth in solution_str)\n")
+    spec = f"task.reward_function={rewards}:compute_score"
+    with pytest.raises(ActorWouldStart):
+        launcher(*math_task(data, model_dir), "task.name=math", spec, "task.reward_low=0",
+                 "task.reward_high=1")
+    rc, err = launcher(*math_task(data, model_dir), "task.name=math", spec)
+    assert rc == 2 and re.fullmatch(
+        r"error: task\.reward_function .*my_rewards\.py:compute_score on problem \d+: the "
+        r"ground truth written as an answer got 1\.0 at best and an empty answer 0\.0, where "
+        r"the task's range is \[-1\.0, 1\.0\]: set task\.reward_low=0 and "
+        r"task\.reward_high=1 if those are its rewards\n", err), err
+    rc, err = launcher(*math_task(data, model_dir), "task.name=math",
+                       "task.reward_function=absent.py:compute_score")
+    assert rc == 2 and "task.reward_function: absent.py is not a file" in err, err
+
+
 DATASET_PATHS = [
     ("missing.jsonl", r"task\.path: dataset file .*missing\.jsonl does not exist"),
     ("a-folder", r"task\.path: .*a-folder is a directory but not one written by save_to_disk"),
