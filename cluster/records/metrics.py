@@ -222,6 +222,20 @@ def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> 
     return out
 
 
+# Every field of the learner's ``StepResult`` and the ``StepMetrics`` field that carries it
+# (the names differ where the step record already means something else by the learner's:
+# its ``step`` is the trainer's, its ``step_time_s`` the whole step's). A field added to
+# StepResult fails tests/unit/test_run_writer.py until it is named here.
+LEARNER_FIELDS = {
+    "loss": "loss", "grad_norm": "grad_norm", "grad_noise_to_signal": "grad_noise_to_signal",
+    "clip_fraction": "clip_fraction", "approx_kl": "approx_kl", "kl": "kl",
+    "entropy": "entropy", "is_weight": "is_weight", "truncated_fraction": "truncated_fraction",
+    "dual_clip_fraction": "dual_clip_fraction", "n_tokens": "learner_tokens",
+    "n_samples": "learner_samples", "skipped": "skipped", "skip_reason": "skip_reason",
+    "step": "updates_applied", "consecutive_skips": "consecutive_skips",
+    "step_time_s": "learner_step_s", "lr": "lr", "micro_batches": "micro_batches"}
+
+
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
                  generators: dict, k_init: int, rewards: tuple[float, float], tally: Tally,
                  held_out: HeldOut | None, nodes_alive: int | None = None) -> StepMetrics:
@@ -236,9 +250,7 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult
         "rollouts_not_trained": sum(r.k - r.trained_samples for r in batch.records
                                     if r.trained_samples is not None),
         "trained_tokens": sum(tokens), "generated_rollouts": batch.rollouts_generated,
-        **{k: getattr(learner, k) for k in ("loss", "grad_norm", "grad_noise_to_signal",
-                                            "entropy", "clip_fraction", "approx_kl", "lr",
-                                            "skipped", "skip_reason")},
+        **{ours: getattr(learner, theirs) for theirs, ours in LEARNER_FIELDS.items()},
         "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
         "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,
         "train_time_s": t.trained - t.got_batch, "sync_time_s": t.published - t.trained,

@@ -123,15 +123,26 @@ class StepMetrics:
     # rollouts generated for training since the run's start, this step's batch's included
     # (trained or not: filtered groups, cancelled extras, held-out ones; TrainBatch's)
     generated_rollouts: int | None = None
+    # the learner's result, every field of it (cluster.records.metrics.LEARNER_FIELDS)
     loss: float | None = None
     grad_norm: float | None = None
     grad_noise_to_signal: float | None = None
     entropy: float | None = None
     clip_fraction: float | None = None
     approx_kl: float | None = None
+    kl: float | None = None                  # against the reference policy (optim.kl_coef)
+    is_weight: float | None = None           # mean importance weight (the off-policy correction)
+    truncated_fraction: float | None = None  # tokens whose IS weight was truncated
+    dual_clip_fraction: float | None = None  # tokens under the dual clip
     lr: float | None = None
     skipped: bool | None = None
     skip_reason: str | None = None
+    consecutive_skips: int | None = None
+    updates_applied: int | None = None       # optimiser updates so far (skipped steps not)
+    micro_batches: int | None = None
+    learner_tokens: int | None = None        # response tokens the learner's loss counted
+    learner_samples: int | None = None       # non-empty responses it trained
+    learner_step_s: float | None = None      # the learner's own time for the step
     staleness_mean: float | None = None
     staleness_max: int | None = None
     # where the step's time went

@@ -79,3 +79,32 @@ def test_the_progress_line_prints_a_zero_reward_as_zero():
     line = progress_line(StepMetrics(step=5, policy_version=5, reward_mean=0.0, k_mean=4.0), 12.0)
     assert "reward +0.000" in line, line
     assert "reward +nan" in progress_line(StepMetrics(step=6, policy_version=6, k_mean=4.0), 13.0)
+
+
+def test_every_field_of_the_learners_result_reaches_the_step_record_and_its_line(tmp_path):
+    """Each StepResult field, given a distinct value by the learner, reaches metrics.jsonl
+    under the name LEARNER_FIELDS gives it (the corrections the 32-GPU config turns on: kl,
+    is_weight, truncated_fraction, dual_clip_fraction, and micro_batches, the token and sample
+    counts, ...). A field added to StepResult and carried nowhere fails here."""
+    from dataclasses import fields
+
+    from cluster.records.metrics import LEARNER_FIELDS, StepTimes, Tally, step_metrics
+    from cluster.records.step import StepMetrics
+    from common.records import StepResult
+    from common.types import TrainBatch
+
+    names = [f.name for f in fields(StepResult)]
+    assert sorted(LEARNER_FIELDS) == sorted(names)
+    assert set(LEARNER_FIELDS.values()) <= {f.name for f in fields(StepMetrics)}
+    values = {}
+    for i, f in enumerate(fields(StepResult)):
+        values[f.name] = (f"reason-{i}" if f.type in ("str", str) else
+                          (i % 2 == 0) if f.type in ("bool", bool) else
+                          i + 1 if f.type in ("int", int) else i + 0.25)
+    result = StepResult(**values)
+    batch = TrainBatch(records=[], samples=[], version=0, inflight_prompts=0)
+    m = step_metrics(1, 1, batch, result, StepTimes(0.0, 1.0, 2.0, 3.0, 4.0), {}, 4,
+                     (-1.0, 1.0), Tally(), None)
+    line = m.to_json()
+    for theirs, ours in LEARNER_FIELDS.items():
+        assert line[ours] == values[theirs], (theirs, ours)
