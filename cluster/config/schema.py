@@ -81,6 +81,16 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _room_for_a_batch(self) -> "Config":
+        """The scheduler's own rule (a cap on prompts in flight below a batch would wait for
+        ever), said at load instead of when the coordinator builds the scheduler."""
+        cap, b = self.rollout.max_inflight_prompts, self.scheduler_batch_prompts()
+        if cap is not None and cap < b:
+            raise ValueError(f"rollout.max_inflight_prompts ({cap}) must be at least the "
+                             f"batch's prompts ({b}): else no batch can form")
+        return self
+
+    @model_validator(mode="after")
     def _selection_can_run(self) -> "Config":
         """Selection needs a window of at least one batch, and a prior that tells prompts apart
         before their rollouts (the constant one does not)."""

@@ -133,6 +133,29 @@ class PriorPlacement(Section):
         return self.timeout_s / 2 if self.budget_s is None else self.budget_s
 
     @model_validator(mode="after")
+    def _known_backends_and_options(self) -> "PriorPlacement":
+        """An unknown backend, or an option its constructor does not take, fails here at
+        load rather than inside the prior actor once the cluster is up."""
+        import inspect
+
+        from actors.priors import backend_class, prior_names
+
+        for field, name, options in (("backend", self.backend, self.options),
+                                     ("fallback", self.fallback, self.fallback_options)):
+            if name is None or (field == "fallback" and name == "auto"):
+                continue
+            if name not in prior_names():
+                raise ValueError(f"prior.{field} {name!r} is not a prior backend; valid: "
+                                 f"{', '.join(prior_names())}")
+            try:
+                inspect.signature(backend_class(name)).bind(**options)
+            except TypeError as err:
+                where = "options" if field == "backend" else "fallback_options"
+                raise ValueError(f"prior.{where}: backend {name!r} does not take them "
+                                 f"({err})") from None
+        return self
+
+    @model_validator(mode="after")
     def _budget_below_timeout(self) -> "PriorPlacement":
         if self.budget_s is not None and self.budget_s >= self.timeout_s:
             raise ValueError(f"prior.budget_s ({self.budget_s}) must be smaller than "

@@ -242,6 +242,14 @@ CONFIG_VALUES = [
      r"algo\.select=prior needs a prior that scores prompts before their rollouts; "
      r"prior\.backend 'constant' does not"),
     ("algo.select=oracle", r"algo\.select: Input should be 'none', 'prior' or 'history'"),
+    # checked inside the prior actor, or when the scheduler was built, before 2026-12-06:
+    # once the cluster was up, with a traceback and exit 1 (issue 43)
+    ("prior.backend=nope", r"prior\.backend 'nope' is not a prior backend; valid: constant, "
+                           r"embedded, .*v0"),
+    ('prior.options={"halflif":8}', r"prior\.options: backend 'embedded' does not take them "
+                                     r"\(got an unexpected keyword argument 'halflif'\)"),
+    ("rollout.max_inflight_prompts=2", r"rollout\.max_inflight_prompts \(2\) must be at least "
+                                       r"the batch's prompts \(16\)"),
 ]
 
 
