@@ -81,6 +81,19 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _one_gpu_per_engine(self) -> "Config":
+        """Tensor parallelism is refused until it is wired: vLLM would need its multiprocess
+        executor inside the generator's placement bundle, and the weight-sync group every
+        engine worker (today one rank per engine: their ranks would collide)."""
+        tp = self.generators.engine.tensor_parallel_size
+        if tp > 1:
+            raise ValueError(f"generators.engine.tensor_parallel_size={tp}: tensor parallelism "
+                             "is not supported yet (the weight-sync group holds one rank per "
+                             "engine); run one GPU per engine (tensor_parallel_size: 1, "
+                             "generators.gpus <= 1) and more generators instead")
+        return self
+
+    @model_validator(mode="after")
     def _room_for_a_batch(self) -> "Config":
         """The scheduler's own rule (a cap on prompts in flight below a batch would wait for
         ever), said at load instead of when the coordinator builds the scheduler."""

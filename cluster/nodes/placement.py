@@ -101,6 +101,13 @@ def plan(cfg) -> Plan:
     if nccl and (cfg.generators.gpus == 0 or cfg.learner.gpus == 0):
         raise PlacementError("cluster.weight_sync=nccl needs GPUs for generators and learner; "
                              "use object_store on CPU machines")
+    shared = [f"{ {'generator': 'generators'}.get(r.role, r.role)}.gpus={r.gpus:g}" for r in roles
+              if r.role in ("generator", "learner") and 0 < r.gpus < 1]
+    if nccl and shared:
+        raise PlacementError(
+            f"cluster.weight_sync=nccl needs each generator and learner rank on a GPU of its own, "
+            f"but {' and '.join(shared)} share a device (NCCL refuses two ranks on one GPU): "
+            "use cluster.weight_sync=object_store (through host memory) where roles share GPUs")
     return Plan(tuple(r for r in roles if r.count > 0))
 
 

@@ -138,13 +138,17 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
         if "prior" in groups:
             roles.prior = start_prior(cfg, groups["prior"], names["prior"])
         waits = {"generators": [h.ready.remote() for h in roles.generators]}
+        if shares_gpus(cfg):  # vLLM profiles its memory at start: not while DeepSpeed loads
+            ray.get(waits["generators"])
+            roles.startup["generators_s"] = time.perf_counter() - t0
+            waits["generators"] = []
         if roles.prior is not None:
             waits["prior"] = [roles.prior.ready.remote()]
         roles.learner = start_learner(cfg, model_path, groups["learner"])
         roles.startup["learner_s"] = time.perf_counter() - t0
         # Each role's own time to ready (whichever answers first), not the order we ask in.
         role_of = {ref: role for role, refs in waits.items() for ref in refs}
-        left = {role: len(refs) for role, refs in waits.items()}
+        left = {role: len(refs) for role, refs in waits.items() if refs}
         pending = list(role_of)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -163,6 +167,14 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
         roles.shutdown()
         raise
     return roles
+
+
+def shares_gpus(cfg) -> bool:
+    """Whether generators and learner ranks share GPUs (a fraction of one each): the engines
+    then start, and measure the memory they may take, before the learner loads (vLLM's
+    profiling would otherwise count the learner's growing allocations against itself)."""
+    g, lr = cfg.generators.gpus, cfg.learner.gpus
+    return bool(g and lr) and (not float(g).is_integer() or not float(lr).is_integer())
 
 
 def wait_ready(handles: list, timeout_s: float = 600.0) -> None:

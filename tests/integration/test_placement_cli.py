@@ -30,3 +30,16 @@ def test_check_placement_command_on_the_32_gpu_config(tmp_path):
     assert "learner: %d actor(s)" % cfg.learner.ranks in out.stdout
     assert "rendezvous" in out.stdout and "(rank 0's node)" in out.stdout
     assert "GPUs placed: 32 of 32 on 4 node(s)" in out.stdout
+
+
+@pytest.mark.parametrize("name, gpus", [("qwen3-4b-8gpu.yaml", 8), ("one-gpu.yaml", 1)])
+def test_check_placement_command_on_the_one_node_recipes(tmp_path, name, gpus):
+    """The one-node recipes (issue 43, 45): 8 GPUs, an actor on each; one GPU that the
+    generator and the learner share (half each, its weights through host memory)."""
+    out = subprocess.run([sys.executable, "-m", "cluster.launch", str(ROOT / "configs" / name),
+                          "cluster.address=local", f"run.output_dir={tmp_path}",
+                          "--check-placement"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.rstrip().endswith("placement OK")
+    assert f"GPUs placed: {gpus:g} of {gpus:g} on 1 node(s)" in out.stdout, out.stdout

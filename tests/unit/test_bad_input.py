@@ -250,6 +250,9 @@ CONFIG_VALUES = [
                                      r"\(got an unexpected keyword argument 'halflif'\)"),
     ("rollout.max_inflight_prompts=2", r"rollout\.max_inflight_prompts \(2\) must be at least "
                                        r"the batch's prompts \(16\)"),
+    # the CUDA path (issue 45): refused at load until it is wired
+    ("generators.engine.tensor_parallel_size=2",
+     r"generators\.engine\.tensor_parallel_size=2: tensor parallelism is not supported yet"),
 ]
 
 

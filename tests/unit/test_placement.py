@@ -171,3 +171,18 @@ def test_check_placement_fails_fast_when_the_shape_is_too_small_or_unknown(tmp_p
     out = _launch(tmp_path, "cluster.address=local", "cluster.gpus_per_node=null",
                   "--check-placement")
     assert out.returncode == 2 and "set cluster.nodes and cluster.gpus_per_node" in out.stderr
+
+
+def test_nccl_is_refused_where_generators_and_learner_share_a_gpu():
+    """NCCL refuses two ranks on one device: a shared GPU publishes through host memory, and
+    its engines start before the learner loads (cluster.nodes.roles.shares_gpus)."""
+    from cluster.nodes.roles import shares_gpus
+
+    shared = load_config(ROOT / "configs" / "one-gpu.yaml")
+    assert plan(shared) and shares_gpus(shared)
+    with pytest.raises(PlacementError, match=r"generators\.gpus=0\.5 and learner\.gpus=0\.5 "
+                                             r"share a device \(NCCL refuses two ranks"):
+        plan(load_config(ROOT / "configs" / "one-gpu.yaml", ["cluster.weight_sync=nccl"]))
+    whole = load_config(ROOT / "configs" / "qwen3-4b-8gpu.yaml")
+    assert plan(whole) and not shares_gpus(whole)
+    assert not shares_gpus(load_config(ROOT / "v05.yaml"))  # CPUs: nothing to share
