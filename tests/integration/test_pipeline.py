@@ -284,6 +284,14 @@ class Crash(RuntimeError):
     pass
 
 
+def crash_after(step: int):
+    """An ``after_step`` hook: the driver dies after ``step``."""
+    def hook(s, metrics):
+        if s == step:
+            raise Crash("the driver died")
+    return hook
+
+
 def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
     """Async V0.5, a checkpoint every 2 steps, the driver dies after step 5 (after the step-4
     checkpoint): resumed, the run continues the prompts that were in flight at step 4 and
@@ -295,12 +303,8 @@ def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
     cfg = make_cfg(fresh["tmp"], "crash", **sections,
                    run={"max_steps": 6, "eval_every": 0, "checkpoint_every": 2})
 
-    def crash_after_5(step, metrics):
-        if step == 5:
-            raise Crash("the driver died")
-
     with pytest.raises(Crash):
-        run(fresh, cfg, after_step=crash_after_5)
+        run(fresh, cfg, after_step=crash_after(5))
     assert Checkpoints(cfg.run_dir / "checkpoints").latest() == "step4"
     assert len(prompts_of(cfg)) == 5 * 4  # the crashed run wrote step 5's records
 
@@ -331,12 +335,8 @@ def test_selection_defers_prompts_and_a_crash_and_resume_accounts_for_every_draw
     cfg = make_cfg(fresh["tmp"], "select", **sections,
                    run={"max_steps": 4, "eval_every": 0, "checkpoint_every": 2})
 
-    def crash_after_3(step, metrics):
-        if step == 3:
-            raise Crash("the driver died")
-
     with pytest.raises(Crash):
-        run(fresh, cfg, after_step=crash_after_3)
+        run(fresh, cfg, after_step=crash_after(3))
     cfg2 = make_cfg(fresh["tmp"], "select", **sections,
                     run={"max_steps": 6, "eval_every": 0, "resume": True})
     summary = run(fresh, cfg2)
