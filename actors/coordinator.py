@@ -124,9 +124,10 @@ class Coordinator:
         self._kick()
         dropped, self.sched.dropped = self.sched.dropped, []
         notes, self.notes = self.notes, []
+        deferred, self.sched.deferred = self.sched.deferred, []
         return hand_over(prompts, self.sched.version, self.sched.in_flight(), dropped,
                          self.learner_ranks, generated=self.sched.counts["rollouts_dispatched"],
-                         notes=notes)
+                         notes=notes, deferred=deferred)
 
     async def set_version(self, version: int, payload=None) -> None:
         """Learner published ``version`` (every live generator loaded it)."""
@@ -216,7 +217,9 @@ class Coordinator:
                           data_pos=self.admitted_pos, generator_events=list(self.faults.events),
                           scoring=dict(self.scorer.counts),
                           inflight_uids=sorted(s.inflight),
-                          dropped_since_last_batch=list(s.dropped))
+                          dropped_since_last_batch=list(s.dropped),
+                          deferred_since_last_batch=list(s.deferred),
+                          waiting_uids=[c.uid for c in s.selector.waiting] if s.selector else [])
 
     def waiting_on(self) -> dict:
         """For the trainer's watchdog: which role the hand-over is waiting for, and what that

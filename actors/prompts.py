@@ -133,12 +133,13 @@ def batch_advantages(prompts: list[PromptInFlight]) -> tuple[list, list]:
 
 def hand_over(prompts: list[PromptInFlight], version: int, inflight: int, dropped: list,
               learner_ranks: int = 0, put=None, generated: int = 0,
-              notes: list[str] | None = None) -> TrainBatch:
+              notes: list[str] | None = None, deferred: list | None = None) -> TrainBatch:
     """The batch of finished ``prompts``: their records, and their samples split over
     ``learner_ranks`` ranks and ``put`` (default ``ray.put``: the calling actor's object
     store) one shard each (``common.sharding``), or inline with no ranks given; ``generated``:
     the rollouts generated for training so far (``TrainBatch.rollouts_generated``); ``notes``:
-    what the coordinator has to say on the run's console."""
+    what the coordinator has to say on the run's console; ``deferred``: the prompts the
+    selection deferred since the last batch."""
     advs, bases = batch_advantages(prompts)
     samples = [s for p, a in zip(prompts, advs) for s in train_samples(p, a)]
     shards = None
@@ -151,4 +152,5 @@ def hand_over(prompts: list[PromptInFlight], version: int, inflight: int, droppe
     return TrainBatch(records=[make_record(p, b) for p, b in zip(prompts, bases)],
                       samples=samples,
                       version=version, inflight_prompts=inflight, dropped=dropped,
-                      shards=shards, rollouts_generated=generated, notes=list(notes or []))
+                      shards=shards, rollouts_generated=generated, notes=list(notes or []),
+                      deferred=list(deferred or []))

@@ -49,6 +49,11 @@ SCHEDULER_COUNTS = ("prompts_admitted", "prompts_handed", "rollouts_dispatched",
                     "deadline_cuts", "generator_losses", "batch_top_ups")
 
 
+# Accounting's lists of uids: to dropped.jsonl, deferred.jsonl and inflight_at_end.json
+UID_LISTS = ("inflight_uids", "dropped_since_last_batch", "deferred_since_last_batch",
+             "waiting_uids")
+
+
 @dataclass(frozen=True)
 class Accounting:
     """What the coordinator accounts for when it stops (``Coordinator.stop``): the
@@ -85,11 +90,12 @@ class Accounting:
     scoring: dict = field(default_factory=dict)
     inflight_uids: list = field(default_factory=list)
     dropped_since_last_batch: list = field(default_factory=list)  # (uid, reason)
+    deferred_since_last_batch: list = field(default_factory=list)  # (uid, p, probability)
+    waiting_uids: list = field(default_factory=list)  # candidates undecided at the end
 
     def summary(self) -> dict:
         """summary.json's fields (the uid lists left out)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("inflight_uids", "dropped_since_last_batch")}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in UID_LISTS}
 
 
 def mean_extras(extras: list[dict], weights: list[int] | None = None) -> dict | None:

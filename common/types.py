@@ -142,6 +142,8 @@ class TrainBatch:
     # of equal-rollout comparisons and ``run.max_rollouts``
     rollouts_generated: int = 0
     notes: list[str] = field(default_factory=list)  # said once on the run's console
+    # (uid, p, admission probability) of the prompts the selection deferred since the last
+    deferred: list[tuple] = field(default_factory=list)
 
     def sample_versions(self) -> list[int]:
         """Each sample's policy version, in the batch's order."""

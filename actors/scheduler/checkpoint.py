@@ -28,7 +28,8 @@ def snapshot(sched, encode_problem: Callable, encode_payload: Callable) -> dict:
     # without them a resumed run would have those uids nowhere.
     # ``selection``: the candidates drawn and not yet decided, the prior's error terms, the
     # prompts' histories and the counters (drawn = admitted + deferred + waiting on resume too)
-    sel = {} if sched.selector is None else {"selection": sched.selector.snapshot(encode_problem)}
+    sel = {} if sched.selector is None else {"selection": sched.selector.snapshot(encode_problem),
+                                             "deferred": [list(d) for d in sched.deferred]}
     return {"version": sched.version, "counts": dict(sched.counts), "drops": dict(sched.drops),
             "dropped": [[uid, why] for uid, why in sched.dropped],
             **sched.calendar.snapshot(), "inflight": prompts, **sel}
@@ -64,6 +65,7 @@ def restore(sched, snap: dict, decode_problem: Callable, decode_payload: Callabl
     sched.calendar.restore(snap, shift)
     if sched.selector is not None and "selection" in snap:
         sched.selector.restore(snap["selection"], decode_problem)
+        sched.deferred = [tuple(d) for d in snap.get("deferred", [])]
     actions = []
     # "groups": the key of checkpoints written before the rename to "inflight".
     for d in snap["inflight"] if "inflight" in snap else snap["groups"]:

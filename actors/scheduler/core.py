@@ -40,6 +40,7 @@ class Scheduler:
         self.paused = False
         # Admission by selection (``algo.select``): the candidate window and its rule
         self.selector = None if cfg.selection is None else Selector(cfg.selection)
+        self.deferred: list[tuple] = []  # (uid, p, admission probability) of each deferral
 
     # -- admission -------------------------------------------------------------------------
     def room(self) -> int:
@@ -87,7 +88,8 @@ class Scheduler:
     def admit_selected(self) -> list:
         """Admit from the window, in draw order, each candidate with its probability, until
         ``room()`` is filled or the window is walked; the others are deferred or wait."""
-        chosen, _ = self.selector.choose(self.room())
+        chosen, deferred = self.selector.choose(self.room())
+        self.deferred += [(c.uid, c.p, c.a) for c in deferred]
         return self._admit([c.problem for c in chosen], [c.p for c in chosen],
                            [c.uid for c in chosen])
 
@@ -411,6 +413,7 @@ class Scheduler:
                 "requests": len(self.requests),
                 "parked": len(self.parked), "recheck": len(self._recheck),
                 "finished": len(self._finished), "dropped": len(self.dropped),
+                "deferred": len(self.deferred),
                 "drops": len(self.drops), "counts": len(self.counts),
                 **{f"selection_{k}": n for k, n in sizes(self.selector).items()}}
 

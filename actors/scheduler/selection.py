@@ -75,6 +75,7 @@ class Candidate:
     uid: str
     problem: Any
     p: float | None = None  # the prior's p when it was last scored (None: no score)
+    a: float | None = None  # its admission probability when it was decided
 
 
 def beta_moment(a: float, b: float, k: int) -> float:
@@ -181,7 +182,7 @@ class Selector:
             if len(admitted) >= n:
                 break
             walked += 1
-            a = self.probability(c)
+            a = c.a = self.probability(c)
             if a is None:
                 self.fallbacks += 1
                 admitted.append(c)

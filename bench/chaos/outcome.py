@@ -65,7 +65,9 @@ def evidence(run_dir: Path) -> dict:
                                                  + fates["in_flight"])
     short = {k: (v if not isinstance(v, list) else v[:20]) for k, v in fates.items()}
     return {"fates": short, "lost": fates["lost"], "trained_twice": fates["trained_twice"],
-            "trained_and_dropped": fates["trained_and_dropped"], "unknown": fates["unknown"],
+            # a prompt deferred and also admitted (or deferred twice) has two fates as well
+            "trained_and_dropped": fates["trained_and_dropped"] + fates["deferred_twice"],
+            "unknown": fates["unknown"],
             "accounting": acct, "drop_reasons": summary.get("drop_reasons", {})}
 
 

@@ -1,9 +1,10 @@
 """The one owner of a run's files (docs/pipeline.md, "Run outputs"): ``config.yaml``,
-``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``, ``inflight_at_end.json``,
+``metrics.jsonl``, ``prompts.jsonl``, ``dropped.jsonl``, ``deferred.jsonl`` (admission by
+selection), ``inflight_at_end.json``,
 ``summary.json``, ``report.html``, ``rollouts.msgpack`` (``run.record_rollouts``), TensorBoard's
 ``tb/``, W&B's ``wandb/`` (through ``cluster.records.wandb_log``), and the progress lines on stderr;
-with ``prompt_fates``, the accounting check that reads them back (every admitted prompt
-trained, dropped or in flight at the end, exactly once).
+with ``prompt_fates``, the accounting check that reads them back (every prompt drawn
+trained, dropped, deferred, in flight or waiting at the end, exactly once).
 
 A write that fails (a full disk, an unwritable directory, an I/O error) never stops the run:
 its one-line warning names the path and the error, a line cut short is cut off again (every
@@ -49,7 +50,9 @@ class RunFiles:
         self.metrics_path = self.dir / "metrics.jsonl"
         self.prompts_path = self.dir / "prompts.jsonl"
         self.dropped_path = self.dir / "dropped.jsonl"
-        for path in (self.metrics_path, self.prompts_path, self.dropped_path):
+        self.deferred_path = self.dir / "deferred.jsonl"
+        for path in (self.metrics_path, self.prompts_path, self.dropped_path,
+                     self.deferred_path):
             if resume_step is None:
                 path.unlink(missing_ok=True)
             else:
@@ -101,8 +104,10 @@ class RunFiles:
     def prompts(self, batch, step: int, version: int, t_trained: float, skipped: bool) -> None:
         """prompts.jsonl: one line per trained prompt; dropped.jsonl: one per prompt the
         coordinator dropped since the last batch, and every prompt of a NaN-skipped step;
-        rollouts.msgpack: every prompt's samples, when recording."""
+        rollouts.msgpack: every prompt's samples, when recording; deferred.jsonl: one per
+        prompt the selection deferred since the last batch."""
         self.dropped(batch.dropped, step)
+        self.deferred(batch.deferred, step)
         if self._recorder is not None:
             it = iter(ordered_samples(batch, self._fetch))
             for r in batch.records:  # its trained samples: its first n, fewer than k when
@@ -119,6 +124,13 @@ class RunFiles:
         """dropped.jsonl: one line per (uid, reason)."""
         self.append(self.dropped_path, [{"uid": uid, "reason": why, "step": step}
                                         for uid, why in drops])
+
+    def deferred(self, deferred, step: int) -> None:
+        """deferred.jsonl: one line per prompt the selection deferred: its uid, the prior's p
+        (null: none), the admission probability it had (algo.select; written only then)."""
+        if deferred or self.deferred_path.exists():
+            self.append(self.deferred_path, [{"uid": uid, "p": p, "admit_probability": a,
+                                              "step": step} for uid, p, a in deferred])
 
     def append(self, path: Path, rows: list[dict]) -> bool:
         """JSON lines appended whole or not at all (a failed write is cut off again, warned
@@ -170,8 +182,10 @@ class RunFiles:
         the uids still in flight to inflight_at_end.json (with prompts.jsonl: every admitted
         prompt's fate, by uid)."""
         self.dropped(acct.dropped_since_last_batch, step)
+        self.deferred(acct.deferred_since_last_batch, step)
         self.write(self.dir / "inflight_at_end.json",
-                   json.dumps({"step": step, "uids": list(acct.inflight_uids)}) + "\n")
+                   json.dumps({"step": step, "uids": list(acct.inflight_uids),
+                               "waiting": list(acct.waiting_uids)}) + "\n")
 
     def summary(self, s: RunSummary) -> dict:
         """summary.json, with ``run_file_failures``: the writes of run files that failed;
@@ -259,22 +273,32 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def prompt_fates(run_dir: Path) -> dict:
-    """Every admitted prompt's fate, by uid, from a run's files (the evidence that nothing
-    was lost or trained twice, across crashes and resumes): uids are ``s<position>`` in the
-    sampler's stream, so the admitted ones are s0 .. s<data_pos - 1>."""
+    """Every drawn prompt's fate, by uid, from a run's files (the evidence that nothing was
+    lost or trained twice, across crashes and resumes): uids are ``s<position>`` in the
+    sampler's stream, so the drawn ones are s0 .. s<data_pos - 1>; each was trained, dropped,
+    deferred by the selection, or was in flight or waiting at the end. ``admitted``: those
+    drawn less the deferred and the waiting."""
     from collections import Counter
 
     run_dir = Path(run_dir)
     summary = RunSummary.from_json(json.loads((run_dir / "summary.json").read_text()))
     trained = Counter(r["uid"] for r in read_lines(run_dir / "prompts.jsonl"))
     dropped = Counter(r["uid"] for r in read_lines(run_dir / "dropped.jsonl"))
+    deferred = Counter(r["uid"] for r in read_lines(run_dir / "deferred.jsonl"))
     end = run_dir / "inflight_at_end.json"
-    inflight = set(json.loads(end.read_text())["uids"]) if end.exists() else set()
-    admitted = {f"s{i}" for i in range(summary.accounting.data_pos)}
-    seen = set(trained) | set(dropped) | inflight
-    return {"admitted": len(admitted), "trained": sum(trained.values()),
-            "dropped": sum(dropped.values()), "in_flight": len(inflight),
-            "lost": sorted(admitted - seen, key=lambda u: int(u[1:])),
+    at_end = json.loads(end.read_text()) if end.exists() else {}
+    inflight, waiting = set(at_end.get("uids", [])), set(at_end.get("waiting", []))
+    drawn = {f"s{i}" for i in range(summary.accounting.data_pos)}
+    seen = set(trained) | set(dropped) | inflight | set(deferred) | waiting
+    return {"drawn": len(drawn), "admitted": len(drawn) - sum(deferred.values()) - len(waiting),
+            "trained": sum(trained.values()), "dropped": sum(dropped.values()),
+            "in_flight": len(inflight), "deferred": sum(deferred.values()),
+            "waiting": len(waiting),
+            "lost": sorted(drawn - seen, key=lambda u: int(u[1:])),
             "trained_twice": sorted(u for u, n in trained.items() if n > 1),
             "trained_and_dropped": sorted(set(trained) & set(dropped)),
-            "unknown": sorted(seen - admitted)}
+            # a deferred uid is not admitted: deferred twice, or also trained, dropped or
+            # in flight, is a second fate
+            "deferred_twice": sorted(u for u, n in deferred.items() if n > 1
+                                     or u in trained or u in dropped or u in inflight),
+            "unknown": sorted(seen - drawn)}

@@ -119,3 +119,32 @@ def test_crafted_run_accounts_for_every_prompt(tmp_path):
     assert (fates["admitted"], fates["trained"], fates["dropped"], fates["in_flight"]) == (72, 64, 3, 5)
     assert not (fates["lost"] or fates["trained_twice"] or fates["trained_and_dropped"]
                 or fates["unknown"])
+
+
+def test_every_drawn_prompt_has_one_fate_deferred_and_waiting_included(tmp_path):
+    """Admission by selection draws prompts it never admits: each deferred one is in
+    deferred.jsonl, each still waiting at the end in inflight_at_end.json; a uid in neither
+    is lost, one deferred and trained has two fates."""
+    import json
+
+    from common.records import Accounting
+    from cluster.records.summary import RunSummary
+
+    run = tmp_path / "sel"
+    w = RunFiles(run, CONFIG, progress=False)
+    w.deferred([("s1", 0.97, 0.12), ("s3", None, 0.1)], 1)
+    (run / "prompts.jsonl").write_text("".join(json.dumps({"uid": u, "step": 1}) + "\n"
+                                               for u in ("s0", "s2")))
+    w.end(Accounting(data_pos=6, inflight_uids=["s4"], waiting_uids=["s5"],
+                     deferred_since_last_batch=[]), 1)
+    (run / "summary.json").write_text(json.dumps(
+        RunSummary.from_json({"data_pos": 6, "prompts_admitted": 3}).to_json()))
+    fates = prompt_fates(run)
+    assert (fates["drawn"], fates["admitted"], fates["deferred"], fates["waiting"]) == (6, 3, 2, 1)
+    assert fates["lost"] == [] and fates["deferred_twice"] == []
+    lines = [json.loads(x) for x in (run / "deferred.jsonl").read_text().splitlines()]
+    assert lines[0] == {"uid": "s1", "p": 0.97, "admit_probability": 0.12, "step": 1}
+    w.end(Accounting(data_pos=6, inflight_uids=["s4"], waiting_uids=[]), 1)  # s5 nowhere
+    assert prompt_fates(run)["lost"] == ["s5"]
+    w.deferred([("s0", 0.5, 0.9)], 2)  # s0 was trained: a second fate
+    assert prompt_fates(run)["deferred_twice"] == ["s0"]
