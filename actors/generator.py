@@ -28,6 +28,13 @@ true behaviour policy, so the learner's importance ratio pi_theta / pi_behaviour
 correct for such mixed rollouts. ``version`` advances while the engine is still paused,
 after the load; outputs of steps before the pause reach their requests during the load's
 awaits, so ``version_end`` is the version of the weights that sampled the last token.
+
+A load that fails part way (a broadcast cut off, a tensor that does not fit) leaves the engine
+half-loaded: vLLM's in-place reload has replaced some layers and not others. Such a model
+never generates again: the actor exits at once, still paused (``die_half_loaded``), every call
+in flight fails as a dead actor's does, Ray restarts it from the checkpoint it started with,
+and the coordinator takes it out of service until it has loaded the newest weights again
+(``GeneratorPool.rejoin``).
 """
 from __future__ import annotations
 
@@ -41,6 +48,16 @@ from typing import Any
 from actors.engine import build_engine, prepare_env
 from actors.engine_config import GeneratorConfig
 from common.types import Rollout, RolloutRequest
+
+
+def die_half_loaded(why: str) -> None:
+    """End this actor's process now, with its engine still paused (module docstring): a
+    half-loaded model must not generate; Ray restarts the actor with its starting weights."""
+    import sys
+
+    print(f"{why}: exiting so that Ray restarts this generator (a half-loaded model never "
+          "generates)", file=sys.stderr, flush=True)
+    os._exit(70)
 
 
 def render_prompt(tokenizer, prompt: str, fmt: str = "auto", system: str | None = None,
@@ -247,8 +264,11 @@ class Generator:
                     if not await eng.reset_prefix_cache(reset_running_requests=True):
                         raise RuntimeError("vLLM refused to reset the prefix cache")
                 except Exception as e:
-                    raise RuntimeError(f"generator {self.index}: loading weights version "
-                                       f"{version} failed: {type(e).__name__}: {e}") from e
+                    why = (f"generator {self.index}: loading weights version {version} "
+                           f"failed: {type(e).__name__}: {e}")
+                    if await self._half_loaded():
+                        die_half_loaded(why)
+                    raise RuntimeError(why) from e  # failed before the model was touched
                 # Still paused: every token sampled from here on uses the new weights.
                 self._version = version
             finally:
@@ -260,6 +280,14 @@ class Generator:
             self._counts["updates"] += 1
             self._counts["update_s"] += dt
             return dt
+
+    async def _half_loaded(self) -> bool:
+        """Whether any worker's model is half-loaded (a reload began and did not finish);
+        an engine that cannot say is taken as one that is."""
+        try:
+            return any(await self._engine.collective_rpc("v05_half_loaded"))
+        except Exception:  # noqa: BLE001 - a dead engine core cannot vouch for its model
+            return True
 
     async def init_weight_sync(self, group: Any, rank_offset: int) -> str:
         """Join epoch ``group.epoch`` of the learner's weight-broadcast group (``nccl``/``gloo``

@@ -33,6 +33,13 @@ class WeightSyncWorkerExtension:
         """The group this worker is in (``GroupSpec.name``), None outside any."""
         return self._v05_member().name
 
+    def v05_half_loaded(self) -> bool:
+        """Whether a reload began and did not finish: vLLM's in-place reload moves each
+        layer's parameters aside before the weights fill them (initialize_layerwise_reload)
+        and restores them only at its end, so a load cut off part way (a broadcast that
+        failed, a tensor that does not fit) leaves a model that must never generate."""
+        return bool(getattr(self, "_v05_reloading", False))
+
     # ------------------------------------------------------------------ loading
     def _v05_local_rank(self) -> int:
         """This worker's rank among its engine's workers (0 without tensor parallelism)."""
@@ -54,8 +61,10 @@ class WeightSyncWorkerExtension:
                 yield name, t
 
         reload = getattr(self, "reload_weights", None)
+        self._v05_reloading = True  # cleared only by a load that finished (v05_half_loaded)
         if reload is not None:  # vLLM >= 0.2x: in-place reload that also redoes weight processing
             reload(weights_iterator=counting())
         else:  # older vLLM: the loader of an unquantised model copies into the live params
             self.model_runner.model.load_weights(weights=counting())
+        self._v05_reloading = False
         return len(counted)
