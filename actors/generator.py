@@ -31,10 +31,11 @@ awaits, so ``version_end`` is the version of the weights that sampled the last t
 
 A load that fails part way (a broadcast cut off, a tensor that does not fit) leaves the engine
 half-loaded: vLLM's in-place reload has replaced some layers and not others. Such a model
-never generates again: the actor exits at once, still paused (``die_half_loaded``), every call
-in flight fails as a dead actor's does, Ray restarts it from the checkpoint it started with,
-and the coordinator takes it out of service until it has loaded the newest weights again
-(``GeneratorPool.rejoin``).
+never generates again: the actor exits at once, still paused (``die``), every call in flight
+fails as a dead actor's does, Ray restarts it from the checkpoint it started with, and the
+coordinator takes it out of service until it has loaded the newest weights again
+(``GeneratorPool.rejoin``). An engine that dies under a live actor (``AsyncLLM``'s engine core
+killed, or the in-process engine's step raising) ends the actor the same way.
 """
 from __future__ import annotations
 
@@ -50,13 +51,14 @@ from actors.engine_config import GeneratorConfig
 from common.types import Rollout, RolloutRequest
 
 
-def die_half_loaded(why: str) -> None:
-    """End this actor's process now, with its engine still paused (module docstring): a
-    half-loaded model must not generate; Ray restarts the actor with its starting weights."""
+def die(why: str) -> None:
+    """End this actor's process now, so that Ray restarts it (``max_restarts``) and the
+    coordinator takes it out of service until it has the newest weights: for a half-loaded
+    model (its engine still paused: it must never generate) and for a dead engine (a live
+    actor around it would fail every request and every publish)."""
     import sys
 
-    print(f"{why}: exiting so that Ray restarts this generator (a half-loaded model never "
-          "generates)", file=sys.stderr, flush=True)
+    print(f"{why}: exiting so that Ray restarts this generator", file=sys.stderr, flush=True)
     os._exit(70)
 
 
@@ -267,7 +269,7 @@ class Generator:
                     why = (f"generator {self.index}: loading weights version {version} "
                            f"failed: {type(e).__name__}: {e}")
                     if await self._half_loaded():
-                        die_half_loaded(why)
+                        die(f"{why} part way: its model is half-loaded")
                     raise RuntimeError(why) from e  # failed before the model was touched
                 # Still paused: every token sampled from here on uses the new weights.
                 self._version = version
@@ -367,8 +369,10 @@ class Generator:
                                                    request_id=rid, priority=priority):
                 last, final = final, out
         except Exception as e:
-            raise RuntimeError(f"generator {self.index}: vLLM failed on request {rid}: "
-                               f"{type(e).__name__}: {e}") from e
+            why = f"generator {self.index}: vLLM failed on request {rid}: {type(e).__name__}: {e}"
+            if getattr(self._engine, "errored", False):  # the engine died: it serves no more
+                die(f"{why}; its engine is dead")
+            raise RuntimeError(why) from e
         finally:
             self._live.pop((req.request_id, i), None)
             self._seq_change(-1)

@@ -84,6 +84,11 @@ class InprocEngine:
         return build()
 
     # ------------------------------------------------------------------ AsyncLLM's API
+    @property
+    def errored(self) -> bool:
+        """Whether the engine died (a step raised): as ``AsyncLLM.errored``."""
+        return self._dead is not None
+
     async def generate(self, prompt, sampling_params, request_id: str,
                        priority: int = 0) -> AsyncIterator[Any]:
         """Cumulative outputs of one request, the last one ``finished``. Cancelling the

@@ -35,21 +35,33 @@ def _hf_model(seed: int):
 
 
 @pytest.fixture(scope="module")
-def gen(tmp_path_factory):
-    from actors.engine_config import GeneratorConfig
-    from actors.generator import Generator
+def policy(tmp_path_factory):
+    """A tiny random policy on disk, and the module's local Ray cluster."""
     from tasks.policy_model import build_tokenizer, save_policy
 
     path = tmp_path_factory.mktemp("publish_policy")
     save_policy(_hf_model(0), build_tokenizer(), path)
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield str(path)
+    ray.shutdown()
+
+
+def start(policy: str, **engine):
+    from actors.engine_config import GeneratorConfig
+    from actors.generator import Generator
+
     actor = ray.remote(num_cpus=0.5, max_concurrency=16, max_restarts=1)(Generator).remote(
-        str(path), 0, GeneratorConfig(max_num_seqs=8), 1, None)
+        policy, 0, GeneratorConfig(max_num_seqs=8, **engine), 1, None)
     assert ray.get(actor.ready.remote(), timeout=600)
+    return actor
+
+
+@pytest.fixture(scope="module")
+def gen(policy):  # the in-process engine (the CPU default)
+    actor = start(policy)
     yield actor
     ray.kill(actor, no_restart=True)
-    ray.shutdown()
 
 
 def greedy(gen) -> tuple[list[int], np.ndarray]:
@@ -100,3 +112,28 @@ def test_a_publish_refused_before_the_model_is_touched_keeps_the_generator(gen):
     with pytest.raises(ray.exceptions.RayTaskError):
         ray.get(gen.update_weights.remote(object(), v + 1), timeout=60)
     assert ray.get(gen.incarnation.remote()) == before and ray.get(gen.version.remote()) == v
+
+
+def test_an_engine_that_dies_under_a_live_generator_ends_it_and_ray_restarts_it(policy):
+    """vLLM's engine core in a process of its own (``engine_core: own_process``, the usual
+    choice on GPUs) killed under a live generator: its next request finds the engine dead,
+    and the actor exits so that Ray restarts it with a new engine, which serves again (issue
+    45, item 4). Before 2026-12-06 the actor stayed up and failed every request at once, in
+    service, and every later publish's group join failed."""
+    import os
+    import signal
+
+    gen = start(policy, engine_core="own_process")
+    try:
+        tokens0, _ = greedy(gen)
+        before = ray.get(gen.incarnation.remote())
+        pids = ray.get(gen.engine_pids.remote())
+        assert pids["children"], pids  # the engine core's process
+        for pid in pids["children"]:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError):
+            greedy(gen)
+        wait_restarted(gen, before)
+        assert greedy(gen)[0] == tokens0  # a new engine on the same checkpoint
+    finally:
+        ray.kill(gen, no_restart=True)
