@@ -142,6 +142,12 @@ class Coordinator:
         nor waits on it."""
         return list(self.sched.alive)
 
+    async def publish_targets(self) -> list[bool]:
+        """The generators a publish goes to: those in service, and those back but waiting for
+        a publish to get the newest weights (restarted under a broadcast transport: a
+        restarted engine is in no group, and only the sender can take it into one)."""
+        return [a or i in self.pool.awaiting_publish for i, a in enumerate(self.sched.alive)]
+
     async def replace_generator(self, i: int, handle) -> None:
         """Generator ``i`` is a new actor (its node was lost: ``cluster.nodes.replace``): in
         service once it has the newest weights, as one Ray restarted; the old one's work is

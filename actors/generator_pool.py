@@ -21,6 +21,9 @@ class GeneratorPool:
         self.served = [0] * n                 # requests each one completed
         self.aborts: list[set[asyncio.Task]] = [set() for _ in range(n)]  # of timed-out requests
         self.payload = None                   # the newest published weights
+        # Back (restarted, ready) but unable to load ``payload`` on its own (a broadcast's:
+        # a restarted engine is in no group): the next publish must include it.
+        self.awaiting_publish: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -73,10 +76,22 @@ class GeneratorPool:
             g = self.handles[i]  # read each time: ``replace`` may swap it meanwhile
             try:
                 await asyncio.wait_for(g.ready.remote(), timeout_s)
+            except Exception:
+                await asyncio.sleep(1.0)
+                continue
+            try:
                 loaded = await g.version.remote()
                 if self.payload is not None and loaded < version():
-                    await g.update_weights.remote(self.payload, version())
+                    try:
+                        await g.update_weights.remote(self.payload, version())
+                    except Exception:
+                        # Alive, and the newest weights are a broadcast it was not in: the
+                        # next publish takes it in (the driver's publish_targets), and the
+                        # version check above then finds it loaded.
+                        self.awaiting_publish.add(i)
+                        await asyncio.sleep(1.0)
                     continue  # re-check: a newer version may have been published meanwhile
+                self.awaiting_publish.discard(i)
                 self.incarnations[i] = await g.incarnation.remote()
                 # Its timed-out requests are aborted first: their sequences hold slots.
                 await asyncio.gather(*self.aborts[i])

@@ -153,9 +153,11 @@ def publish(run: Run, version: int) -> None:
     """Learner rank 0's weights -> every generator, in place, as ``version``; then the
     coordinator.
 
-    Only the generators in service get them (``Coordinator.serving``): one the coordinator
-    took out (dead, restarting, its node lost) loads the newest weights when it rejoins, and
-    is not waited for. The updates are waited for together, at most ``run.call_timeout_s``
+    The generators in service get them, and those back but waiting for a publish
+    (``Coordinator.publish_targets``: restarted under a broadcast transport, where only the
+    sender can take an engine into its group); one the coordinator took out (dead,
+    restarting, its node lost) loads the newest weights when it rejoins, and is not waited
+    for. The updates are waited for together, at most ``run.call_timeout_s``
     and never past the watchdog's deadline. A generator that did not load them (dead, hung,
     or its ``update_weights`` raised) is counted in ``generator_update_failures`` and
     named in the summary's ``generator_update_failed``; the coordinator re-syncs one
@@ -163,7 +165,8 @@ def publish(run: Run, version: int) -> None:
     import ray
 
     roles = run.roles
-    serving = in_service(run)
+    alive = run.dog.get("coordinator", run.coord.publish_targets.remote())
+    serving = [i for i, a in enumerate(alive) if a]  # in service, or back and waiting for it
     payload, refs = run.dog.call("learner (weight publish)", roles.learner.publish_weights,
                                  [roles.generators[i] for i in serving], version)
     roles.published = version

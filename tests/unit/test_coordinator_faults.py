@@ -220,3 +220,46 @@ def test_a_replaced_generator_takes_over_its_slot_and_the_old_ones_work_is_reiss
         await c.stop()
 
     asyncio.run(main())
+
+
+class RestartedGenerator(HungGenerator):
+    """Back from a restart at version 0, unable to load the newest weights on its own (a
+    broadcast it was not in refuses it, as NotInGroupError does), until a publish that
+    includes it loads them (``published``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.loaded = 0
+        self.update_weights = Remote(self._update)
+
+    def _version(self):
+        return self._future(self.loaded)
+
+    def _update(self, payload, version):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(RuntimeError("NotInGroupError: joined none"))
+        return fut
+
+
+def test_a_generator_back_from_a_restart_under_a_broadcast_is_a_publish_target_until_loaded():
+    """Under a collective transport a restarted engine is in no group, so it cannot load the
+    newest weights by itself: it is a publish target while out of service (so the sender takes
+    it into its group), and back in service once a publish has loaded them. Before
+    2026-12-06 publishes went only to generators in service, and it never came back."""
+    async def main():
+        gen = RestartedGenerator()
+        c = Coordinator([gen], None, make_estimator("grpo"),
+                        CoordinatorConfig(TaskConfig(), SchedulerConfig(
+                            batch_prompts=1, max_staleness=0, slots_per_generator=4)))
+        await c.set_version(3, payload="broadcast-of-v3")
+        c._lost(0, "restarted")
+        await until(lambda: 0 in c.pool.awaiting_publish, "the rejoin to find it cannot load",
+                    turns=1000, pause_s=0.01)
+        assert await c.serving() == [False] and await c.publish_targets() == [True]
+        gen.loaded = 3  # the publish that included it
+        await until(lambda: c.sched.alive == [True], "it to be back in service",
+                    turns=1000, pause_s=0.01)
+        assert await c.publish_targets() == [True] and not c.pool.awaiting_publish
+        await c.stop()
+
+    asyncio.run(main())
