@@ -141,6 +141,7 @@ class Generator:
             raise ValueError(f"generator {index}: model path {model_path!r} is not a directory")
         self.index = index
         self.cfg = cfg
+        self._model_path = model_path
         # Before vLLM spawns anything: its processes inherit this environment.
         self._env = prepare_env(index, cpu_threads, cpu_bind, cfg.cpu_worker_process,
                                 cfg.cpu_onednn_cache)
@@ -215,6 +216,15 @@ class Generator:
 
     def incarnation(self) -> str:
         return self._incarnation
+
+    def model_fingerprint(self) -> tuple[str, str]:
+        """(this node's address, the model files' fingerprint): the driver checks that every
+        role loaded the same model (``common.model_files``)."""
+        import ray
+
+        from common.model_files import fingerprint
+
+        return ray.util.get_node_ip_address(), fingerprint(self._model_path)
 
     async def generate(self, req: RolloutRequest) -> list[Rollout]:
         """``req.n`` completions of ``req.prompt``, one engine request each (they share the

@@ -14,10 +14,16 @@ from common.sharding import shard_samples
 from learner.config import LearnerConfig
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` ("": every interface; tiny race accepted)."""
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """A TCP port free right now on ``host`` ("": every interface; tiny race accepted):
+    ``port`` itself (``learner.rendezvous_port``: a port a firewall lets through), or any
+    (0). A given port that is taken is an error naming the setting."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise RuntimeError(f"learner.rendezvous_port {port} is not free on learner rank 0's "
+                               f"node ({err.strerror}): choose another, or null for any") from None
         return s.getsockname()[1]
 
 
@@ -49,14 +55,14 @@ def rank_options(n_ranks: int, num_cpus: float, num_gpus: float = 0.0, placement
     return opts
 
 
-def _rank0_here() -> Rendezvous:
+def _rank0_here(port: int = 0) -> Rendezvous:
     import ray
 
-    return Rendezvous(ray.util.get_node_ip_address(), free_port(""),
+    return Rendezvous(ray.util.get_node_ip_address(), free_port("", port),
                       ray.get_runtime_context().get_node_id())
 
 
-def rendezvous(rank0: dict) -> Rendezvous:
+def rendezvous(rank0: dict, port: int = 0) -> Rendezvous:
     """Rank 0's node address and a port free there, from a tiny task placed as rank 0 will
     be: in its bundle (asking nothing more, the bundle already holds the resources), or,
     without a placement group, on any node that could hold rank 0 (the caller then pins
@@ -67,7 +73,7 @@ def rendezvous(rank0: dict) -> Rendezvous:
         opts = {"num_cpus": 0, "num_gpus": 0, "scheduling_strategy": rank0["scheduling_strategy"]}
     else:
         opts = {"num_cpus": rank0["num_cpus"], "num_gpus": rank0["num_gpus"]}
-    return ray.get(ray.remote(_rank0_here).options(**opts).remote())
+    return ray.get(ray.remote(_rank0_here).options(**opts).remote(port))
 
 
 class Learner:
@@ -83,7 +89,8 @@ class Learner:
     def __init__(self, model_path: str, n_ranks: int, cfg: LearnerConfig,
                  num_cpus_per_rank: float = 1.0, placement_group=None, bundle_offset: int = 0,
                  num_gpus_per_rank: float = 0.0, threads: int | None = None,
-                 log_dir: str | None = None, run_name: str | None = None):
+                 log_dir: str | None = None, run_name: str | None = None,
+                 rendezvous_port: int | None = None, env: dict | None = None):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -96,7 +103,10 @@ class Learner:
         self.n_ranks, self.cfg = n_ranks, cfg
         opts = rank_options(n_ranks, num_cpus_per_rank, num_gpus_per_rank, placement_group,
                             bundle_offset)
-        self.rendezvous = rendezvous(opts[0])
+        self.rendezvous = rendezvous(opts[0], rendezvous_port or 0)
+        if env:  # e.g. the network interface NCCL and gloo use (cluster.network_interface)
+            for o in opts:
+                o["runtime_env"] = {"env_vars": dict(env)}
         if placement_group is None:
             opts[0]["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 self.rendezvous.node_id, soft=False)
@@ -116,6 +126,10 @@ class Learner:
         except Exception:
             self.shutdown()
             raise
+
+    def model_fingerprints(self) -> list[tuple[str, str]]:
+        """Each rank's (node, model fingerprint), in rank order."""
+        return self._every_rank([w.model_fingerprint.remote() for w in self.workers])
 
     def _every_rank(self, refs: list) -> list:
         """The results of calls on the ranks (``refs`` in rank order), once all are done."""

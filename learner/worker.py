@@ -155,6 +155,14 @@ class LearnerWorker(WeightsAndCheckpoints):
     def ready(self) -> int:
         return self.rank
 
+    def model_fingerprint(self) -> tuple[str, str]:
+        """(this node's address, the model files' fingerprint: ``common.model_files``)."""
+        import ray
+
+        from common.model_files import fingerprint
+
+        return ray.util.get_node_ip_address(), fingerprint(self.model_path)
+
     def train_step(self, samples: list[TrainSample]) -> StepResult:
         """One optimiser step on this rank's shard (every rank must be called; shards may
         differ in length, see ``_micro_batches``)."""

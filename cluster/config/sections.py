@@ -106,6 +106,9 @@ class LearnerPlacement(Section):
     gpus: float = Field(0, ge=0, description="GPUs per rank (0 on CPU machines).")
     cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per rank.")
     threads: int = Field(1, ge=1, description="torch threads per rank.")
+    rendezvous_port: int | None = Field(None, ge=1, le=65535, description=(
+        "The port the ranks meet on at learner rank 0's node (torch.distributed's TCP store): "
+        "one a firewall between nodes lets through; None: any port free there."))
 
 
 class PriorPlacement(Section):
@@ -187,6 +190,18 @@ class ClusterConfig(Section):
     cpus_per_node: int | None = Field(None, ge=1, description=(
         "Logical CPUs per node of `--check-placement`'s simulated cluster (None: as many as "
         "the whole plan asks, so that CPUs never limit the check)."))
+    network_interface: str | None = Field(None, description=(
+        "The network interface NCCL and gloo use between nodes (NCCL_SOCKET_IFNAME and "
+        "GLOO_SOCKET_IFNAME in every generator's and learner rank's environment, e.g. eth0 "
+        "or ib0); None: their own choice, which on machines with several interfaces (docker "
+        "bridges, a management network) may be one the other nodes cannot reach."))
+
+    @property
+    def role_env(self) -> dict[str, str]:
+        """The environment every generator and learner rank gets (``network_interface``)."""
+        i = self.network_interface
+        return {} if not i else {"NCCL_SOCKET_IFNAME": i, "GLOO_SOCKET_IFNAME": i}
+
     resources: dict[str, dict[str, float]] = Field(default_factory=dict, description=(
         "Custom Ray resources each actor of a role asks for, by role (generator, learner, "
         "prior, coordinator): the labels of the nodes it may run on, as given to `ray start "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from common.model_files import check_same_model
 from common.names import actor_name
 from common.threads import threads_for
 from cluster.nodes.placement import group_key, release
@@ -78,9 +79,10 @@ def start_generator(cfg, model_path: str, i: int, pg, name: str):
     # Pin each CPU engine's threads to its own cores so two engines do not share core 0.
     first = (i * threads) % ncores
     bind = None if g.gpus else ",".join(str((first + j) % ncores) for j in range(threads))
+    env = {"runtime_env": {"env_vars": cfg.cluster.role_env}} if cfg.cluster.role_env else {}
     return ray.remote(Generator).options(
         name=name, num_cpus=g.cpus, num_gpus=g.gpus, max_restarts=3, max_task_retries=0,
-        max_concurrency=1024, scheduling_strategy=pg_strategy(pg, 0),
+        max_concurrency=1024, scheduling_strategy=pg_strategy(pg, 0), **env,
     ).remote(model_path, i, g.engine, threads, bind, log_path(cfg, f"generator-{i}"))
 
 
@@ -97,7 +99,8 @@ def start_learner(cfg, model_path: str, pg):
     logs = log_dir(cfg)
     return Learner(model_path, lp.ranks, cfg.optim, num_cpus_per_rank=lp.cpus,
                    placement_group=pg, num_gpus_per_rank=lp.gpus, threads=lp.threads,
-                   log_dir=None if logs is None else str(logs), run_name=cfg.run.name)
+                   log_dir=None if logs is None else str(logs), run_name=cfg.run.name,
+                   rendezvous_port=lp.rendezvous_port, env=cfg.cluster.role_env)
 
 
 def start_prior(cfg, pg, name: str):
@@ -157,6 +160,12 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
             left[role] -= 1
             if not left[role]:
                 roles.startup[f"{role}_s"] = time.perf_counter() - t0
+        # Every role loaded the same model: model.path resolves on each node
+        check_same_model(
+            [(f"generator {i}", *fp) for i, fp in
+             enumerate(ray.get([g.model_fingerprint.remote() for g in roles.generators]))]
+            + [(f"learner rank {r}", *fp) for r, fp in
+               enumerate(roles.learner.model_fingerprints())], model_path)
         # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
         roles.learner.connect_weight_sync(cfg.cluster.weight_sync_config.model_dump(),
                                           roles.generators)

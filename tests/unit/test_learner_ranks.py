@@ -87,3 +87,17 @@ def test_a_batch_by_reference_hands_each_rank_its_own_shard():
                            version=0) for _ in range(3)]
     lrn.train_batch(TrainBatch(records=[], samples=samples, version=0, inflight_prompts=0))
     assert sorted(len(args[0]) for _, _, args, _ in log) == [1, 2]
+
+
+def test_a_rendezvous_port_given_is_used_and_a_taken_one_is_named():
+    import socket
+
+    from learner.ranks import free_port
+
+    port = free_port()
+    assert free_port("127.0.0.1", port) == port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(RuntimeError, match=f"learner.rendezvous_port {port} is not free"):
+            free_port("127.0.0.1", port)
