@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import time
 from collections import Counter
+from dataclasses import replace
 
 from actors.fault_log import FaultLog
 from actors.generator_pool import GeneratorPool
@@ -126,7 +127,7 @@ class Coordinator:
         notes, self.notes = self.notes, []
         deferred, self.sched.deferred = self.sched.deferred, []
         return hand_over(prompts, self.sched.version, self.sched.in_flight(), dropped,
-                         self.learner_ranks, generated=self.sched.counts["rollouts_dispatched"],
+                         self.learner_ranks, generated=self.sched.counts.rollouts_dispatched,
                          notes=notes, deferred=deferred)
 
     async def set_version(self, version: int, payload=None) -> None:
@@ -216,9 +217,8 @@ class Coordinator:
 
     def accounting(self) -> Accounting:
         s = self.sched
-        return Accounting(**s.accounting(), prompts_in_flight_at_end=s.in_flight(),
+        return replace(s.accounting(), prompts_in_flight_at_end=s.in_flight(),
                           prior_fallbacks=self.faults.counts["prior_fallbacks"],
-                          generator_restarts=self.faults.counts["generator_restarts"],
                           requests_per_generator=list(self.pool.served),
                           data_pos=self.admitted_pos, generator_events=list(self.faults.events),
                           scoring=dict(self.scorer.counts),

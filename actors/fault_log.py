@@ -1,5 +1,6 @@
 """What went wrong on the coordinator's side, for the run's summary and the watchdog: counts
-by kind (``prior_fallbacks``, ``generator_restarts``, ``task_error``, ...), the events
+by kind (``prior_fallbacks``, ``task_error``, ...; a generator lost is the scheduler's
+``generator_losses``), the events
 (``(t, kind, generator, detail)``, seconds since the coordinator started), the last error
 and the prior's last error. Pure standard library."""
 from __future__ import annotations
@@ -39,7 +40,6 @@ class FaultLog:
         self.last_prior_error = f"{type(err).__name__}: {err}"
 
     def lost(self, generator: int, why: str) -> None:
-        self.counts["generator_restarts"] += 1
         self.event("lost", generator, why)
 
     def snapshot(self) -> dict:

@@ -42,11 +42,30 @@ class StepResult:
         return asdict(self)
 
 
-# The scheduler's counters, named as summary.json names them (``Scheduler.counts`` keys).
-SCHEDULER_COUNTS = ("prompts_admitted", "prompts_handed", "rollouts_dispatched",
-                    "rollouts_finished", "rollouts_cancelled", "cancelled_tokens",
-                    "extra_rollouts_requested", "reissued_requests", "stale_regenerated",
-                    "deadline_cuts", "generator_losses", "batch_top_ups")
+@dataclass
+class SchedulerCounts:
+    """The scheduler's counters (``Scheduler.counts``): each written in one place of the
+    scheduler, read by attribute, checkpointed as they are, and carried to summary.json under
+    these names (``Accounting.summary``)."""
+
+    prompts_admitted: int = 0
+    prompts_handed: int = 0
+    rollouts_dispatched: int = 0       # every rollout sent to a generator for training
+    rollouts_finished: int = 0
+    rollouts_cancelled: int = 0
+    cancelled_tokens: int = 0          # tokens of cancelled rollouts: spent, never trained
+    extra_rollouts_requested: int = 0  # beyond a prompt's first k_init
+    reissued_requests: int = 0         # re-sent after a lost generator or a resume
+    stale_regenerated: int = 0         # samples re-generated for being too old
+    deadline_cuts: int = 0             # prompts stopped at their deadline with k >= k_init
+    generator_losses: int = 0          # generators taken out of service (dead, restarted, hung)
+    batch_top_ups: int = 0             # sample-counted batches short of S that took more prompts
+
+    @classmethod
+    def of(cls, d: dict) -> "SchedulerCounts":
+        """From a dict with these names (a checkpoint's, summary.json); others ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 # Accounting's lists of uids: to dropped.jsonl, deferred.jsonl and inflight_at_end.json
@@ -56,13 +75,14 @@ UID_LISTS = ("inflight_uids", "dropped_since_last_batch", "deferred_since_last_b
 
 @dataclass(frozen=True)
 class Accounting:
-    """What the coordinator accounts for when it stops (``Coordinator.stop``): the
-    identity ``prompts_admitted = prompts_trained + prompts_dropped + prompts_in_flight_at_end``
-    holds with the trainer's ``prompts_trained`` (summary.json carries every field but the
-    two uid lists, which go to dropped.jsonl and inflight_at_end.json)."""
+    """What the coordinator accounts for when it stops (``Coordinator.stop``): the scheduler's
+    counters (``scheduler``) and the rest; the identity ``prompts_admitted = prompts_trained +
+    prompts_dropped + prompts_in_flight_at_end`` holds with the trainer's ``prompts_trained``.
+    summary.json carries every field, the scheduler's flat beside the others, but the uid
+    lists (``UID_LISTS``), which go to dropped.jsonl, deferred.jsonl and
+    inflight_at_end.json."""
 
-    prompts_admitted: int = 0
-    prompts_handed: int = 0
+    scheduler: SchedulerCounts = field(default_factory=SchedulerCounts)
     prompts_dropped: int = 0
     drop_reasons: dict = field(default_factory=dict)
     prompts_in_flight_at_end: int = 0
@@ -72,18 +92,7 @@ class Accounting:
     prompts_deferred: int = 0
     prompts_waiting_at_end: int = 0
     selection_fallbacks: int = 0  # admitted unscored: the prior failed (the data order)
-    rollouts_dispatched: int = 0
-    rollouts_finished: int = 0
-    rollouts_cancelled: int = 0
-    cancelled_tokens: int = 0
-    extra_rollouts_requested: int = 0
-    reissued_requests: int = 0
-    stale_regenerated: int = 0
-    deadline_cuts: int = 0
-    generator_losses: int = 0
-    batch_top_ups: int = 0        # sample-counted batches short of S that took more prompts
     prior_fallbacks: int = 0
-    generator_restarts: int = 0
     requests_per_generator: list = field(default_factory=list)
     data_pos: int = 0             # the sampler's stream position up to which prompts were admitted
     generator_events: list = field(default_factory=list)
@@ -94,8 +103,18 @@ class Accounting:
     waiting_uids: list = field(default_factory=list)  # candidates undecided at the end
 
     def summary(self) -> dict:
-        """summary.json's fields (the uid lists left out)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in UID_LISTS}
+        """summary.json's fields: the scheduler's counters flat, then the others (the uid
+        lists left out)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in UID_LISTS and f.name != "scheduler"}
+        return {**asdict(self.scheduler), **own}
+
+    @classmethod
+    def of(cls, d: dict) -> "Accounting":
+        """From summary.json's flat object (unknown keys ignored)."""
+        names = {f.name for f in fields(cls)} - {"scheduler"}
+        return cls(scheduler=SchedulerCounts.of(d),
+                   **{k: v for k, v in d.items() if k in names})
 
 
 def mean_extras(extras: list[dict], weights: list[int] | None = None) -> dict | None:

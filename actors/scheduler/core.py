@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from actors.scheduler.admission import AdmissionCalendar
 from actors.scheduler.messages import Cancel, Dispatch, Finished, SchedulerConfig, priority
 from actors.scheduler.selection import Candidate, Selector, sizes
 from actors.scheduler.state import PromptInFlight, Request, up_to_samples
-from common.records import SCHEDULER_COUNTS
+from common.records import Accounting, SchedulerCounts
 from estimator.core import reward_to_prob
 from estimator.state import PromptState
 
@@ -32,7 +33,7 @@ class Scheduler:
         self._recheck: set[str] = set()           # finished prompts whose age to check
         self.requests: dict[str, Request] = {}
         self.parked: list[Dispatch] = []          # waiting for a live generator
-        self.counts: Counter = Counter()
+        self.counts = SchedulerCounts()
         self.drops: Counter = Counter()
         self._ids = itertools.count()
         self._finished: list[PromptInFlight] = []    # finished since the last drain_finished()
@@ -109,7 +110,7 @@ class Scheduler:
                                  self.clock())
             self.inflight[uid] = pif
             self.unfinished[d] += 1
-            self.counts["prompts_admitted"] += 1
+            self.counts.prompts_admitted += 1
             actions += self._plan(pif)
         return actions
 
@@ -122,7 +123,7 @@ class Scheduler:
             idx = tuple(range(st.requested - n, st.requested))
             first = st.round_of(idx[0]) == 1 and pif.regenerations == 0
             if not first:
-                self.counts["extra_rollouts_requested"] += n
+                self.counts.extra_rollouts_requested += n
             actions.append(self._dispatch(pif, idx, priority(pif.deadline, first),
                                           st.round_of(idx[0]), prefer_home=not first))
         cancel = st.to_cancel()
@@ -157,7 +158,7 @@ class Scheduler:
         self.requests[d.request_id] = Request(d, set(range(len(d.indices))))
         self.inflight[d.uid].requests.add(d.request_id)
         self.load[d.generator] += len(d.indices)
-        self.counts["rollouts_dispatched"] += len(d.indices)
+        self.counts.rollouts_dispatched += len(d.indices)
         return d
 
     def _cancel_latest(self, pif: PromptInFlight, n: int) -> list[Cancel]:
@@ -180,7 +181,7 @@ class Scheduler:
                 by_req.setdefault(rid, []).append(pos)
         n = sum(map(len, by_req.values()))
         pif.cancelled_rollouts += n
-        self.counts["rollouts_cancelled"] += n
+        self.counts.rollouts_cancelled += n
         return [Cancel(rid, pif.uid, tuple(sorted(pos)), self.requests[rid].dispatch.generator)
                 for rid, pos in sorted(by_req.items())]
 
@@ -197,7 +198,7 @@ class Scheduler:
         """Completions of a request came back (all of them, or those that finished)."""
         req = self.requests.get(request_id)
         if req is None:  # its prompt was dropped (or the request failed) meanwhile
-            self.counts["cancelled_tokens"] += sum(f.tokens for f in finished)
+            self.counts.cancelled_tokens += sum(f.tokens for f in finished)
             return []
         actions: list = []
         pif = self.inflight.get(req.dispatch.uid)
@@ -206,7 +207,7 @@ class Scheduler:
                 # Cancelled by the plan (even if it finished before the abort landed):
                 # its tokens are spent compute, its reward is not used.
                 req.cancelled.discard(f.position)
-                self.counts["cancelled_tokens"] += f.tokens
+                self.counts.cancelled_tokens += f.tokens
                 if pif is not None:
                     pif.cancelled_tokens += f.tokens
                 continue
@@ -221,8 +222,7 @@ class Scheduler:
             pif.state.add(float(f.reward), index=index)
             pif.payloads[index] = f.payload
             pif.start_version[index] = int(f.start_version)
-            self.counts["rollouts_finished"] += 1
-            self.counts["tokens_finished"] += f.tokens
+            self.counts.rollouts_finished += 1
         self._retire(request_id)
         if pif is not None and pif.uid not in self.ready:
             actions += self._plan(pif)
@@ -247,7 +247,7 @@ class Scheduler:
             return []
         if drop_reason is not None:
             return self.drop(pif.uid, drop_reason)
-        self.counts["reissued_requests"] += 1
+        self.counts.reissued_requests += 1
         indices = tuple(d.indices[p] for p in sorted(req.live))
         out = self._dispatch(pif, indices, d.priority, d.round, prefer_home=False)
         return [out] if out is not None else []
@@ -255,7 +255,7 @@ class Scheduler:
     def mark_lost(self, g: int) -> None:
         if self.alive[g]:
             self.alive[g] = False
-            self.counts["generator_losses"] += 1
+            self.counts.generator_losses += 1
 
     def mark_back(self, g: int) -> list:
         """Generator g serves again (restarted, newest weights loaded): parked work first."""
@@ -304,7 +304,7 @@ class Scheduler:
             self.load[q.dispatch.generator] -= len(q.live)
             if q.live:  # their reports will find no request: counted as cancelled tokens
                 out.append(Cancel(rid, uid, tuple(sorted(q.live)), q.dispatch.generator))
-                self.counts["rollouts_cancelled"] += len(q.live)
+                self.counts.rollouts_cancelled += len(q.live)
         self.parked = [d for d in self.parked if d.uid != uid]
         return out
 
@@ -342,7 +342,7 @@ class Scheduler:
                     ready = [g.trainable for g in self.ready.values()]
                     self.calendar.top_up(V, S - sum(ready), min(ready, default=self.k_init))
                 if self.room():  # else (paused, no engine slot free) it trains short
-                    self.counts["batch_top_ups"] += 1
+                    self.counts.batch_top_ups += 1
                     return wait
                 closed = True
             if not (self.ready and closed):
@@ -352,7 +352,7 @@ class Scheduler:
         self.calendar.handed(V, [g.deadline for g in batch])
         for g in batch:
             del self.inflight[g.uid], self.ready[g.uid]
-            self.counts["prompts_handed"] += 1
+            self.counts.prompts_handed += 1
         for d in self.calendar.past(V, lambda d: self.unfinished[d] == 0):
             del self.unfinished[d]  # deadlines past: nothing is due there again
         return batch, actions
@@ -366,7 +366,7 @@ class Scheduler:
                     if g.deadline <= V and g.uid not in self.ready
                     and g.state.k >= self.k_init and g.state.outstanding]:
             out += self._abort(pif, set(pif.state.cut()))
-            self.counts["deadline_cuts"] += 1
+            self.counts.deadline_cuts += 1
             self._finish(pif)
         return out
 
@@ -381,7 +381,7 @@ class Scheduler:
                 out += self.drop(pif.uid, "stale")
                 continue
             pif.regenerations += 1
-            self.counts["stale_regenerated"] += len(stale)
+            self.counts.stale_regenerated += len(stale)
             del self.ready[pif.uid]
             for i in stale:
                 pif.state.expire(i)
@@ -414,17 +414,17 @@ class Scheduler:
                 "parked": len(self.parked), "recheck": len(self._recheck),
                 "finished": len(self._finished), "dropped": len(self.dropped),
                 "deferred": len(self.deferred),
-                "drops": len(self.drops), "counts": len(self.counts),
+                "drops": len(self.drops),
                 **{f"selection_{k}": n for k, n in sizes(self.selector).items()}}
 
-    def accounting(self) -> dict:
-        """The scheduler's part of ``common.records.Accounting``: its counters, under the
-        names summary.json gives them, and its drops."""
+    def accounting(self) -> Accounting:
+        """The scheduler's part of the run's ``Accounting``: its counters, its drops, and the
+        selection's draws; the coordinator adds its own (``Coordinator.accounting``)."""
         sel = self.selector
-        drawn = ({"prompts_drawn": self.counts["prompts_admitted"]} if sel is None else
+        drawn = ({"prompts_drawn": self.counts.prompts_admitted} if sel is None else
                  {k: v for k, v in sel.stats().items() if k != "prior_error_var"})
-        return {**{k: self.counts[k] for k in SCHEDULER_COUNTS}, **drawn,
-                "prompts_dropped": sum(self.drops.values()), "drop_reasons": dict(self.drops)}
+        return Accounting(scheduler=replace(self.counts), **drawn,
+                          prompts_dropped=sum(self.drops.values()), drop_reasons=dict(self.drops))
 
     # -- checkpoints (``actors.scheduler.checkpoint``: snapshot, restore) ------------------
     def resume(self, pif: PromptInFlight, ready: bool) -> list:
@@ -440,7 +440,7 @@ class Scheduler:
         lost = tuple(pif.state.outstanding_indices())
         if not lost:
             return self._plan(pif)
-        self.counts["reissued_requests"] += 1
+        self.counts.reissued_requests += 1
         first = pif.state.round_of(lost[0]) == 1 and pif.regenerations == 0
         x = self._dispatch(pif, lost, priority(pif.deadline, first), pif.state.round_of(lost[0]))
         return [x] if x is not None else []

@@ -119,7 +119,7 @@ def _generator_outcome(b, name, injected, cfg, ran, t0, kill: GeneratorKill, **e
               "back_in_service_after_s": w and w.back_after_s and round(w.back_after_s, 2),
               "next_step_after_s": nxt and round(nxt["t_step_end"] - kill.t_kill, 2),
               "victim_version_at_end": served, "policy_version": s.get("policy_version"),
-              **_counters(s, "generator_restarts", "reissued_requests", "generator_losses",
+              **_counters(s, "reissued_requests", "generator_losses",
                           "generator_update_failures", "requests_per_generator",
                           "generator_events", "stale_regenerated"), **extra}
     back = detail["back_in_service_after_s"]

@@ -341,15 +341,16 @@ class Sim:
     def _result(self) -> SimResult:
         segs = [(e.idx, *s) for e in self.engines for s in e.segments]
         acct = self.sched.accounting()
+        counts = acct.scheduler
         checks = dict(
-            admitted=acct["prompts_admitted"], trained=len(self.k_trained),
-            handed=acct["prompts_handed"], dropped=acct["prompts_dropped"],
-            inflight=self.sched.in_flight(), drop_reasons=acct["drop_reasons"],
-            rollouts_dispatched=acct["rollouts_dispatched"],
-            rollouts_finished=len(self.finish_times), rollouts_cancelled=acct["rollouts_cancelled"],
-            stale_regenerated=acct["stale_regenerated"], aborted_prompts=self.aborted_prompts,
-            drawn=acct["prompts_drawn"], deferred=acct.get("prompts_deferred", 0),
-            waiting=acct.get("prompts_waiting_at_end", 0),
+            admitted=counts.prompts_admitted, trained=len(self.k_trained),
+            handed=counts.prompts_handed, dropped=acct.prompts_dropped,
+            inflight=self.sched.in_flight(), drop_reasons=acct.drop_reasons,
+            rollouts_dispatched=counts.rollouts_dispatched,
+            rollouts_finished=len(self.finish_times), rollouts_cancelled=counts.rollouts_cancelled,
+            stale_regenerated=counts.stale_regenerated, aborted_prompts=self.aborted_prompts,
+            drawn=acct.prompts_drawn, deferred=acct.prompts_deferred,
+            waiting=acct.prompts_waiting_at_end,
             rollouts_in_engines=sum(e.outstanding for e in self.engines),
             max_staleness_bound=0 if self.spec.barrier else self.cfg.max_staleness)
         return SimResult(self.mode, self.cfg, self.n_engines, self.learner_gpus, self.now,

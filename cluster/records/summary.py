@@ -148,7 +148,7 @@ class RunSummary:
     def from_json(cls, d: dict) -> RunSummary:
         """summary.json (unknown keys ignored, missing ones at their defaults)."""
         own = {k: v for k, v in _known(cls, d).items() if k not in cls._NESTED and v is not None}
-        acct = Accounting(**_known(Accounting, d)) if "prompts_admitted" in d else None
+        acct = Accounting.of(d) if "prompts_admitted" in d else None
         return cls(**{"steps": 0, "policy_version": 0, **own, "totals": Totals.from_json(d),
                       "accounting": acct, "eval_initial": held_out_from_json(d, "initial"),
                       "eval_final": held_out_from_json(d, "final")})

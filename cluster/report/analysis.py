@@ -30,7 +30,8 @@ def summary_accounting(s: RunSummary | None) -> dict:
     out = {"prompts_trained": s.totals.prompts_trained}
     a = s.accounting
     if a is not None:
-        out.update(prompts_admitted=a.prompts_admitted, prompts_dropped=a.prompts_dropped,
+        out.update(prompts_admitted=a.scheduler.prompts_admitted,
+                   prompts_dropped=a.prompts_dropped,
                    prompts_in_flight_at_end=a.prompts_in_flight_at_end,
                    drop_reasons=a.drop_reasons)
     return out

@@ -73,7 +73,7 @@ def test_chaos_scenarios_survive_without_loss(lent_roles, tmp_path):
         assert r["detail"]["accounting"]["identity_holds"], why
     # The faults really landed, and the system's own counters saw them.
     gen = rows["generator_killed_mid_generation"]["detail"]
-    assert gen["generator_restarts"] >= 1 and gen["back_in_service_after_s"] is not None
+    assert gen["generator_losses"] >= 1 and gen["back_in_service_after_s"] is not None
     assert gen["victim_version_at_end"] == gen["policy_version"]  # re-synced, then trained on
     assert rows["nan_loss"]["detail"]["nan_skipped_steps"] == 1
     assert rows["nan_loss"]["detail"]["drop_reasons"]["learner_nan_skip"] >= 1

@@ -53,7 +53,7 @@ def test_two_steps_of_the_real_model_config(run_dir):
     assert summary["steps"] == 2 and summary["prompts_trained"] == 2 * 2
     assert summary["prompts_admitted"] == (summary["prompts_trained"] + summary["prompts_dropped"]
                                            + summary["prompts_in_flight_at_end"])
-    assert summary["generator_restarts"] == 0 and summary["run_file_failures"] == 0
+    assert summary["generator_losses"] == 0 and summary["run_file_failures"] == 0
     # The engines' peak probe ran (64 chat-templated prompts at once: the prefill that
     # vLLM-CPU split, and failed on, before chunked prefill was turned off for CPUs).
     assert all(g["peak_decode_tokens_per_s"] > 0 for g in summary["generators"])

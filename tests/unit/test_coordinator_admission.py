@@ -66,7 +66,7 @@ def test_many_kicks_in_one_turn_start_one_admitter_and_nothing_is_skipped():
             await settle()
         admitted = sorted(int(u[1:]) for u in c.sched.inflight)
         assert admitted == list(range(len(admitted))) and admitted, admitted
-        assert c.admitted_pos == c.sched.counts["prompts_admitted"] == len(admitted)
+        assert c.admitted_pos == c.sched.counts.prompts_admitted == len(admitted)
         c._stopped = True
         for t in list(c._tasks):
             t.cancel()

@@ -77,7 +77,7 @@ async def first_prompt_fails(c: Coordinator, gen) -> None:
     assert [r.dispatch.uid for r in s.requests.values()] == ["s1"]  # s0's request is gone
     assert s.load == [4]                             # only s1's 4 rollouts hold slots
     a = s.accounting()
-    assert a["prompts_admitted"] == (a["prompts_handed"] + a["prompts_dropped"]
+    assert a.scheduler.prompts_admitted == (a.scheduler.prompts_handed + a.prompts_dropped
                                      + s.in_flight())
     assert c.faults.counts["coordinator_error"] == 1
     assert c.waiting_on()["last_error"] == c.faults.last_error and "s0/" in c.faults.last_error
@@ -188,7 +188,7 @@ def test_a_timed_out_request_is_aborted_in_the_engine_before_the_generator_is_us
         await until(lambda: c.sched.alive == [True], "the generator to rejoin")
         await until(lambda: gen.log[-1][0] == "generate", "the work to be re-issued")
         assert gen.log[-2:] == [("abort answered",), ("generate", gen.log[-1][1])]
-        assert gen.log[-1][1] != first and c.sched.counts["reissued_requests"] == 1
+        assert gen.log[-1][1] != first and c.sched.counts.reissued_requests == 1
         await c.stop()
 
     asyncio.run(main())
@@ -213,7 +213,7 @@ def test_a_replaced_generator_takes_over_its_slot_and_the_old_ones_work_is_reiss
                     turns=1000, pause_s=0.01)
         assert old.log == [("generate", first)]
         assert new.log == [("ready",), ("incarnation",), ("generate", new.log[-1][1])]
-        assert new.log[-1][1] != first and c.sched.counts["reissued_requests"] == 1
+        assert new.log[-1][1] != first and c.sched.counts.reissued_requests == 1
         assert c.sched.alive == [True]
         assert [e[1:] for e in c.faults.events][:2] == [("lost", 0, "replaced"),
                                                         ("rejoined", 0, 0)]

@@ -187,7 +187,7 @@ def test_no_trained_sample_is_older_than_max_staleness(staleness, seed):
         assert f.inflight, "no batch, nothing in flight and no room: the scheduler is stuck"
         f.complete(rng.choice(list(f.inflight)))
         a = s.accounting()
-        assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + \
+        assert a.scheduler.prompts_admitted == a.scheduler.prompts_handed + a.prompts_dropped + \
             s.in_flight()
 
 
@@ -237,7 +237,7 @@ def test_filtered_prompts_free_their_slot_and_are_refilled_then_the_batch_trains
     batch, _ = s.take_batch(2)
     assert [g.uid for g in batch] == ["keep"]  # a closed deadline trains short
     a = s.accounting()
-    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + s.in_flight()
+    assert a.scheduler.prompts_admitted == a.scheduler.prompts_handed + a.prompts_dropped + s.in_flight()
 
 
 def test_a_stale_finished_sample_is_regenerated_then_the_prompt_dropped():
@@ -249,7 +249,7 @@ def test_a_stale_finished_sample_is_regenerated_then_the_prompt_dropped():
     got = s.take_batch(1)
     assert got is not None and got[0] == []
     regen = got[1]
-    assert [a.indices for a in regen] == [(2, 3)] and s.counts["stale_regenerated"] == 2
+    assert [a.indices for a in regen] == [(2, 3)] and s.counts.stale_regenerated == 2
     f.apply(regen)
     f.inflight[regen[0].request_id] = (regen[0], -5)
     f.complete(regen[0].request_id)
@@ -321,7 +321,7 @@ def test_a_shrinking_plan_cancels_the_latest_dispatched_rollouts(monkeypatch):
     assert cancel.request_id == extra.request_id and cancel.positions == (3, 4, 5)
     assert s.load == [3]                             # aborted slots free at once
     f.complete(extra.request_id)                     # 3 results + 3 cancelled reports
-    assert s.counts["cancelled_tokens"] == 30 and s.counts["rollouts_cancelled"] == 3
+    assert s.counts.cancelled_tokens == 30 and s.counts.rollouts_cancelled == 3
     pif = s.ready[first.uid]
     assert sorted(pif.state.obs) == [0, 1, 2, 3, 4, 5, 6] and pif.cancelled_rollouts == 3
 
@@ -361,7 +361,7 @@ def test_repeated_engine_errors_drop_the_prompt_with_its_reason():
     assert s.on_request_failed(d.request_id, drop_reason="generator_error: X") == []
     assert s.drops == {"generator_error: X": 1} and s.in_flight() == 0
     a = s.accounting()
-    assert a["prompts_admitted"] == 1 == a["prompts_dropped"]
+    assert a.scheduler.prompts_admitted == 1 == a.prompts_dropped
 
 
 def test_a_result_for_a_dropped_prompt_counts_as_spent_compute():
@@ -372,7 +372,7 @@ def test_a_result_for_a_dropped_prompt_counts_as_spent_compute():
     assert c.positions == (0, 1, 2, 3)
     f.cancelled[d.request_id] = set(c.positions)
     assert f.complete(d.request_id) == []
-    assert s.counts["cancelled_tokens"] == 40 and s.load == [0]
+    assert s.counts.cancelled_tokens == 40 and s.load == [0]
 
 
 # -- checkpoints ----------------------------------------------------------------------------
@@ -402,7 +402,7 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
         trained += [g.uid for g in batch[0]]
         s.set_version(1)
     snap = json.loads(json.dumps(snapshot(s, lambda p: p, lambda p: list(p))))
-    admitted = s.accounting()["prompts_admitted"]
+    admitted = s.accounting().scheduler.prompts_admitted
     every_uid = set(trained) | set(s.inflight)
 
     s2 = make(s.version)  # the resumed run starts at the checkpoint's version
@@ -423,11 +423,11 @@ def test_snapshot_restore_continues_every_prompt_exactly_once():
             break
         f2.complete(next(iter(f2.inflight)))
     a = s2.accounting()
-    assert a["prompts_admitted"] == admitted  # nothing new was admitted (no one called admit)
+    assert a.scheduler.prompts_admitted == admitted  # nothing new was admitted (no one called admit)
     assert len(trained) == len(set(trained))  # no prompt twice
     assert set(trained) | set(s2.inflight) == every_uid and not set(trained) & set(s2.inflight)
     assert not s2.inflight  # and none left behind
-    assert a["prompts_admitted"] == a["prompts_handed"] + a["prompts_dropped"] + s2.in_flight()
+    assert a.scheduler.prompts_admitted == a.scheduler.prompts_handed + a.prompts_dropped + s2.in_flight()
 
 
 def test_a_resume_under_a_higher_version_number_keeps_every_age():
@@ -477,7 +477,7 @@ def test_a_resume_under_a_higher_version_number_keeps_every_age():
             break                            # a short last batch waits for admissions
         f2.complete(next(iter(f2.inflight)))
     assert trained >= 2 and trained + len(s2.ready) == len(snap["inflight"])
-    assert s2.counts["stale_regenerated"] == 0
+    assert s2.counts.stale_regenerated == 0
 
 
 def test_a_checkpoint_written_before_the_rename_restores():
@@ -560,17 +560,17 @@ def test_a_due_prompt_still_in_a_later_round_is_cut_not_waited_for():
     batch, cancels = got
     assert [g.uid for g in batch] == [first.uid] and batch[0].state.k == 4
     assert cancels and all(isinstance(c, Cancel) for c in cancels)
-    assert s.counts["deadline_cuts"] == 1 and s.load == [0]
+    assert s.counts.deadline_cuts == 1 and s.load == [0]
     f.apply(cancels)
     f.complete(extra[0].request_id)             # the aborted rollouts report back, counted
-    assert s.counts["cancelled_tokens"] > 0
+    assert s.counts.cancelled_tokens > 0
 
 
 def test_a_due_prompt_in_its_first_round_is_waited_for():
     s = Scheduler(cfg(batch_prompts=1, max_staleness=0), grpo(), 1)
     f = Fake(s)
     [d] = f.admit(1)
-    assert s.take_batch(1) is None and s.counts["deadline_cuts"] == 0
+    assert s.take_batch(1) is None and s.counts.deadline_cuts == 0
     f.complete(d.request_id)
     assert [g.uid for g in s.take_batch(1)[0]] == [d.uid]
 
@@ -581,7 +581,7 @@ def test_behind_the_barrier_extra_rounds_are_waited_for_not_cut():
     f = Fake(s, reward=lambda uid, i: -1.0)
     [first] = f.admit(1, prior=1.0)
     f.complete(first.request_id)                 # round 2 asked for
-    assert s.take_batch(1) is None and s.counts["deadline_cuts"] == 0
+    assert s.take_batch(1) is None and s.counts.deadline_cuts == 0
     f.complete_all()
     batch, _ = s.take_batch(1)
     assert batch[0].state.k > 4                  # the sync batch waited for its extras
@@ -692,14 +692,14 @@ def test_a_sample_counted_batch_that_nothing_can_join_takes_more_prompts_then_tr
     assert s.take_batch(10_000) is None  # still generating
     f.complete_all()
     assert s.take_batch(10_000) is None and s.room() == 1  # short: one more prompt admitted
-    assert s.counts["batch_top_ups"] == 1
+    assert s.counts.batch_top_ups == 1
     f.admit()
     assert s.take_batch(10_000) is None  # the top-up's rollouts are still generating
     f.complete_all()
     batch, _ = s.take_batch(10_000)
     assert len(batch) == 3 and sum(g.state.k for g in batch) == 12
     assert sum(g.trained for g in batch) == 10  # trimmed to S (cap_samples)
-    assert s.room() == 0 and s.counts["batch_top_ups"] == 1
+    assert s.room() == 0 and s.counts.batch_top_ups == 1
     s.set_version(1)  # the next version's quota is B again: the top-up was for version 0
     assert s.room() == 2
 
@@ -730,7 +730,7 @@ def test_a_short_sample_counted_batch_trains_short_when_admission_is_paused():
     f.complete_all()
     s.paused = True
     batch, _ = s.take_batch(10_000)
-    assert sum(g.state.k for g in batch) == 8 and s.counts["batch_top_ups"] == 0
+    assert sum(g.state.k for g in batch) == 8 and s.counts.batch_top_ups == 0
 
 
 def test_synchronous_v05_trains_S_samples_every_step_whatever_k_its_prompts_reach():
@@ -747,7 +747,7 @@ def test_synchronous_v05_trains_S_samples_every_step_whatever_k_its_prompts_reac
         assert sum(g.trained for g in batch) == S, v
         assert all(g.deadline == v for g in batch)
         s.set_version(v + 1)
-    assert s.counts["batch_top_ups"] >= 1
+    assert s.counts.batch_top_ups >= 1
 
 
 def test_a_long_run_with_drops_keeps_the_schedulers_containers_flat():

@@ -133,9 +133,9 @@ def test_the_scheduler_admits_by_selection_and_accounts_for_every_draw():
         f.apply(s.admit_selected())
     assert s.in_flight() == 4
     acct = s.accounting()
-    assert acct["prompts_drawn"] == (acct["prompts_admitted"] + acct["prompts_deferred"]
-                                     + acct["prompts_waiting_at_end"])
-    assert acct["prompts_deferred"] > 0
+    assert acct.prompts_drawn == (acct.scheduler.prompts_admitted + acct.prompts_deferred
+                                     + acct.prompts_waiting_at_end)
+    assert acct.prompts_deferred > 0
     uids = {p.uid for p in s.inflight.values()}
     assert sum(int(u[1:]) % 3 == 0 for u in uids) >= 2  # the uncertain third is favoured
     # their rewards reach the prior's error estimate when they finish
@@ -165,11 +165,11 @@ def test_the_window_survives_a_checkpoint_and_the_identity_holds_after_it():
     assert [c.uid for c in t.selector.waiting] == [c.uid for c in s.selector.waiting]
     assert [c.problem for c in t.selector.waiting] == [c.problem for c in s.selector.waiting]
     a, b = s.accounting(), t.accounting()
-    for key in ("prompts_drawn", "prompts_deferred", "prompts_waiting_at_end",
-                "prompts_admitted"):
-        assert a[key] == b[key]
-    assert b["prompts_drawn"] == (b["prompts_admitted"] + b["prompts_deferred"]
-                                  + b["prompts_waiting_at_end"])
+    for key in ("prompts_drawn", "prompts_deferred", "prompts_waiting_at_end"):
+        assert getattr(a, key) == getattr(b, key)
+    assert a.scheduler.prompts_admitted == b.scheduler.prompts_admitted
+    assert b.prompts_drawn == (b.scheduler.prompts_admitted + b.prompts_deferred
+                                  + b.prompts_waiting_at_end)
 
 
 def test_a_window_smaller_than_a_batch_is_refused():

@@ -151,3 +151,25 @@ def test_no_two_test_modules_share_a_basename():
             clashes.append(f"{seen[path.name].relative_to(REPO)} and {path.relative_to(REPO)}")
         seen.setdefault(path.name, path)
     assert clashes == []
+
+
+def test_the_schedulers_counters_are_a_record_read_by_attribute():
+    """Issue 44: a counter written under string keys in three places drifted (one counted and
+    read nowhere, one event under two names). The scheduler's are ``SchedulerCounts`` fields,
+    written as attributes; no module indexes ``counts`` of the scheduler by a string."""
+    from dataclasses import fields
+
+    from actors.scheduler import Scheduler, SchedulerConfig
+    from common.records import Accounting, SchedulerCounts
+    from estimator import make_estimator
+
+    s = Scheduler(SchedulerConfig(batch_prompts=1, max_staleness=0, slots_per_generator=4),
+                  make_estimator("grpo"), 1)
+    assert isinstance(s.counts, SchedulerCounts)
+    assert isinstance(s.accounting(), Accounting) and s.accounting().scheduler == s.counts
+    names = {f.name for f in fields(SchedulerCounts)}
+    for path in (REPO / "actors").rglob("*.py"):
+        text = path.read_text()
+        indexed = re.findall(r'(?:sched|self)\.counts\["(\w+)"\]', text)
+        assert not (set(indexed) & names), (path.name, indexed)
+    assert "generator_restarts" not in {f.name for f in fields(Accounting)}

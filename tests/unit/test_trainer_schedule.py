@@ -118,11 +118,11 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
     from cluster.config.schema import build_config
     from cluster.records.metrics import run_summary
     from cluster.records.summary import Totals
-    from common.records import Accounting
+    from common.records import Accounting, SchedulerCounts
 
     totals = Totals(prompts_trained=300, prompts_skipped_nan=0, rollouts=1500,
                     tokens_generated=30000, learner_wait_s=15.0, eval_time_s=70.0, train_s=150.0)
-    acct = Accounting(prompts_admitted=320)
+    acct = Accounting(scheduler=SchedulerCounts(prompts_admitted=320))
     s = run_summary(build_config({}), acct, totals, 30, 30, 60.0, None, None, {})
     assert s.train_wall_time_s == 150.0 and s.wall_time_s == 60.0
     assert s.prompts_per_s == 2.0 and s.rollouts_per_s == 10.0
