@@ -19,6 +19,20 @@ updates, each mode minus Dr.GRPO-4 paired by seed (``summary.baselines.<start>``
 mode's samples and prompts per update and its gradient noise-to-signal (``optim.grad_noise``).
 Add ``task.n_train=64`` to run it where train prompts recur.
 
+``--selection`` runs the per-rollout study instead (issue 41): every mode synchronous and
+seeded (as the paired study), each run stopped at the same number of generated rollouts
+(``--rollouts``, default 3072; ``run.max_rollouts``: every rollout sent to a generator counts,
+those of filtered groups, cancelled extras and held-out ones included) and evaluated every
+``rollouts / evals`` of them (``run.eval_every_rollouts``). The modes: Dr.GRPO-4, GRPO-4,
+DAPO's dynamic sampling at 4, James-Stein at 4, V0.5 (adaptive), V0.5 and V0.5 held at k = 4
+with admission by selection (``algo.select: prior``), and Dr.GRPO-4 with it; GRESO-style
+skipping by a prompt's own rewards (``sync_greso4``) where prompts recur. Read per generated
+rollout (``bench.learning.per_rollout``): accuracy at the generated rollouts every run
+reached, the area under accuracy against generated rollouts, accuracy at equal wall-clock,
+each paired by seed, against the best baseline picked after the runs; written to
+bench/results/learning_selection.json under ``summary.settings.<--setting>`` (one setting per
+invocation) with a plot per setting (learning_selection_<setting>.png).
+
 ``--config`` runs the study on another run config than v05.yaml (configs/smollm2-135m.yaml:
 the pretrained SmolLM2 on word_arithmetic), with that config's own model and task.
 
