@@ -93,6 +93,16 @@ QUICK = ["baseline", "generator_killed_mid_generation", "reward_hangs", "nan_los
          "driver_sigkill"]
 
 
+def counts(rows: list[dict]) -> dict:
+    """The file's rows counted (the docs quote these, bench/figures.py checks them): how
+    many scenarios, survived, clean, and prompts lost, trained twice and runs hung in all."""
+    return {"scenarios": len(rows), "survived": sum(bool(r["survived"]) for r in rows),
+            "clean": sum(bool(r["clean"]) for r in rows),
+            "prompts_lost": sum(r["prompts_lost"] or 0 for r in rows),
+            "prompts_trained_twice": sum(r["prompts_trained_twice"] or 0 for r in rows),
+            "hung": sum(bool(r["hung"]) for r in rows)}
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,6 +292,7 @@ def main(argv=None) -> int:
         "setup_s": setup_s and round(setup_s, 1),
         "wall_s": round(time.time() - t0, 1),
         "all_clean": all(r["clean"] for r in rows),
+        "summary": counts(rows),
         "workdir": str(workdir) if kept else None,
         "scenarios": rows,
     }
