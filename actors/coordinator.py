@@ -218,7 +218,10 @@ class Coordinator:
     def accounting(self) -> Accounting:
         s = self.sched
         return replace(s.accounting(), prompts_in_flight_at_end=s.in_flight(),
-                          prior_fallbacks=self.faults.counts["prior_fallbacks"],
+                          # prompts run without a prior: admitted as the prior failed (a
+                          # selector admits unscored candidates in data order: its fallbacks)
+                          prior_fallbacks=self.faults.counts["prior_fallbacks"]
+                          + (s.selector.fallbacks if s.selector else 0),
                           requests_per_generator=list(self.pool.served),
                           data_pos=self.admitted_pos, generator_events=list(self.faults.events),
                           scoring=dict(self.scorer.counts),
@@ -308,17 +311,19 @@ class Coordinator:
         start, n = self.sampler.position, s.to_draw()
         s.offer(self.sampler.next(n), [f"s{start + i}" for i in range(n)])
         if self.needs_prior:
-            priors = await self._priors(s.waiting())  # nothing else changes the window meanwhile
+            # nothing else changes the window meanwhile; a failure is counted by the prompts
+            # it admits unscored (the selector's fallbacks), not by the candidates asked about
+            priors = await self._priors(s.waiting(), count=False)
             if self._stopped:
                 return
             s.score(priors)
             if any(p is None for p in priors) and not self._said_unscored:
                 self._said_unscored = True
                 self.notes.append("the prior did not answer: admission falls back to the data "
-                                  "order meanwhile (counted: summary.json selection_fallbacks)")
+                                  "order meanwhile (counted: summary.json prior_fallbacks)")
         self._apply(s.admit_selected())
 
-    async def _priors(self, problems) -> list:
+    async def _priors(self, problems, count: bool = True) -> list:
         if not self.needs_prior:
             return [None] * len(problems)
         self.prior_pending_since = time.time()
@@ -327,7 +332,7 @@ class Coordinator:
                 self.prior.predict.remote([p.prompt for p in problems]), self.prior_timeout_s)
             return checked_priors(ps, len(problems))
         except Exception as err:  # timeout, dead actor, garbage: fall back, never wait forever
-            self.faults.prior_failed(len(problems), err)
+            self.faults.prior_failed(len(problems) if count else 0, err)
             return [None] * len(problems)
         finally:
             self.prior_pending_since = None

@@ -91,7 +91,6 @@ class Accounting:
     prompts_drawn: int = 0
     prompts_deferred: int = 0
     prompts_waiting_at_end: int = 0
-    selection_fallbacks: int = 0  # admitted unscored: the prior failed (the data order)
     prior_fallbacks: int = 0
     requests_per_generator: list = field(default_factory=list)
     data_pos: int = 0             # the sampler's stream position up to which prompts were admitted

@@ -27,7 +27,8 @@ dataset, and the next epoch's shuffle draws it again. Every drawn candidate ends
 admitted, deferred, or still waiting at the end (``drawn = admitted + deferred + waiting``).
 
 A candidate without a score (the prior failed or timed out) is admitted: admission falls back
-to the data order (``fallbacks``, counted).
+to the data order (``fallbacks`` counts them: the run's ``prior_fallbacks``, the prompts that
+ran without a prior).
 
 Pure Python (the coins and the Beta moments by hand): the scheduler holds it, so the
 coordinator, the unit tests and the simulator run the same policy.
@@ -129,8 +130,9 @@ class PriorError:
 
 class Selector:
     """The candidate window and the admission rule (module docstring). Counters:
-    ``drawn``, ``deferred``, ``fallbacks`` (admitted for want of a score); ``admitted`` is the
-    scheduler's ``prompts_admitted``."""
+    ``drawn``, ``deferred``, ``fallbacks`` (admitted for want of a score: with the
+    coordinator's, summary.json's ``prior_fallbacks``); ``admitted`` is the scheduler's
+    ``prompts_admitted``."""
 
     def __init__(self, cfg: SelectionConfig):
         self.cfg = cfg
@@ -204,7 +206,7 @@ class Selector:
 
     def stats(self) -> dict:
         return {"prompts_drawn": self.drawn, "prompts_deferred": self.deferred,
-                "prompts_waiting_at_end": len(self.waiting), "selection_fallbacks": self.fallbacks,
+                "prompts_waiting_at_end": len(self.waiting),
                 "prior_error_var": self.error.var}
 
     # -- checkpoints --------------------------------------------------------------------------

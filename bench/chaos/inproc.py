@@ -231,7 +231,7 @@ def _prior_killed(b: Bench, name: str, **sections) -> Outcome:
               "first_admission_with_the_prior_after_s":
                   first_prior and round(first_prior["t_admit"] - t_kill, 2),
               "prompts_trained_with_fallback": sum(p["fallback"] for p in prompts),
-              **_counters(s, "prior_fallbacks", "selection_fallbacks")}
+              **_counters(s, "prior_fallbacks")}
     what = (f"Ray restarted the prior ({back and round(back, 1)}s after the kill; its context "
             f"window starts empty); {s.get('prior_fallbacks')} prompts admitted meanwhile used "
             f"the empirical-mean fallback (counted in prior_fallbacks); prompts admitted after "

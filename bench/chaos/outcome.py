@@ -124,7 +124,7 @@ def drawn_identity(out: Outcome, run_dir: Path) -> Outcome:
     row not survived where they do not add up."""
     s = summary_of(run_dir) or {}
     keys = ("prompts_drawn", "prompts_admitted", "prompts_deferred", "prompts_waiting_at_end",
-            "selection_fallbacks")
+            "prior_fallbacks")
     d = {k: s.get(k) for k in keys}
     holds = None not in d.values() and d["prompts_drawn"] == (
         d["prompts_admitted"] + d["prompts_deferred"] + d["prompts_waiting_at_end"])

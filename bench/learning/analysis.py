@@ -104,7 +104,7 @@ def generated_figures(summary: dict, prompts: list[dict], algo: dict, tol: float
             "uniform_share": (uniform + filtered * k) / total if total else None,
             "prompts_drawn": drawn, "prompts_deferred": deferred,
             "skip_rate": deferred / drawn if drawn else None,
-            "selection_fallbacks": summary.get("selection_fallbacks") or 0}
+            "prior_fallbacks": summary.get("prior_fallbacks") or 0}
 
 
 def zero_advantage_share(prompts: list[dict], tol: float = 1e-9,

@@ -62,7 +62,7 @@ def mode_figures(runs: list[dict], at: float, wall: float) -> dict:
             "zero_advantage_share": mean_of("zero_advantage_share"),
             "uniform_share": mean_of("uniform_share"),
             "skip_rate": mean_of("skip_rate"),
-            "selection_fallbacks": mean_of("selection_fallbacks"),
+            "prior_fallbacks": mean_of("prior_fallbacks"),
             "updates": float(np.mean([r["steps"] for r in runs])),
             "generated_per_update": float(np.mean([r["points"][-1][AXIS] / max(1, r["steps"])
                                                    for r in runs])),

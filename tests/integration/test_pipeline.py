@@ -342,7 +342,7 @@ def test_selection_defers_prompts_and_a_crash_and_resume_accounts_for_every_draw
     summary = run(fresh, cfg2)
     assert summary["resumed_from"] == "step2" and summary["steps"] == 6
     assert_accounted(summary)
-    assert summary["prompts_waiting_at_end"] > 0 and summary["selection_fallbacks"] == 0
+    assert summary["prompts_waiting_at_end"] > 0 and summary["prior_fallbacks"] == 0
     prompts = prompts_of(cfg2)
     assert len({p["uid"] for p in prompts}) == len(prompts) == 6 * 4
     assert all(p["prior_p"] is not None for p in prompts)
