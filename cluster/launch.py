@@ -122,7 +122,7 @@ def main(argv=None) -> int:
             return 0
         check_address(cfg.cluster.address)  # a head that does not answer: said now, not hung
         model_path = cfg.model_path()
-        check_model(model_path)
+        check_model(model_path, cfg.optim.lora)
         check_prompts(model_path, task, cfg.generators.engine, cfg.rollout.max_tokens)
     except (ValueError, FileNotFoundError, ConnectionError) as err:  # config, placement,
         print(f"error: {err}", file=sys.stderr)  # preflight, files, a head that does not answer

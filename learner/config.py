@@ -6,6 +6,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class LoraSpec(BaseModel):
+    """LoRA adapters on the policy (``learner.lora``; learner/lora.py): only the adapters train,
+    the generators get the merged weights, checkpoints hold the adapters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(..., ge=1, description="The adapters' rank r.")
+    alpha: float = Field(..., gt=0.0, description=(
+        "The adapters' scale numerator: an adapter adds (alpha / rank) * B @ A to its weight "
+        "(verl's lora_alpha; 2 * rank is a common choice)."))
+    target_modules: tuple[str, ...] | Literal["all-linear"] = Field("all-linear", description=(
+        "The linear layers that get an adapter, by module name (e.g. [q_proj, v_proj]), or "
+        "all-linear: every linear layer but the LM head. A name the model lacks fails at start."))
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
+
+
 class LearnerConfig(BaseModel):
     """Optimiser, loss and DeepSpeed settings of the learner (one object for all ranks)."""
 
@@ -82,6 +98,9 @@ class LearnerConfig(BaseModel):
         "auto", description="torch.distributed backend. auto: gloo on CPU, nccl on CUDA.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (HF gradient checkpointing).")
+    lora: LoraSpec | None = Field(None, description=(
+        "Train LoRA adapters instead of every weight (LoraSpec: rank, alpha, target_modules, "
+        "dropout). None: full fine-tuning."))
     grad_noise: bool = Field(False, description=(
         "Measure the gradient's noise-to-signal every step (``grad_noise_to_signal`` in "
         "metrics.jsonl): the batch's prompts split in two halves, each half's gradient "
@@ -100,6 +119,10 @@ class LearnerConfig(BaseModel):
             raise ValueError("lr_schedule 'cosine' needs lr_decay_steps >= 1")
         if self.grad_noise and self.zero_stage != 0:
             raise ValueError("grad_noise needs zero_stage 0 (ZeRO partitions the gradient)")
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError("optim.lora with zero_stage 3 is not supported yet (the adapters' "
+                             "merge gathers the weights it has not been tested with); use "
+                             "zero_stage 0, 1 or 2: LoRA's optimiser state is small")
         if self.lr_min > self.lr:
             raise ValueError(f"lr_min {self.lr_min} exceeds lr {self.lr}")
         return self

@@ -27,6 +27,15 @@ class WeightsAndCheckpoints:
         else:
             yield
 
+    def _policy_state(self) -> dict:
+        """The policy's weights under the HF model's names: its state dict, or under LoRA the
+        merged weights (``learner.lora.merged_state_dict``). Call inside ``_gathered``."""
+        if self.cfg.lora is None:
+            return self.model.state_dict()
+        from learner.lora import merged_state_dict
+
+        return merged_state_dict(self.model)
+
     def get_weights(self, all_ranks: bool = False) -> dict:
         """Full fp32 state dict {HF parameter name: np.ndarray}; {} on ranks > 0 unless all_ranks.
         Every rank must be called (ZeRO-3 gathers)."""
@@ -34,7 +43,7 @@ class WeightsAndCheckpoints:
             if self.rank != 0 and not all_ranks:
                 return {}
             return {k: v.detach().float().cpu().numpy().copy()
-                    for k, v in self.model.state_dict().items()}
+                    for k, v in self._policy_state().items()}
 
     def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
         """Rank 0 hosts the weight sender, next to the weights: with ``nccl``/``gloo`` it
@@ -63,19 +72,23 @@ class WeightsAndCheckpoints:
                 raise RuntimeError("publish_weights before connect_weight_sync")
             # The live tensors: the object store makes its NumPy copies (bf16 widened), a
             # broadcast sends them in the training dtype from this rank's device.
-            return self.sender.send(generators, self.model.state_dict(), version)
+            return self.sender.send(generators, self._policy_state(), version)
 
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
-        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call."""
+        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call.
+        Under LoRA the model part is the adapters only (the frozen base is the model's files)."""
         tag = f"step{self.step}"
         # Under one key: DeepSpeed's load returns its own entries (optimizer, ds_config...) too.
         state = {_CLIENT_KEY: dict(client_state), "learner_step": self.step}
-        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state)
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state,
+                                    exclude_frozen_parameters=self.cfg.lora is not None)
         return str(Path(ckpt_dir) / tag)
 
     def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
         """Restore the latest (or ``tag``) checkpoint; returns the saved client_state."""
-        path, state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
+        # Under LoRA the checkpoint holds the adapters alone: the base stays as loaded.
+        path, state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag,
+                                                  load_module_strict=self.cfg.lora is None)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir} (tag={tag})")
         state = state or {}
@@ -93,7 +106,7 @@ class WeightsAndCheckpoints:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             sd = {k: v.detach().to("cpu", torch.float32).contiguous()
-                  for k, v in self.model.state_dict().items()}
+                  for k, v in self._policy_state().items()}
             self.model.save_pretrained(out, state_dict=sd, safe_serialization=True)
         for name in _AUX_FILES:
             src = Path(self.model_path) / name

@@ -98,6 +98,10 @@ class LearnerWorker(WeightsAndCheckpoints):
 
         check_packing_support()
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        if trainable and self.cfg.lora is not None:
+            from learner.lora import inject
+
+            model = inject(model, self.cfg.lora)
         if trainable and self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -131,8 +135,9 @@ class LearnerWorker(WeightsAndCheckpoints):
 
         from learner.schedule import lr_at
 
-        # The schedule sets the lr before every update (``_set_lr``); start at update 0's.
-        self._opt = torch.optim.AdamW(model.parameters(), lr=lr_at(self.cfg, 0),
+        # The schedule sets the lr before every update (``_set_lr``); start at update 0's. Only
+        # what trains has optimiser state (under LoRA: the adapters).
+        self._opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr_at(self.cfg, 0),
                                       betas=self.cfg.betas, eps=self.cfg.eps,
                                       weight_decay=self.cfg.weight_decay)
         engine, *_ = deepspeed.initialize(model=model, optimizer=self._opt,

@@ -3,7 +3,8 @@ failure deep inside an engine minutes later.
 
 - the model directory holds a loadable Hugging Face config, weights (every shard its index
   names) and a loadable tokenizer (not just any directory with a config.json), and its
-  architecture is one that the installed vLLM generates with;
+  architecture is one that the installed vLLM generates with, and ``optim.lora``'s target
+  modules are linear layers of it;
 - the tokenizer encodes every prompt (a sample of each split) to at least one token, with the
   chat template when the generators use it, without its unknown token (the model would not
   see those characters), and no prompt leaves less than one token for the response within
@@ -29,9 +30,9 @@ class PreflightError(ValueError):
     pass
 
 
-def check_model(model_path: str) -> None:
+def check_model(model_path: str, lora=None) -> None:
     """The directory is a model: its config loads, its weights are there, its tokenizer loads
-    (offline)."""
+    (offline); ``lora`` (``optim.lora``, a ``LoraSpec``), when given, targets layers of it."""
     from transformers import AutoConfig, AutoTokenizer
 
     def unusable(why: str) -> PreflightError:
@@ -54,6 +55,25 @@ def check_model(model_path: str) -> None:
     if not any((Path(model_path) / f).is_file() for f in _TOKENIZER_FILES):
         raise unusable(f"no tokenizer: none of {', '.join(_TOKENIZER_FILES)}")
     load("tokenizer", AutoTokenizer)
+    if lora is not None:
+        check_lora(model_path, lora)
+
+
+def check_lora(model_path: str, spec) -> None:
+    """``optim.lora``'s target modules are linear layers of the model (built on the meta
+    device from its config: no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from learner.lora import check_targets
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(
+            model_path, local_files_only=True))
+    try:
+        check_targets(model, spec)
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
 
 
 # The tables of vLLM's model registry that name a causal LM it can generate with: its own

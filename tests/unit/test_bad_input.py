@@ -76,6 +76,17 @@ def test_a_good_request_gets_past_every_check(launcher, model_dir, tmp_path):
         launcher(*math_task(tmp_path / "ok.jsonl", model_dir))
 
 
+def test_lora_targets_are_checked_against_the_model(launcher, model_dir):
+    """A LoRA target the model lacks is named with the model's linear layers; real ones pass."""
+    lora = '{"rank":4,"alpha":8,"target_modules":%s}'
+    rc, err = launcher(f"model.path={model_dir}", "optim.lora=" + lora % '["qkv_proj"]')
+    assert rc == 2 and re.search(r"optim\.lora\.target_modules \['qkv_proj'\]: \w+ has no such "
+                                 r"linear layer \(it has .*q_proj", err), err
+    for targets in ('["q_proj","v_proj"]', '"all-linear"'):
+        with pytest.raises(ActorWouldStart):
+            launcher(f"model.path={model_dir}", "optim.lora=" + lora % targets)
+
+
 BAD_DATASETS = {  # file name: (its content, what the error must say)
     "math_small.jsonl": (lines(2) + "{not json\n", r"math_small\.jsonl:3: Expecting property name"),
     "latin1.jsonl": (lines(2).encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n',
@@ -250,6 +261,11 @@ CONFIG_VALUES = [
                                      r"\(got an unexpected keyword argument 'halflif'\)"),
     ("rollout.max_inflight_prompts=2", r"rollout\.max_inflight_prompts \(2\) must be at least "
                                        r"the batch's prompts \(16\)"),
+    # LoRA (issue 43): its rank, and ZeRO-3 (its merge is untested there)
+    ('optim.lora={"rank":0,"alpha":16}', r"optim\.lora\.rank: Input should be greater than or "
+                                          r"equal to 1; got 0"),
+    ('optim.lora={"rank":8,"alpha":16} optim.zero_stage=3',
+     r"optim\.lora with zero_stage 3 is not supported yet"),
     # the CUDA path (issue 45): refused at load until it is wired
     ("generators.engine.tensor_parallel_size=2",
      r"generators\.engine\.tensor_parallel_size=2: tensor parallelism is not supported yet"),
