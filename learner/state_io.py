@@ -5,6 +5,7 @@ every rank."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,56 @@ _AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
 _CLIENT_KEY = "v05_client_state"
 
 
+class UnsafeCheckpointFile(ValueError):
+    """A checkpoint file holds more than tensors, containers, plain values and DeepSpeed's own
+    data classes: ``torch.load(weights_only=True)`` refused it, so nothing of it ran."""
+
+
+def safe_globals() -> list:
+    """DeepSpeed's plain-data classes that its checkpoints pickle, found by loading ZeRO stages
+    0-3 in fp32 and bf16 with ``torch.load(weights_only=True)``: allowed by name, nothing else
+    is (a class is built from its saved fields; none of these runs code on it)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def weights_only_load(path, map_location=None):
+    """What DeepSpeed's checkpoint engine loads with (``torch.load(weights_only=False)``, a
+    pickle that may run code), loaded weights-only instead: a file holding anything else
+    raises ``UnsafeCheckpointFile`` naming it, unrun."""
+    import pickle
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        text = " ".join(str(err).split())  # torch's advice trimmed off: only what it refused
+        why = re.search(r"WeightsUnpickler error: (.*?)(?: Please use| Check the doc|$)", text)
+        why = why.group(1).rstrip(". ") if why else text
+        raise UnsafeCheckpointFile(f"{path}: refused by a weights-only load ({why[:300]}); "
+                                   "nothing of it ran") from None
+
+
 class WeightsAndCheckpoints:
+    def _weights_only_loads(self) -> None:
+        """Every load of this engine's checkpoints (model states, optimiser shards) goes through
+        ``weights_only_load``: a checkpoint's files cannot run code, so they need no signature
+        to be trusted (cluster/records/checkpoints.py keeps their digests for integrity)."""
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+            TorchCheckpointEngine)
+
+        engine = self.engine.checkpoint_engine
+        if type(engine) is not TorchCheckpointEngine:
+            raise RuntimeError(f"DeepSpeed chose the {type(engine).__name__} checkpoint engine; "
+                               "the learner loads checkpoints weights-only through "
+                               "TorchCheckpointEngine's load only")
+        engine.load = weights_only_load  # this engine's loads only: not a global patch
+
     @contextlib.contextmanager
     def _gathered(self):
         """Under ZeRO-3, materialise full parameters on every rank (a collective)."""

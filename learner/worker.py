@@ -56,6 +56,7 @@ class LearnerWorker(WeightsAndCheckpoints):
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype_name]
         self._init_dist(master_addr, master_port)
         self.engine = self._init_engine(self._load_model())
+        self._weights_only_loads()
         if self.cfg.grad_noise and hasattr(self.engine.optimizer, "overflow"):
             raise ValueError("optim.grad_noise needs fp32 at zero_stage 0: this optimiser "
                              f"({type(self.engine.optimizer).__name__}) keeps its gradients "

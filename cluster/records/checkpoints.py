@@ -14,19 +14,27 @@ naming the checkpoint, the stage, the path, the error and the free space; ``late
 previous checkpoint are untouched, so the run stops (the launcher's exit status 5) resumable
 from it. ``fault_hook`` is where tests inject such a fault at each stage.
 
-Nothing of a checkpoint is read back unverified: DeepSpeed's files are pickles (its load runs
-``torch.load(weights_only=False)``), and a pickle runs code. The save records the SHA-256 of
-every file of the checkpoint in ``digests.json`` before the checkpoint is renamed into place,
-and a resume checks every file against it first (``check_digests``): a file missing or cut
-short (a torn write, a full disk) makes the checkpoint *damaged*, skipped for the previous one
-as a corrupt checkpoint always was; any other difference (another content at its recorded
-length or longer, a file the record does not list, no record) makes it *altered*:
-``CheckpointAltered`` names the file, and the launcher refuses the run (exit 2).
+No file of a checkpoint can run code when it is read: the coordinator's state is msgpack, and
+the learner loads DeepSpeed's files (pickles, which DeepSpeed itself loads with
+``torch.load(weights_only=False)``) weights-only, allowing DeepSpeed's three plain-data classes
+by name (``learner/state_io.weights_only_load``); a file holding anything else is refused,
+naming it (``CheckpointAltered``, exit 2), and nothing of it runs. So a checkpoint needs no
+signature to be trusted, and a run directory moves: another node, another account of the
+cluster, a copy elsewhere resume it with nothing to do by hand.
+
+Integrity is checked before anything is read: the save records the SHA-256 and length of
+every file in ``digests.json`` before the checkpoint is renamed into place, and a resume
+checks every file against it first (``check_digests``): a file missing or cut short (a torn
+write, a full disk) makes the checkpoint *damaged*, skipped for the previous one as a corrupt
+checkpoint always was; any other difference (another content at its recorded length or
+longer, a file the record does not list, no record) makes it *altered*: ``CheckpointAltered``
+names the file, and the launcher refuses the run (exit 2). Before 2026-12-06 the record was
+signed with a per-account key (so a moved run needed ``trust``); a signature in an older
+record is ignored.
 """
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 import shutil
@@ -72,6 +80,15 @@ def fault_hook(stage: str, path: Path, step: int) -> None:
         raise OSError(code, os.strerror(code) + f" (injected: {FAULT_ENV}={spec})", str(path))
 
 
+def refused_file(err: BaseException) -> str | None:
+    """The learner's ``UnsafeCheckpointFile`` message (a file its weights-only load refused),
+    however Ray wrapped it; None for any other error."""
+    for e in (err, getattr(err, "cause", None)):
+        if e is not None and any(c.__name__ == "UnsafeCheckpointFile" for c in type(e).__mro__):
+            return str(e.args[0] if e.args else e)
+    return None
+
+
 def is_actor_death(err: BaseException) -> bool:
     """A role died during the save (Ray's ``RayActorError`` family): not a write fault, the
     run's own failure handling applies."""
@@ -97,32 +114,7 @@ def free_space(path: Path) -> str:
         return f"free space of {p} unknown ({err.strerror})"
 
 
-KEY_ENV = "V05_CHECKPOINT_KEY"  # the key file's path; default <$V05_CACHE or ~/.cache/v05rl>/
-_SEEN: dict[tuple, str] = {}      # checkpoint.key. (dev, inode, size, mtime, ctime) -> SHA-256
-
-
-def signing_key() -> bytes:
-    """This user's key that signs every checkpoint's ``digests.json`` (HMAC-SHA256): whoever
-    can write a run directory but not read the key cannot make a record that verifies.
-    Made on first use (32 random bytes, mode 0600); one that others may read or write is
-    refused."""
-    cache = Path(os.environ.get("V05_CACHE") or Path.home() / ".cache" / "v05rl")
-    path = Path(os.environ.get(KEY_ENV) or cache / "checkpoint.key")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(os.urandom(32).hex())
-        except FileExistsError:  # made meanwhile by another process of ours
-            pass
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise CheckpointAltered(f"the checkpoint signing key {path} is not yours alone (mode "
-                                f"{st.st_mode & 0o777:o}): chmod 600 it, or remove it (checkpoints "
-                                "signed with it then need `python -m cluster.records.checkpoints "
-                                "trust DIR`)")
-    return bytes.fromhex(path.read_text().strip())
+_SEEN: dict[tuple, str] = {}  # (dev, inode, size, mtime, ctime) -> SHA-256
 
 
 def file_digest(path: Path) -> str:
@@ -149,16 +141,10 @@ def _digests(tag_dir: Path) -> dict[str, list]:
     return {n: [d, (tag_dir / n).stat().st_size] for n, d in zip(names, sums)}
 
 
-def _sign(record: dict, key: bytes) -> str:
-    body = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key, body, hashlib.sha256).hexdigest()
-
-
 def write_digests(tag_dir: Path) -> dict:
-    """Record (and sign) the SHA-256 of every file of the checkpoint ``tag_dir``."""
+    """Record the SHA-256 and length of every file of the checkpoint ``tag_dir``."""
     record = _digests(Path(tag_dir))
-    write_atomic(Path(tag_dir) / DIGESTS, json.dumps(
-        {"sha256": record, "hmac_sha256": _sign(record, signing_key())}, indent=1))
+    write_atomic(Path(tag_dir) / DIGESTS, json.dumps({"sha256": record}, indent=1))
     return record
 
 
@@ -170,22 +156,17 @@ def check_digests(tag_dir: Path) -> str | None:
     tag_dir = Path(tag_dir)
     again = (f"nothing of {tag_dir.name} was read: restore it, remove {tag_dir} to resume from "
              "an older checkpoint, or run.overwrite=true to start over")
-    trust = f"(if you trust its files: python -m cluster.records.checkpoints trust {tag_dir})"
+    trust = f"(to record its files as they are: python -m cluster.records.checkpoints trust {tag_dir})"
     if not (tag_dir / DIGESTS).is_file():
         raise CheckpointAltered(f"{tag_dir / DIGESTS} is missing: no record of the checkpoint's "
                                 f"files (saved before checkpoints recorded one, or not by this "
                                 f"program); {again} {trust}")
-    key = signing_key()
     try:
         saved = json.loads((tag_dir / DIGESTS).read_text())
         record = {str(n): [str(d), int(b)] for n, (d, b) in saved["sha256"].items()}
-        signed = hmac.compare_digest(str(saved["hmac_sha256"]), _sign(record, key))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointAltered(f"{tag_dir / DIGESTS}: not a readable record of the "
                                 f"checkpoint's digests ({type(err).__name__}); {again}") from None
-    if not signed:
-        raise CheckpointAltered(f"{tag_dir / DIGESTS}: not signed with this user's checkpoint "
-                                f"key (written by someone else, or edited); {again} {trust}")
     for name, (_, size) in sorted(record.items()):
         p = tag_dir / name
         if not p.is_file() or p.stat().st_size < size:
@@ -270,7 +251,7 @@ class Checkpoints:
             fault_hook(*at, step)
             write_run_state(str(tag_dir / RUN_STATE))
             at[1] = tag_dir / DIGESTS
-            write_digests(tag_dir)  # every file of it, signed: what a resume checks first
+            write_digests(tag_dir)  # every file of it: what a resume checks first
             final = self.commit(tag_dir, step, at)
             self.saved_step = step
             return final
@@ -323,7 +304,7 @@ class Checkpoints:
 
     def verified(self) -> tuple[str | None, list[str]]:
         """(the checkpoint a resume loads: the first candidate whose files all match their
-        signed digests, and why the ones before it were skipped as damaged); raises
+        recorded digests, and why the ones before it were skipped as damaged); raises
         ``CheckpointAltered`` at the first altered one. Hashes; unpickles nothing."""
         skipped = []
         for tag in self.candidates():
@@ -352,6 +333,10 @@ class Checkpoints:
                     msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
                 client = learner.load_checkpoint(str(self.root), tag)
             except Exception as err:  # noqa: BLE001 - a broken checkpoint: try an older one
+                unsafe = refused_file(err)
+                if unsafe:  # a file that would run code, matching its record: refused whole
+                    raise CheckpointAltered(f"{unsafe}; nothing of {tag} was used: restore it "
+                                            f"or remove {self.root / tag}") from None
                 skipped.append(f"{tag}: {type(err).__name__}: {str(err)[:200]}")
                 continue
             return tag, client, state_file, skipped
@@ -360,16 +345,16 @@ class Checkpoints:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m cluster.records.checkpoints trust CHECKPOINT_DIR``: record and sign the
-    digests of a checkpoint's files as they are now (one saved before checkpoints recorded
-    them, or by another user or key), so that a resume loads it. Only for files you trust:
-    they are pickles, and loading one runs whatever it holds."""
+    """``python -m cluster.records.checkpoints trust CHECKPOINT_DIR``: record the digests of a
+    checkpoint's files as they are now (one saved before checkpoints recorded them, or whose
+    record was lost), so that a resume loads it. Loading runs none of them either way; the
+    record only vouches that the files are the ones it lists."""
     if len(argv) != 2 or argv[0] != "trust" or not (Path(argv[1]) / RUN_STATE).is_file():
         print("usage: python -m cluster.records.checkpoints trust CHECKPOINT_DIR (a step<N> "
               f"folder holding {RUN_STATE})", file=sys.stderr)
         return 2
     record = write_digests(Path(argv[1]))
-    print(f"{Path(argv[1]) / DIGESTS}: {len(record)} files recorded and signed")
+    print(f"{Path(argv[1]) / DIGESTS}: {len(record)} files recorded")
     return 0
 
 
