@@ -19,6 +19,12 @@ One process (``child``) measures, each part recorded on its own (a failure is no
   the tensors that share storage (the tied embedding is sent twice), the host copy the
   object-store transport (and ``restart_fallback``) makes, and a gloo broadcast of it to one
   receiver process on this machine (``BroadcastGroup``, the loop NCCL runs too);
+- ``shared_gpu`` (CUDA only; vLLM cannot be carried, so its share is held as ballast):
+  ``nccl_same_device``, two processes on one GPU in one NCCL group, what the planner refuses
+  for actors that share a device (docs/cluster.md) - whether NCCL refused it, and how; and
+  ``one_gpu_split``, ``configs/one-gpu.yaml``'s split: the engine's share of the device
+  (``gpu_memory_utilization``) held while the learner trains the run's ``k_max`` batch with
+  that config's micro-batch budget - whether it fits, and the headroom left;
 - ``learner.runs``: a warm-up step, then timed steps, on synthetic batches shaped like the
   run's: ``rollout.batch_prompts`` prompts of ~50 tokens, ``algo.k_init`` and ``algo.k_max``
   responses each of 5 to ``rollout.max_tokens`` tokens, then a batch 8 times larger to show
@@ -40,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(__file__).resolve().parent / "smollm2_135m"
 RUN_CONFIG = ROOT / "configs" / "smollm2-135m.yaml"
+ONE_GPU_CONFIG = ROOT / "configs" / "one-gpu.yaml"
 # Files of the cached conversion (tasks/pretrained.py) carried here; no weights, no
 # tokenizer (the learner trains on token ids).
 CARRIED = ("config.json", "generation_config.json", "tokenizer_config.json",
@@ -302,6 +309,92 @@ def _receiver(spec: dict, meta: list, replies) -> None:
         member.leave()
 
 
+def nccl_same_device(timeout_s: float = 120.0) -> dict:
+    """Two spawned processes, both on CUDA device 0, in one NCCL group broadcasting one
+    tensor: NCCL is expected to refuse it (two ranks on one device), which is why the planner
+    refuses ``nccl`` where actors share a GPU. ``refused``: every rank that answered failed."""
+    import multiprocessing as mp
+
+    from learner.ranks import free_port
+
+    ctx = mp.get_context("spawn")
+    replies = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_nccl_rank, args=(r, port, timeout_s, replies), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = []
+    try:
+        for _ in procs:
+            got.append(replies.get(timeout=timeout_s + 30))
+    except Exception:  # noqa: BLE001 - a rank that never answered: hung
+        pass
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return nccl_outcome(got, len(procs))
+
+
+def nccl_outcome(replies: list, ranks: int) -> dict:
+    """``nccl_same_device``'s verdict from its ranks' replies (("ok",) or ("error", message))."""
+    errors = sorted({r[1] for r in replies if r[0] == "error"})
+    return {"ranks": ranks, "answered": len(replies), "ok": sum(r[0] == "ok" for r in replies),
+            "refused": bool(replies) and all(r[0] == "error" for r in replies),
+            "hung": len(replies) < ranks, "errors": [e[:300] for e in errors]}
+
+
+def _nccl_rank(rank: int, port: int, timeout_s: float, replies) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=2, timeout=timedelta(seconds=timeout_s))
+        t = torch.ones(4, device="cuda")
+        dist.broadcast(t, 0)
+        torch.cuda.synchronize()
+        replies.put(("ok",))
+    except Exception as err:  # noqa: BLE001 - the expected outcome, reported
+        replies.put(("error", f"{type(err).__name__}: {' '.join(str(err).split())}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def one_gpu_split(w, run: dict, vocab: int, params: int, steps: int) -> dict:
+    """``configs/one-gpu.yaml``: its engine's share of the device held (as vLLM would hold it
+    from its start; the learner starts after the engines) while the learner trains the run's
+    ``k_max`` batch with that config's micro-batch settings. Fits or not, and the headroom."""
+    import torch
+
+    from cluster.config.schema import load_config
+
+    cfg = load_config(ONE_GPU_CONFIG)
+    share = cfg.generators.engine.gpu_memory_utilization
+    total = torch.cuda.get_device_properties(0).total_memory
+    ballast = torch.empty(int(share * total), dtype=torch.uint8, device="cuda")
+    try:
+        micro = {"micro_batch_tokens": cfg.optim.micro_batch_tokens,
+                 "micro_batch_size": cfg.optim.micro_batch_size}
+        spec = {**plan_runs("gpu", run)[1], "name": "one_gpu_k_max", "micro": micro}
+        r = train_run(w, spec, vocab, params, steps, 0, None)
+        reserved = torch.cuda.max_memory_reserved()
+    finally:
+        del ballast
+        torch.cuda.empty_cache()
+    return {"config": str(ONE_GPU_CONFIG.relative_to(ROOT)), "engine_share": share,
+            "total_gib": total / GIB, "fits": not r.get("oom"),
+            "peak_reserved_with_engine_share_gib": reserved / GIB,
+            "headroom_gib": (total - reserved) / GIB, "run": r}
+
+
 def _memory_now() -> int:
     import torch
 
@@ -409,6 +502,12 @@ def child(mode: str, tmp: str, deadline: float) -> dict:
     out["learner"] = learner
     try:
         part("weight_sync", weight_sync, w, z["sync_timeout_s"])
+        if w.cuda:
+            part("shared_gpu/nccl_same_device", nccl_same_device)
+            part("shared_gpu/one_gpu_split", one_gpu_split, w, run, model["vocab"],
+                 model["params"], z["steps"])
+        else:
+            out["shared_gpu"] = "skipped: needs CUDA (one device shared by two processes)"
         peak_flops = (out.get("matmul") or {}).get("flops_per_s")
         for i, spec in enumerate(plan_runs(mode, run)):
             key = f"learner/{spec['name']}"

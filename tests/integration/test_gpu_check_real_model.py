@@ -52,6 +52,7 @@ def test_every_part_ran(result):
     for r in result["learner"]["runs"]:
         assert result["seconds"][f"learner/{r['name']}"] > 0
     assert result["total_s"] > 0
+    assert result["shared_gpu"].startswith("skipped: needs CUDA")  # one device, two processes
     lr = result["learner"]
     assert (lr["device"], lr["dtype"], lr["backend"]) == ("cpu", "fp32", "gloo")
     assert lr["init_s"] > 0 and lr["init_gib"] > 0

@@ -147,3 +147,18 @@ def test_run_on_device_script_parses_and_installs_before_it_runs():
     assert text.index("python -m bench.gpu_check.wheels") < text.index(
         'python -m bench.gpu_check "$@"')
     assert "set -- --real-model" in text
+
+
+def test_the_same_device_nccl_check_says_refused_only_when_every_rank_failed():
+    """``nccl_same_device``'s verdict (the check itself needs CUDA): refused when both ranks
+    report an error, not when one got through, and hung when a rank never answered."""
+    from bench.gpu_check.real_model import nccl_outcome
+
+    dup = ("error", "DistBackendError: NCCL error: invalid usage, Duplicate GPU detected")
+    both = nccl_outcome([dup, dup], 2)
+    assert both["refused"] and not both["hung"] and both["errors"] == [dup[1]]
+    assert not nccl_outcome([("ok",), ("ok",)], 2)["refused"]
+    assert not nccl_outcome([("ok",), dup], 2)["refused"]
+    silent = nccl_outcome([dup], 2)
+    assert silent["hung"] and silent["answered"] == 1
+    assert not nccl_outcome([], 2)["refused"]
