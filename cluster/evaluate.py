@@ -48,7 +48,7 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, help="sampling seed base (default run.seed)")
     ap.add_argument("--config", default="v05.yaml", help="settings for a model (not a run)")
     ap.add_argument("--out", help="the JSON file to write (default: none)")
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides before or after the options
 
 
 def resolve(args):

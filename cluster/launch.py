@@ -44,7 +44,7 @@ def parse_args(argv):
                          "running cluster, or on a simulated one of cluster.nodes x "
                          "cluster.gpus_per_node, print where each lands, exit non-zero if the "
                          "plan does not fit")
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides before or after the flags
 
 
 def preflight(cfg):

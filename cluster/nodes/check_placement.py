@@ -232,10 +232,16 @@ def render(p: Plan, nodes: list[dict], reservations, landings: list[Landing], me
         if res.role == "learner" and meet is not None:
             lines.append(f"  rendezvous {meet.addr}:{meet.port} on node "
                          f"{number.get(meet.node_id, '?')} (rank 0's node)")
-    used = sum(len(x.gpu_ids) for x in landings if p[x.role].gpus >= 1)
+    holders: dict[tuple, int] = {}  # a GPU, whole or shared (fractional shares), counts once
+    for x in landings:
+        for g in x.gpu_ids:
+            holders[(x.node_id, g)] = holders.get((x.node_id, g), 0) + 1
+    shared = sum(1 for n in holders.values() if n > 1)
     total = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    lines.append(f"GPUs placed: {used} of {total:g} on {len({x.node_id for x in landings})} "
-                 f"node(s); CPUs reserved: {p.total_cpus:g}")
+    lines.append(f"GPUs placed: {len(holders)} of {total:g} on "
+                 f"{len({x.node_id for x in landings})} node(s)"
+                 + (f" ({shared} shared by several actors)" if shared else "")
+                 + f"; CPUs reserved: {p.total_cpus:g}")
     return "\n".join(lines)
 
 

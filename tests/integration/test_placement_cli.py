@@ -43,3 +43,4 @@ def test_check_placement_command_on_the_one_node_recipes(tmp_path, name, gpus):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.rstrip().endswith("placement OK")
     assert f"GPUs placed: {gpus:g} of {gpus:g} on 1 node(s)" in out.stdout, out.stdout
+    assert ("(1 shared by several actors)" in out.stdout) == (gpus == 1), out.stdout
