@@ -196,6 +196,11 @@ def parse_args(argv):
                          "steps, seeds, evaluations, held-out prompts, start and config must be "
                          "this invocation's): re-run one mode after a change that leaves the "
                          "others' runs as they were")
+    ap.add_argument("--from-runs", metavar="DIR",
+                    help="read this invocation's runs from DIR (the run directory of an "
+                         "invocation with the same arguments that stopped before writing its "
+                         "results: every (mode, seed) run finished there, its config the one "
+                         "this invocation would run) instead of running them")
     ap.add_argument("--merge-from", metavar="FILE",
                     help="fold a study written with --out FILE into --out (no runs)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
@@ -287,6 +292,29 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
             log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
                 f"{b['train_s']:.0f} s, {b['generated']} rollouts generated, "
                 f"{b['rollouts']} trained, {curve['steps']} steps")
+    return runs
+
+
+def runs_from(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
+    """``--from-runs DIR``: ``run_all``'s result read from the runs an interrupted invocation
+    finished in ``run_dir``, each checked to be the run this invocation would make (its saved
+    config equal to ``run_config``'s) and finished (its summary.json written)."""
+    from cluster.config.schema import load_config
+
+    runs: dict[str, list[dict]] = {m: [] for m in st.modes}
+    for seed, mode in round_robin(st.modes, st.seeds):
+        cfg = run_config(base, mode, seed, run_dir)
+        where = Path(cfg.run_dir)
+        if not (where / "summary.json").is_file():
+            raise SystemExit(f"--from-runs: {where} did not finish (no summary.json); "
+                             "ask for fewer --seeds or --modes")
+        if load_config(where / "config.yaml", []).model_dump(mode="json") != cfg.model_dump(
+                mode="json"):
+            raise SystemExit(f"--from-runs: {where}/config.yaml is not the run this "
+                             "invocation would make (other arguments or another version)")
+        runs[mode].append({**read_curve(cfg.run_dir, cfg.run.eval_metric,
+                                        (cfg.task.reward_low, cfg.task.reward_high)),
+                           "mode": mode, "seed": seed})
     return runs
 
 
@@ -457,8 +485,11 @@ def main(argv=None) -> int:
            f"{st.start}-baselines" if args.baselines else st.start)
     kept = kept_runs(Path(args.keep_runs_from), st, key) if args.keep_runs_from else {}
     t0 = time.time()
-    runs = run_all(st, base_cfg.model_dump(mode="json"),
-                   Path(tempfile.mkdtemp(prefix="v05-learning-")))
+    if args.from_runs:
+        runs = runs_from(st, base_cfg.model_dump(mode="json"), Path(args.from_runs).resolve())
+    else:
+        runs = run_all(st, base_cfg.model_dump(mode="json"),
+                       Path(tempfile.mkdtemp(prefix="v05-learning-")))
     if kept:
         both = {**kept["runs"], **runs}
         runs = {m: both[m] for m in dict.fromkeys([*kept["order"], *st.modes])}
@@ -469,6 +500,8 @@ def main(argv=None) -> int:
                                args.selection_mode)
     else:
         one = report(st, base_cfg, runs, argv, time.time() - t0)
+    if args.from_runs:  # wall_s: the time to read them, not to make them
+        one["runs_read_from"] = str(Path(args.from_runs).resolve())
     if kept:
         one["runs_kept_from"] = {k: kept[k] for k in ("file", "command", "date", "modes")}
     if args.selection:

@@ -388,3 +388,31 @@ def test_the_per_rollout_reading_picks_the_best_baseline_at_equal_generated_roll
                                                np.linspace(0, 200, 400))))
     assert s["zero_advantage_share_vs_reference"] == pytest.approx(0.25)
     assert s["modes"]["sync_v05_k4_sel"]["skip_rate"] == pytest.approx(0.3)
+
+
+def test_from_runs_reads_only_finished_runs_of_this_invocations_configs(tmp_path, monkeypatch):
+    """--from-runs DIR: an interrupted invocation's runs stand in for this one's only where
+    each finished (summary.json) and is the run this invocation would make (its config)."""
+    import yaml
+
+    from bench.learning.__main__ import Settings, parse_args, run_config, runs_from
+    from cluster.config.schema import build_config
+
+    st = Settings.of(parse_args(["--selection", "--seeds", "1", "--modes", "sync_drgrpo4"]))
+    base = build_config({}).model_dump(mode="json")
+    cfg = run_config(base, "sync_drgrpo4", 0, tmp_path)
+    where = tmp_path / "sync_drgrpo4-seed0"
+    where.mkdir()
+    with pytest.raises(SystemExit, match="sync_drgrpo4-seed0 did not finish"):
+        runs_from(st, base, tmp_path)
+    (where / "summary.json").write_text("{}")
+    other = run_config(base, "sync_grpo4", 0, tmp_path).model_dump(mode="json")
+    other["run"]["name"] = "sync_drgrpo4-seed0"  # same place, another mode's algorithm
+    (where / "config.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(SystemExit, match="not the run this invocation would make"):
+        runs_from(st, base, tmp_path)
+    (where / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    import bench.learning.__main__ as cli  # the curve reader has its own tests: here, where
+    monkeypatch.setattr(cli, "read_curve", lambda d, metric, rewards: {"dir": str(d)})
+    assert runs_from(st, base, tmp_path) == {
+        "sync_drgrpo4": [{"dir": str(where), "mode": "sync_drgrpo4", "seed": 0}]}
