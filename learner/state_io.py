@@ -1,18 +1,22 @@
-"""What leaves a learner rank: its weights (to the generators, or as a state dict), DeepSpeed
-checkpoints and a Hugging Face copy; a mixin of ``LearnerWorker`` (learner/worker.py), whose
-engine, model and rank it reads. Every method that gathers under ZeRO-3 must be called on
-every rank."""
+"""What goes in and out of a learner rank besides training: its weights (to the generators,
+or as a state dict), DeepSpeed checkpoints and a Hugging Face copy. ``StateIO`` does it for
+one rank; ``LearnerWorker`` (learner/worker.py) owns one, built from exactly what it needs
+(the engine, the policy, the rank, the model's files, two facts of the config), and keeps
+the training state itself: a checkpoint's update count is passed in to a save and handed
+back by a load. Every method that gathers under ZeRO-3 must be called on every rank."""
 from __future__ import annotations
 
 import contextlib
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 # Files of an HF checkpoint directory that are not weights: copied next to saved weights.
 _AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 _CLIENT_KEY = "v05_client_state"
+_STEP_KEY = "learner_step"  # the update count: where the lr schedule resumes
 
 
 class UnsafeCheckpointFile(ValueError):
@@ -50,25 +54,47 @@ def weights_only_load(path, map_location=None):
                                    "nothing of it ran") from None
 
 
-class WeightsAndCheckpoints:
-    def _weights_only_loads(self) -> None:
-        """Every load of this engine's checkpoints (model states, optimiser shards) goes through
-        ``weights_only_load``: a checkpoint's files cannot run code, so they need no signature
-        to be trusted (cluster/records/checkpoints.py keeps their digests for integrity)."""
-        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
-            TorchCheckpointEngine)
+def load_weights_only(engine) -> None:
+    """Every load of ``engine``'s checkpoints (model states, optimiser shards) goes through
+    ``weights_only_load``: a checkpoint's files cannot run code, so they need no signature
+    to be trusted (cluster/records/checkpoints.py keeps their digests for integrity)."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+        TorchCheckpointEngine)
 
-        engine = self.engine.checkpoint_engine
-        if type(engine) is not TorchCheckpointEngine:
-            raise RuntimeError(f"DeepSpeed chose the {type(engine).__name__} checkpoint engine; "
-                               "the learner loads checkpoints weights-only through "
-                               "TorchCheckpointEngine's load only")
-        engine.load = weights_only_load  # this engine's loads only: not a global patch
+    ckpt = engine.checkpoint_engine
+    if type(ckpt) is not TorchCheckpointEngine:
+        raise RuntimeError(f"DeepSpeed chose the {type(ckpt).__name__} checkpoint engine; "
+                           "the learner loads checkpoints weights-only through "
+                           "TorchCheckpointEngine's load only")
+    ckpt.load = weights_only_load  # this engine's loads only: not a global patch
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a checkpoint load hands back to the rank's owner."""
+
+    client_state: dict  # the caller's state, as given to the save
+    step: int | None    # the learner's update count at the save; None: the checkpoint has none
+
+
+class StateIO:
+    """One rank's weights and checkpoints, in and out. ``engine``: the rank's DeepSpeed
+    engine (its checkpoint loads are made weights-only here); ``model``: the HF policy
+    inside it; ``zero3``: parameters are partitioned (gather before reading them);
+    ``lora``: the policy carries LoRA adapters (merged on the way out, saved alone).
+    Holds rank 0's weight sender, once ``connect_weight_sync`` ran."""
+
+    def __init__(self, engine, model, rank: int, model_path: str, zero3: bool, lora: bool):
+        load_weights_only(engine)
+        self.engine, self.model, self.rank = engine, model, rank
+        self.model_path = str(model_path)
+        self.zero3, self.lora = zero3, lora
+        self.sender = None  # rank 0's WeightSender, once connect_weight_sync ran
 
     @contextlib.contextmanager
     def _gathered(self):
         """Under ZeRO-3, materialise full parameters on every rank (a collective)."""
-        if self.cfg.zero_stage == 3:
+        if self.zero3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()),
@@ -80,7 +106,7 @@ class WeightsAndCheckpoints:
     def _policy_state(self) -> dict:
         """The policy's weights under the HF model's names: its state dict, or under LoRA the
         merged weights (``learner.lora.merged_state_dict``). Call inside ``_gathered``."""
-        if self.cfg.lora is None:
+        if not self.lora:
             return self.model.state_dict()
         from learner.lora import merged_state_dict
 
@@ -124,27 +150,28 @@ class WeightsAndCheckpoints:
             # broadcast sends them in the training dtype from this rank's device.
             return self.sender.send(generators, self._policy_state(), version)
 
-    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
-        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state``; all ranks call.
-        Under LoRA the model part is the adapters only (the frozen base is the model's files)."""
-        tag = f"step{self.step}"
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict, step: int) -> str:
+        """DeepSpeed checkpoint (model, optimiser, engine) + ``client_state`` + the learner's
+        update count ``step`` (the tag: ``step<step>``); all ranks call. Under LoRA the model
+        part is the adapters only (the frozen base is the model's files)."""
+        tag = f"step{step}"
         # Under one key: DeepSpeed's load returns its own entries (optimizer, ds_config...) too.
-        state = {_CLIENT_KEY: dict(client_state), "learner_step": self.step}
+        state = {_CLIENT_KEY: dict(client_state), _STEP_KEY: int(step)}
         self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state,
-                                    exclude_frozen_parameters=self.cfg.lora is not None)
+                                    exclude_frozen_parameters=self.lora)
         return str(Path(ckpt_dir) / tag)
 
-    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
-        """Restore the latest (or ``tag``) checkpoint; returns the saved client_state."""
+    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> Restored:
+        """Restore the engine from the latest (or ``tag``) checkpoint; all ranks call. Returns
+        the saved client_state and update count, for the caller to take back."""
         # Under LoRA the checkpoint holds the adapters alone: the base stays as loaded.
         path, state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag,
-                                                  load_module_strict=self.cfg.lora is None)
+                                                  load_module_strict=not self.lora)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint found in {ckpt_dir} (tag={tag})")
         state = state or {}
-        self.step = int(state.get("learner_step", self.step))
-        self.consecutive_nan = 0
-        return dict(state.get(_CLIENT_KEY, {}))
+        step = state.get(_STEP_KEY)
+        return Restored(dict(state.get(_CLIENT_KEY, {})), None if step is None else int(step))
 
     def save_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF checkpoint (rank 0), with the tokenizer files."""
@@ -163,3 +190,9 @@ class WeightsAndCheckpoints:
             if src.exists():
                 shutil.copy(src, out / name)
         return str(out)
+
+    def close(self) -> None:
+        """Close rank 0's weight sender, if any."""
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None

@@ -13,8 +13,13 @@ Micro-batches: a rank packs its shard into micro-batches by token budget (``lear
 and all ranks run the same number of them (the shortest pad with filler micro-batches that
 weigh nothing), so their collectives stay in lockstep under every ZeRO stage. DeepSpeed wraps
 a ``LogprobModel`` (``learner/logprobs``): its forward returns response-token log-probs
-computed chunk by chunk, never the batch's full-vocabulary logits. What leaves the rank (its
-weights to the generators, checkpoints, an HF copy) is ``learner/state_io``'s.
+computed chunk by chunk, never the batch's full-vocabulary logits.
+
+What goes in and out of the rank besides training (its weights to the generators, checkpoints,
+an HF copy) is done by the rank's ``StateIO`` (``learner/state_io``); the public methods for
+it below hand each call to it. The rank owns its training state: the update count ``step``
+and the count of consecutive skipped steps ``consecutive_nan`` are written by
+``_apply_update`` and, from a checkpoint, by ``load_checkpoint``, nowhere else.
 """
 from __future__ import annotations
 
@@ -25,14 +30,14 @@ import time
 from common.types import TrainSample
 from common.records import PER_TOKEN, StepResult
 from learner.config import LearnerConfig
-from learner.state_io import WeightsAndCheckpoints
+from learner.state_io import StateIO
 
 # The all-reduced metric sums of ``train_step``, in order: the loss, each per-token metric
 # (``PER_TOKEN``, weighted by the micro-batch's tokens), the token count.
 _SUMS = ("loss", *PER_TOKEN, "n_tokens")
 
 
-class LearnerWorker(WeightsAndCheckpoints):
+class LearnerWorker:
     def __init__(self, model_path: str, cfg: LearnerConfig | dict, rank: int, world_size: int,
                  master_port: int, num_threads: int = 1, master_addr: str = "127.0.0.1",
                  log_path: str | None = None):
@@ -56,16 +61,16 @@ class LearnerWorker(WeightsAndCheckpoints):
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype_name]
         self._init_dist(master_addr, master_port)
         self.engine = self._init_engine(self._load_model())
-        self._weights_only_loads()
         if self.cfg.grad_noise and hasattr(self.engine.optimizer, "overflow"):
             raise ValueError("optim.grad_noise needs fp32 at zero_stage 0: this optimiser "
                              f"({type(self.engine.optimizer).__name__}) keeps its gradients "
                              "outside p.grad")
         self.model = self.engine.module.policy  # the HF model: its state dict is the policy's
+        self.state_io = StateIO(self.engine, self.model, rank, self.model_path,
+                                zero3=self.cfg.zero_stage == 3, lora=self.cfg.lora is not None)
         self.ref_model = self._load_ref() if self.cfg.kl_coef > 0 else None
         self.step = 0  # optimiser updates applied
-        self.consecutive_nan = 0
-        self.sender = None  # rank 0's WeightSender, once connect_weight_sync ran
+        self.consecutive_nan = 0  # steps skipped in a row (non-finite loss or gradient)
 
     # ---------------------------------------------------------------- setup
     def _pick_device(self):
@@ -330,12 +335,46 @@ class LearnerWorker(WeightsAndCheckpoints):
         dist.all_reduce(dev, op=dist.ReduceOp.SUM if op is None else op)
         return dev.cpu()
 
+    # ---------------------------------------------------------------- weights and checkpoints
+    # Called remotely by learner/ranks.py; ``StateIO`` (learner/state_io.py) says what each does.
+    def get_weights(self, all_ranks: bool = False) -> dict:
+        """Full fp32 state dict {HF parameter name: np.ndarray}; {} on ranks > 0 unless all_ranks.
+        Every rank must be called (ZeRO-3 gathers)."""
+        return self.state_io.get_weights(all_ranks)
+
+    def connect_weight_sync(self, transport: str | dict, generators: list) -> None:
+        """Rank 0 becomes the weight sender to ``generators``; other ranks do nothing."""
+        self.state_io.connect_weight_sync(transport, generators)
+
+    def publish_weights(self, generators: list, version: int) -> tuple:
+        """Send this learner's weights to ``generators`` as ``version``; every rank must be
+        called (ZeRO-3 gathers). Rank 0: (payload, refs of the generators' updates); others:
+        (None, [])."""
+        return self.state_io.publish_weights(generators, version)
+
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> str:
+        """DeepSpeed checkpoint ``<ckpt_dir>/step<step>`` with ``client_state`` and this rank's
+        update count; all ranks call. Returns its path."""
+        return self.state_io.save_checkpoint(ckpt_dir, client_state, self.step)
+
+    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict:
+        """Restore the latest (or ``tag``) checkpoint; returns the saved client_state. The
+        update count comes back with it (the lr schedule resumes there; a checkpoint without
+        one keeps the current count) and the run of skipped steps starts again at 0."""
+        restored = self.state_io.load_checkpoint(ckpt_dir, tag)
+        if restored.step is not None:
+            self.step = restored.step
+        self.consecutive_nan = 0
+        return restored.client_state
+
+    def save_hf(self, out_dir: str) -> str:
+        """Write the current weights as an HF checkpoint (rank 0), with the tokenizer files."""
+        return self.state_io.save_hf(out_dir)
+
     def close(self) -> None:
         import torch.distributed as dist
 
-        if self.sender is not None:
-            self.sender.close()
-            self.sender = None
+        self.state_io.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

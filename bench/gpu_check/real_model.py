@@ -198,15 +198,15 @@ def weight_sync(w, timeout_s: float) -> dict:
     transport = "nccl" if w.cuda else "gloo"
     # What connect_weight_sync installs, without its connect (a Ray probe of the generators):
     # with no generators, send() builds the payload and broadcasts nothing.
-    w.sender = make_sender({"type": transport, "master_address": "127.0.0.1"})
+    w.state_io.sender = make_sender({"type": transport, "master_address": "127.0.0.1"})
     try:
         _sync()
         t0 = time.perf_counter()
         payload, refs = w.publish_weights([], 1)
         build_s = time.perf_counter() - t0
     finally:
-        w.sender.close()
-        w.sender = None
+        w.state_io.sender.close()
+        w.state_io.sender = None
     assert refs == [] and payload.version == 1, (payload, refs)
     sizes = {name: math.prod(shape) * _itemsize(dt) for name, dt, shape in payload.meta}
     # Which published tensors are views of one storage (tied weights), from the same state
