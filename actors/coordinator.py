@@ -33,8 +33,8 @@ from dataclasses import replace
 
 from actors.fault_log import FaultLog
 from actors.generator_pool import GeneratorPool
-from actors.prompts import (PromptSampler, checked_priors, hand_over, rollout_request,
-                            success_rate)
+from actors.prompts import (PromptSampler, checked_priors, hand_over, prior_observation,
+                            rollout_request)
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig, checkpoint
 from actors.scoring import Overlong, Scorer
 from common.atomic import write_atomic
@@ -341,8 +341,8 @@ class Coordinator:
         """Tell the prior how the prompts that just finished went (its in-context profile)."""
         done = self.sched.drain_finished()
         if done and self.prior is not None and self.needs_prior:
-            self.prior.observe.remote([(g.problem.prompt, success_rate(g, self.task.rewards),
-                                        self.sched.version, int(g.state.k)) for g in done])
+            self.prior.observe.remote([prior_observation(g, self.task.rewards,
+                                                         self.sched.version) for g in done])
 
     async def _generate(self, d: Dispatch) -> None:
         pif = self.sched.inflight.get(d.uid)

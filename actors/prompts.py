@@ -1,6 +1,7 @@
 """Prompt-side plumbing of the coordinator: the training-prompt stream, a prompt's rollout
 request (seeded per rollout when the run asks), the prior's answer checked, a finished
-prompt turned into its record and its training samples, and finished prompts into a batch.
+prompt turned into what the prior learns from, its record and its training samples, and
+finished prompts into a batch.
 
 Pure Python (no Ray, no asyncio): the coordinator, the tests and the simulator share it
 (``hand_over`` imports Ray only to put a batch's shards in the object store).
@@ -16,8 +17,8 @@ from actors.scheduler import PromptInFlight
 from actors.scheduler.messages import Dispatch
 from common.records import mean_extras
 from common.sharding import make_shards
-from common.types import (PromptRecord, Rollout, RolloutRequest, SamplingConfig, TrainBatch,
-                          TrainSample)
+from common.types import (PriorObservation, PromptRecord, Rollout, RolloutRequest,
+                          SamplingConfig, TrainBatch, TrainSample)
 from estimator.core import reward_to_prob
 from estimator.registry import batch_group
 
@@ -75,6 +76,14 @@ def checked_priors(ps, n: int) -> list[float]:
 def success_rate(pif: PromptInFlight, rewards: tuple[float, float]) -> float:
     """Mean reward on the [0, 1] scale: the observed success rate the prior learns from."""
     return float(reward_to_prob(pif.state.vbar, rewards))
+
+
+def prior_observation(pif: PromptInFlight, rewards: tuple[float, float],
+                      version: int) -> PriorObservation:
+    """What the prior is told of a finished prompt: its success rate over all its rollouts
+    (the oracle's held-out ones included) at policy ``version``, and how many there were."""
+    return PriorObservation(pif.problem.prompt, success_rate(pif, rewards), int(version),
+                            int(pif.state.k))
 
 
 def train_samples(pif: PromptInFlight, adv=None) -> list[TrainSample]:

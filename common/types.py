@@ -69,6 +69,21 @@ class Rollout:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class PriorObservation:
+    """One finished prompt as the coordinator tells the prior (``PriorServer.observe``), one
+    item of the window the prior conditions on. ``score``: its observed success rate in
+    [0, 1] (``actors.prompts.success_rate``); ``version``: the policy version when it
+    finished (the server turns it into the observation's age); ``rollouts``: how many
+    sampled responses the score is the mean of (a score of 16 rollouts is four times as
+    precise as one of 4, and the prior weighs it so). The server checks every field."""
+
+    prompt: str
+    score: float
+    version: int
+    rollouts: int = 1
+
+
 @dataclass
 class TrainSample:
     """One response as the learner sees it: tokens, behaviour log-probs, a scalar advantage."""

@@ -13,6 +13,7 @@ import json
 import sys
 
 from actors.priors.server import PriorServer, check_prompt, check_score
+from common.types import PriorObservation
 
 
 class InputError(ValueError):
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         window = args.window if args.window is not None else max(1, len(context))
         server = PriorServer(args.backend, options, window=window, cpu_threads=args.threads,
                              fallback=args.fallback, budget_s=args.budget_s)
-        server.observe([(r["prompt"], r["score"], 0) for r in context])
+        server.observe([PriorObservation(r["prompt"], r["score"], 0) for r in context])
         ps = server.predict([q["prompt"] for q in queries])
     except (InputError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """The V0 prior server: p(x) = P(current policy solves x) from an in-context policy profile.
 
-The coordinator feeds back (prompt, observed success rate, policy version) as prompts finish
-(``observe``); the server keeps the newest ``window`` of them and asks its backend for p on new
-prompts (``predict``). A plain class: the launcher wraps it, e.g.
+The coordinator feeds back each finished prompt as a ``common.types.PriorObservation`` (its
+text, observed success rate, policy version and rollouts; ``observe``); the server keeps the
+newest ``window`` of them and asks its backend for p on new prompts (``predict``). A plain
+class: the launcher wraps it, e.g.
 
     PriorActor = ray.remote(num_cpus=0.5)(PriorServer)
     prior = PriorActor.remote("embedded", {}, window=256, cpu_threads=1)
@@ -15,7 +16,8 @@ coordinator use the empirical mean (``actors/coordinator.py``).
 
 Offline evaluation: ``python -m actors.priors predict ...`` (the CLI lives in
 ``actors/priors/cli.py``; ``actors/priors/__main__.py`` runs it, so this module never imports
-it). Only the standard library is imported at import time.
+it). Only the standard library (and ``common.types``, itself pure) is imported at import
+time.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+
+from common.types import PriorObservation
 
 FALLBACK_REASONS = ("timeout", "error")
 DEFAULT_BUDGET_S = 5.0
@@ -50,6 +54,20 @@ def check_prompt(prompt, where: str) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"{where}: prompt must be a string, got {type(prompt).__name__}")
     return prompt
+
+
+def check_observation(item, where: str) -> PriorObservation:
+    """``item`` with every field checked and made a plain str, float or int (a NumPy number
+    from a caller's arithmetic included), else ValueError naming ``where``."""
+    if not isinstance(item, PriorObservation):
+        raise ValueError(f"{where}: expected a PriorObservation, got {item!r:.200}")
+    version, n = item.version, item.rollouts
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version < 0:
+        raise ValueError(f"{where}: version must be an int >= 0, got {version!r}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"{where}: rollouts must be an int >= 1, got {n!r}")
+    return PriorObservation(check_prompt(item.prompt, where), check_score(item.score, where),
+                            int(version), int(n))
 
 
 def _in_thread(fn: Callable[[], object]) -> Future:
@@ -128,7 +146,7 @@ class PriorServer:
         self.backend = make_prior(backend, **_with_threads(backend, options, cpu_threads))
         self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(
             backend, fallback, fallback_options, cpu_threads)
-        self._items: deque[tuple[str, float, int, int]] = deque(maxlen=self.window)
+        self._items: deque[PriorObservation] = deque(maxlen=self.window)
         self._dirty = True                  # the primary's context is stale
         self._fallback_dirty = True         # the fallback's context is stale
         self._latest_version = 0
@@ -167,28 +185,13 @@ class PriorServer:
     def ready(self) -> bool:
         return True
 
-    def observe(self, items: Iterable[Sequence]) -> int:
-        """Add (prompt, success rate in [0, 1], policy version[, rollouts]) items; returns the
-        window size. ``rollouts`` (an int >= 1, default 1) is how many sampled responses the
-        rate is the mean of: the backend weighs a score by it. All items are validated before
-        any is added."""
-        checked = []
-        for i, item in enumerate(items):
-            if not isinstance(item, (tuple, list)) or len(item) not in (3, 4):
-                raise ValueError(f"observe item {i}: expected (prompt, score, version) or "
-                                 f"(prompt, score, version, rollouts), got {item!r}")
-            prompt, score, version, *rest = item
-            where = f"observe item {i}"
-            if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version < 0:
-                raise ValueError(f"{where}: version must be an int >= 0, got {version!r}")
-            n = rest[0] if rest else 1
-            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-                raise ValueError(f"{where}: rollouts must be an int >= 1, got {n!r}")
-            checked.append((check_prompt(prompt, where), check_score(score, where), int(version),
-                            int(n)))
-        for it in checked:
-            self._items.append(it)
-            self._latest_version = max(self._latest_version, it[2])
+    def observe(self, items: Iterable[PriorObservation]) -> int:
+        """Add finished prompts to the window (newest last); returns the window size. All
+        items are validated before any is added (``check_observation``)."""
+        checked = [check_observation(item, f"observe item {i}") for i, item in enumerate(items)]
+        for o in checked:
+            self._items.append(o)
+            self._latest_version = max(self._latest_version, o.version)
         self._n_observed += len(checked)
         if checked:
             self._dirty = self._fallback_dirty = True
@@ -199,10 +202,12 @@ class PriorServer:
         from actors.priors import Context
         if not self._items:
             return Context.empty()
-        prompts, scores, versions, counts = zip(*self._items)
-        ages = self._latest_version - np.array(versions, dtype=np.float64)
-        return Context(prompts, np.array(scores, dtype=np.float64), np.maximum(ages, 0.0),
-                       np.array(counts, dtype=np.float64))
+        items = self._items
+        versions = np.array([o.version for o in items], dtype=np.float64)
+        return Context(tuple(o.prompt for o in items),
+                       np.array([o.score for o in items], dtype=np.float64),
+                       np.maximum(self._latest_version - versions, 0.0),
+                       np.array([o.rollouts for o in items], dtype=np.float64))
 
     def predict(self, prompts: Sequence[str]) -> list[float]:
         """p in [0, 1] for each prompt, in order."""

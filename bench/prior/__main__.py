@@ -57,6 +57,7 @@ def bench_latency(batch: int, window: int, repeats: int, options: dict | None = 
     from actors.priors.server import PriorServer
     import math
     from bench.prior.proxy import arithmetic_problems, word_problems
+    from common.types import PriorObservation
     pool = word_problems(window + batch * (repeats + 3), seed=7)
     words = [p.prompt for p in pool]
     ariths = [p.prompt for p in arithmetic_problems(batch * (repeats + 1), seed=7)]
@@ -66,14 +67,14 @@ def bench_latency(batch: int, window: int, repeats: int, options: dict | None = 
     context, queries = words[:window], words[window:window + batch]
     server.predict(context)                          # encode the context once, as in production
     # Difficulty-driven scores, so that the fit is a real kernel model (not the constant).
-    server.observe([(p.prompt, 1.0 / (1.0 + math.exp(p.difficulty)), i // batch)
+    server.observe([PriorObservation(p.prompt, 1.0 / (1.0 + math.exp(p.difficulty)), i // batch)
                     for i, p in enumerate(pool[:window])])
     server.predict(queries)                          # warm-up: fit + encode the queries
     cached_same = _median_ms(lambda: server.predict(queries), repeats)
     extra = iter(queries * repeats)
 
     def refit():
-        server.observe([(next(extra), 0.5, window // batch)])   # a cached prompt finished
+        server.observe([PriorObservation(next(extra), 0.5, window // batch)])  # a cached one done
         server.predict(queries)
     cached_refit = _median_ms(refit, repeats)
     fresh = iter([words[window + batch * (r + 1):window + batch * (r + 2)] for r in range(repeats + 1)])
@@ -109,12 +110,14 @@ def replay(run, backend: str, options: dict, window: int) -> list[float]:
     """Per-step AUC of one backend served by a real PriorServer (steps >= 1)."""
     from actors.priors.server import PriorServer
     from bench.prior.proxy import pair_auc
+    from common.types import PriorObservation
     server = PriorServer(backend, options, window=window)
     aucs = []
     for step in run:
         if step.version > 0:
             aucs.append(pair_auc(server.predict(step.prompts), step.observed))
-        server.observe(list(zip(step.prompts, step.observed.tolist(), [step.version] * len(step.prompts))))
+        server.observe([PriorObservation(p, s, step.version)
+                        for p, s in zip(step.prompts, step.observed.tolist())])
     return aucs
 
 

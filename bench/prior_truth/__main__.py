@@ -101,10 +101,11 @@ def times_trained(rows: list[dict]) -> float:
 
 def prior_predictions(cfg, ctx, prompts: list[str], options: dict) -> np.ndarray:
     from actors.priors.server import PriorServer
+    from common.types import PriorObservation
 
     server = PriorServer(cfg.prior.backend, {**cfg.prior.options, **options},
                          window=cfg.prior.window, fallback=None, budget_s=None)
-    server.observe([(o.prompt, o.score, o.version, o.rollouts) for o in ctx])
+    server.observe([PriorObservation(o.prompt, o.score, o.version, o.rollouts) for o in ctx])
     return np.array(server.predict(prompts))
 
 

@@ -7,9 +7,10 @@ second term without bias, so ``truth_noise_sd`` is its square root and
 ``error_sd_noise_removed`` = sqrt(error_sd^2 - truth_noise_sd^2) is the prior's own error.
 
 The context of a snapshot is what the running system's prior held when the policy reached
-that version: the newest ``window`` observations (prompt, observed success rate, the version
-at which it finished) of the run's ``prompts.jsonl`` that finished before the version was
-published (``context_at``).
+that version: the newest ``window`` observations (``Observation``: prompt, observed success
+rate, the version at which it finished, rollouts; given to the prior as
+``common.types.PriorObservation``) of the run's ``prompts.jsonl`` that finished before the
+version was published (``context_at``).
 """
 from __future__ import annotations
 

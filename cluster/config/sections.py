@@ -117,7 +117,9 @@ class PriorPlacement(Section):
     backend: str = Field("embedded", description="Prior backend (see actors/priors/).")
     gpus: float = Field(0, ge=0, description="GPUs of the prior server.")
     cpus: float = Field(0.2, gt=0, description="Logical CPUs reserved for the prior server.")
-    window: int = Field(256, ge=1, description="Recent (prompt, success rate) pairs the prior conditions on.")
+    window: int = Field(256, ge=1, description=(
+        "Recent finished prompts (PriorObservation: prompt, success rate, version, rollouts) "
+        "the prior conditions on."))
     timeout_s: float = Field(10.0, gt=0, description=(
         "The coordinator's wait for the prior server; past it the prompts fall back to the "
         "empirical baseline (counted in prior_fallbacks)."))

@@ -7,6 +7,7 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 from actors.priors.server import PriorServer  # noqa: E402
+from common.types import PriorObservation as Obs  # noqa: E402
 
 # Two clearly separated families: short sums the policy solves, olympiad proofs it does not.
 EASY = [f"What is {a} plus {b}?" for a, b in zip(range(2, 26), range(30, 54))]
@@ -41,8 +42,8 @@ def test_actor_observes_and_ranks_a_separable_context(fresh):
     # Each group observed at both versions: with easy prompts all at one version and hard
     # ones at the next, the drift term could explain the gap by time instead (docs/prior.md,
     # Limits: a curriculum confounds them).
-    n_ctx = ray.get(prior.observe.remote([(p, 0.875, i % 2) for i, p in enumerate(EASY[:16])]
-                                         + [(p, 0.125, i % 2) for i, p in enumerate(HARD[:16])]))
+    n_ctx = ray.get(prior.observe.remote([Obs(p, 0.875, i % 2) for i, p in enumerate(EASY[:16])]
+                                         + [Obs(p, 0.125, i % 2) for i, p in enumerate(HARD[:16])]))
     assert n_ctx == 32
     queries = EASY[16:] + HARD[16:]
     p = np.array(ray.get(prior.predict.remote(queries)))
@@ -60,11 +61,14 @@ def test_actor_observes_and_ranks_a_separable_context(fresh):
 def test_actor_window_and_validation_errors_cross_the_actor_boundary(fresh):
     prior = fresh
     before = ray.get(prior.stats.remote())["n_observed"]
-    ray.get(prior.observe.remote([(p, 0.5, 2) for p in EASY + HARD + EASY]))
+    ray.get(prior.observe.remote([Obs(p, 0.5, 2) for p in EASY + HARD + EASY]))
     assert ray.get(prior.stats.remote())["n_context"] == 64      # bounded by window=64
-    with pytest.raises(ValueError, match="outside"):
-        ray.get(prior.observe.remote([("x", 2.0, 3)]))
-    assert ray.get(prior.stats.remote())["n_observed"] == before + 72   # nothing half-added
+    with pytest.raises(ValueError, match="observe item 1: score 2.0 is outside"):
+        ray.get(prior.observe.remote([Obs("w", 0.5, 3), Obs("x", 2.0, 3)]))
+    with pytest.raises(ValueError, match="observe item 0: expected a PriorObservation"):
+        ray.get(prior.observe.remote([("x", 0.5, 3)]))            # the old tuple form
+    stats = ray.get(prior.stats.remote())                         # nothing half-added
+    assert stats["n_observed"] == before + 72 and stats["latest_version"] == 2
 
 
 def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior, tmp_path):
@@ -75,8 +79,8 @@ def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior
     actor = ray.remote(num_cpus=0.5, num_gpus=0)(PriorServer).remote(
         "v0", {"path": str(root), "head": SIMILARITY_HEAD}, 64, 1,
         budget_s=300.0)                     # a loaded machine must not turn the error into a timeout
-    ray.get(actor.observe.remote([(p, 0.875, 0) for p in EASY[:16]]
-                                 + [(p, 0.125, 0) for p in HARD[:16]]))
+    ray.get(actor.observe.remote([Obs(p, 0.875, 0) for p in EASY[:16]]
+                                 + [Obs(p, 0.125, 0) for p in HARD[:16]]))
     p = np.array(ray.get(actor.predict.remote(EASY[16:] + HARD[16:]), timeout=300))
     assert p.shape == (16,) and p[:8].mean() > p[8:].mean() + 0.2   # the embedded prior's ranking
     stats = ray.get(actor.stats.remote())
@@ -98,7 +102,7 @@ def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
             os._exit(1)
 
     actor = ray.remote(num_cpus=0.2, max_restarts=1)(Crashable).remote("constant", {}, 8)
-    ray.get(actor.observe.remote([("a", 1.0, 0), ("b", 0.0, 3)]))
+    assert ray.get(actor.observe.remote([Obs("a", 1.0, 0), Obs("b", 0.0, 3)])) == 2
     assert _reset_in_place(actor) is True
     stats = ray.get(actor.stats.remote())
     assert stats["n_context"] == 0 and stats["n_observed"] == 0 and stats["latest_version"] == 0

@@ -20,6 +20,7 @@ from actors.priors.base import Context, EmbeddingCache, PriorBackend
 from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
                                   loo_candidates, predict_fitted)
 from actors.priors.weights import recency_weights
+from common.types import PriorObservation
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,11 @@ HARD = [f"Prove that for every prime p > {a}, the sum of the quadratic residues 
         f"is divisible by p, and determine when p^2 divides it." for a in range(3, 15)] + \
        [f"Let f be a continuous function with f(x+y) = f(x)f(y) + {a}. Classify all such f "
         "and prove your classification is complete." for a in range(2, 8)]
+
+
+def observed(prompts, score, version=0):
+    """One PriorObservation per prompt, all with ``score`` at ``version`` (one rollout)."""
+    return [PriorObservation(p, score, version) for p in prompts]
 
 
 def auc(score, label):
@@ -161,13 +167,23 @@ def test_constant_backend_is_the_recency_weighted_mean():
 # -- the server: validation, window, stats, garbage output ------------------------------------
 def test_server_validates_observations_atomically_and_bounds_the_window():
     s = PriorServer("constant", {}, window=3)
-    for bad, msg in [(("p", 1.5, 0), "outside"), (("p", float("nan"), 0), "NaN"),
-                     (("p", True, 0), "number"), (("p", 0.5, -1), "version"),
-                     ((7, 0.5, 0), "prompt must be a string"), (("p", 0.5), "expected")]:
-        with pytest.raises(ValueError, match=msg):
-            s.observe([("ok", 0.5, 0), bad])
-    assert s.stats()["n_context"] == 0                       # nothing half-added
-    s.observe([(f"p{i}", i / 4, i) for i in range(5)])
+    ok = PriorObservation("ok", 0.5, 0)
+    for bad, msg in [(PriorObservation("p", 1.5, 0), "score 1.5 is outside"),
+                     (PriorObservation("p", float("nan"), 0), "score nan is outside"),
+                     (PriorObservation("p", True, 0), "score must be a number"),
+                     (PriorObservation("p", "0.5", 0), "score must be a number"),
+                     (PriorObservation("p", 0.5, -1), "version must be an int >= 0"),
+                     (PriorObservation("p", 0.5, 1.0), "version must be an int >= 0"),
+                     (PriorObservation(7, 0.5, 0), "prompt must be a string"),
+                     (("p", 0.5, 0), "expected a PriorObservation"),
+                     ({"prompt": "p", "score": 0.5, "version": 0}, "expected a PriorObservation"),
+                     (None, "expected a PriorObservation")]:
+        with pytest.raises(ValueError, match=rf"^observe item 1: {msg}"):
+            s.observe([ok, bad])                             # the bad one is named by index
+        with pytest.raises(ValueError, match=rf"^observe item 0: {msg}"):
+            s.observe([bad, ok])
+    assert s.stats()["n_context"] == 0 and s.stats()["n_observed"] == 0   # nothing half-added
+    s.observe([PriorObservation(f"p{i}", i / 4, i) for i in range(5)])
     st = s.stats()
     assert st["n_context"] == 3 and st["n_observed"] == 5 and st["latest_version"] == 4
     assert s.predict(["q"]) == [pytest.approx(np.mean([0.5, 0.75, 1.0]))]
@@ -231,7 +247,7 @@ class _Raises(PriorBackend):
 
 register_prior("test-stuck", _Stuck)
 register_prior("test-raises", _Raises)
-CONTEXT = [("a", 1.0, 0), ("b", 1.0, 0), ("c", 0.0, 0)]        # the constant prior says 2/3
+CONTEXT = observed("ab", 1.0) + observed("c", 0.0)           # the constant prior says 2/3
 
 
 def test_a_backend_past_its_budget_is_answered_by_the_fallback_and_counted():
@@ -325,7 +341,7 @@ def encoder():
 def test_embedded_ranks_a_separable_context_and_caches(encoder):
     s = PriorServer("embedded", {"encoder": encoder}, window=256)
     assert s.predict(EASY[:2]) == [0.5, 0.5]                 # empty context: the prior mean
-    s.observe([(p, 0.9, 0) for p in EASY[:-4]] + [(p, 0.1, 0) for p in HARD[:-4]])
+    s.observe(observed(EASY[:-4], 0.9) + observed(HARD[:-4], 0.1))
     queries = EASY[-4:] + HARD[-4:]
     p = s.predict(queries)
     assert auc(p, [1] * 4 + [0] * 4) == 1.0
@@ -338,8 +354,8 @@ def test_embedded_ranks_a_separable_context_and_caches(encoder):
 
 
 def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
-    old = [(p, 0.05, 0) for p in EASY[:9]] + [(p, 0.95, 0) for p in HARD[:9]]
-    new = [(p, 0.95, 12) for p in EASY[9:]] + [(p, 0.05, 12) for p in HARD[9:]]
+    old = observed(EASY[:9], 0.05) + observed(HARD[:9], 0.95)
+    new = observed(EASY[9:], 0.95, 12) + observed(HARD[9:], 0.05, 12)
     s = PriorServer("embedded", {"encoder": encoder, "halflife": 2.0}, window=256)
     s.observe(old + new)
     easy_q, hard_q = "What is 40 plus 2?", HARD[0].replace("p > 3", "p > 31")
@@ -361,7 +377,7 @@ def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
 def test_auto_fallback_is_the_embedded_prior_when_it_can_be_built(encoder):
     s = PriorServer("test-raises", {}, fallback_options={"encoder": encoder}, budget_s=60.0)
     assert s.stats()["fallback"] == "embedded"
-    s.observe([(p, 0.9, 0) for p in EASY[:-4]] + [(p, 0.1, 0) for p in HARD[:-4]])
+    s.observe(observed(EASY[:-4], 0.9) + observed(HARD[:-4], 0.1))
     p = s.predict(EASY[-4:] + HARD[-4:])
     assert auc(p, [1] * 4 + [0] * 4) == 1.0                 # the embedded prior's ranking
     assert s.stats()["fallbacks"] == {"timeout": 0, "error": 1}
@@ -379,7 +395,7 @@ def test_a_backend_past_its_budget_is_answered_by_the_embedded_prior(encoder):
     s = PriorServer("test-stuck", {}, fallback_options={"encoder": encoder}, budget_s=0.2)
     try:
         assert s.stats()["fallback"] == "embedded"
-        s.observe([(p, 0.9, 0) for p in EASY[:-4]] + [(p, 0.1, 0) for p in HARD[:-4]])
+        s.observe(observed(EASY[:-4], 0.9) + observed(HARD[:-4], 0.1))
         p = s.predict(EASY[-4:] + HARD[-4:])
         assert auc(p, [1] * 4 + [0] * 4) == 1.0             # the embedded prior's ranking
         st = s.stats()
@@ -866,15 +882,21 @@ def test_observe_takes_the_rollouts_behind_a_score_and_names_a_bad_count():
     from actors.priors.server import PriorServer
 
     server = PriorServer("constant", {}, window=8)
-    server.observe([("a", 0.5, 0), ("b", 0.25, 1, 4)])
+    server.observe([PriorObservation("a", 0.5, 0), PriorObservation("b", 0.25, 1, rollouts=4)])
     ctx = server._context()
-    assert list(ctx.counts) == [1, 4]
-    for bad in (0, 2.5, True, -3):
-        with pytest.raises(ValueError, match="item 0: rollouts must be an int >= 1"):
-            server.observe([("c", 0.5, 1, bad)])
-    with pytest.raises(ValueError, match="rollouts"):
-        server.observe([("c", 0.5, 1, 4, 9)])
-    assert server.stats()["n_context"] == 2
+    assert list(ctx.counts) == [1, 4] and list(ctx.scores) == [0.5, 0.25]
+    for bad in (0, 2.5, True, -3, "4", None):
+        with pytest.raises(ValueError, match="item 1: rollouts must be an int >= 1"):
+            server.observe([PriorObservation("c", 0.5, 1), PriorObservation("c", 0.5, 1, bad)])
+    with pytest.raises(ValueError, match="item 0: expected a PriorObservation"):
+        server.observe([("c", 0.5, 1, 4)])                   # the old tuple form is refused
+    assert server.stats()["n_context"] == 2 and server.stats()["n_observed"] == 2
+    # NumPy numbers from a caller's arithmetic are kept as plain float and int.
+    server.observe([PriorObservation("d", np.float32(0.75), np.int64(2), np.int32(8))])
+    kept = server._items[-1]
+    assert kept == PriorObservation("d", 0.75, 2, 8)
+    assert [type(v) for v in (kept.score, kept.version, kept.rollouts)] == [float, int, int]
+    assert server.stats()["latest_version"] == 2
 
 
 def test_a_window_with_too_few_repeats_to_choose_kappa_uses_no_history():

@@ -15,12 +15,14 @@ from actors.priors.server import PriorOutputError, PriorServer, make_prior
 from actors.priors.v0 import (EMBEDDING_MODEL, V0FilesMissing, V0Prior, default_dtype,
                               placement_device, register_v0_head)
 from actors.priors.v0_tiny import SIMILARITY_HEAD, write_tiny_v0
+from common.types import PriorObservation
 
-CONTEXT = [("What is 2 plus 3?", 1.0, 0), ("What is 10 plus 7?", 0.875, 0),
-           ("What is 4 plus 4?", 0.75, 1),
-           ("Prove that every planar graph is four-colourable.", 0.0, 0),
-           ("Prove the Riemann hypothesis for function fields.", 0.125, 1),
-           ("Classify all finite simple groups and prove the list complete.", 0.25, 1)]
+CONTEXT = [PriorObservation(*o) for o in [
+    ("What is 2 plus 3?", 1.0, 0), ("What is 10 plus 7?", 0.875, 0),
+    ("What is 4 plus 4?", 0.75, 1),
+    ("Prove that every planar graph is four-colourable.", 0.0, 0),
+    ("Prove the Riemann hypothesis for function fields.", 0.125, 1),
+    ("Classify all finite simple groups and prove the list complete.", 0.25, 1)]]
 QUERIES = ["What is 7 plus 1?", "Prove that 2 is prime.", "hello", "What is 9 plus 9?",
            "Prove Fermat's last theorem for n = 4."]
 
@@ -117,7 +119,7 @@ def test_tiny_v0_loads_through_the_real_loader_and_predicts(tiny):
     assert again.predict(QUERIES) == p.tolist()
     # A one-class context (all solved): its mean, as TabPFN cannot fit one class.
     one = tiny_server(tiny)
-    one.observe([(q, 0.75, 0) for q in QUERIES])
+    one.observe([PriorObservation(q, 0.75, 0) for q in QUERIES])
     assert one.predict(["x"]) == [pytest.approx(0.75)]
 
 
@@ -142,7 +144,7 @@ def test_garbage_from_corrupt_weights_is_rejected_or_answered_by_the_fallback(tm
     f = PriorServer("v0", {"path": str(root), "head": SIMILARITY_HEAD}, fallback="constant",
                     budget_s=60.0)
     f.observe(CONTEXT)
-    assert f.predict(QUERIES[:3]) == [pytest.approx(np.mean([s for _, s, _ in CONTEXT]))] * 3
+    assert f.predict(QUERIES[:3]) == [pytest.approx(np.mean([o.score for o in CONTEXT]))] * 3
     assert f.stats()["fallbacks"] == {"timeout": 0, "error": 1}
 
 
@@ -167,7 +169,8 @@ def test_cli_predicts_with_the_tiny_v0(tiny, tmp_path, capsys):
     from actors.priors.cli import main
 
     ctx = tmp_path / "c.jsonl"
-    ctx.write_text("".join(json.dumps({"prompt": p, "score": s}) + "\n" for p, s, _ in CONTEXT))
+    ctx.write_text("".join(json.dumps({"prompt": o.prompt, "score": o.score}) + "\n"
+                           for o in CONTEXT))
     q = tmp_path / "q.jsonl"
     q.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in QUERIES))
     capsys.readouterr()

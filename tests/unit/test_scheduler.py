@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
-from actors.prompts import train_samples
+from actors.prompts import prior_observation, train_samples
 from actors.scheduler.checkpoint import restore, snapshot
 from actors.scheduler import core as sched_mod
 from actors.scheduler import (Cancel, Dispatch, Finished, Scheduler, SchedulerConfig,
                               priority)
 from actors.scheduler.state import cap_samples
-from common.types import Rollout
+from common.types import PriorObservation, Rollout
 from estimator import make_estimator
 
 
@@ -147,6 +148,24 @@ def test_an_accepted_prior_finishes_the_prompt_at_k_init():
     assert f.complete(d.request_id) == []
     batch, _ = s.take_batch(1)
     assert batch[0].state.k == 4
+
+
+def test_a_finished_prompt_is_told_to_the_prior_as_a_checked_record():
+    """What the coordinator sends the prior (``prior_observation``): the prompt, its success
+    rate on the run's reward scale, the version given and the rollouts behind the rate; a
+    record the server takes as is."""
+    from actors.priors.server import PriorServer, check_observation
+
+    s = Scheduler(cfg(batch_prompts=1, max_staleness=0), grpo(k=4), 1)
+    f = Fake(s, reward=lambda uid, i: 1.0 if i < 3 else -1.0)     # 3 of 4 right
+    f.apply(s.admit([SimpleNamespace(id="p1", prompt="What is 2 plus 2?")], [None]))
+    f.complete_all()
+    [pif] = s.drain_finished()
+    o = prior_observation(pif, (-1.0, 1.0), 7)
+    assert o == PriorObservation("What is 2 plus 2?", 0.75, 7, 4)
+    assert check_observation(o, "here") == o
+    server = PriorServer("constant", {}, window=4)
+    assert server.observe([o]) == 1 and server.stats()["latest_version"] == 7
 
 
 # -- the hand-over and the age bound ------------------------------------------------------------
