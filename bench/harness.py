@@ -6,7 +6,8 @@ weights, served by every generator, and an empty prior; ``cluster.nodes.roles.re
 ``lend_roles`` goes one further: inside it, every bench of the process runs on roles already
 started (the test suite runs two benches on one start: tests/integration/test_benches.py).
 ``round_robin`` interleaves the modes so that drift in the machine's load spreads over them;
-``stamp`` and ``write_json`` write the results with the command that made them and its date.
+``stamp`` and ``write_json`` write the results with the command that made them, its date and
+the checkout's commit (``checkout_commit``).
 
 Nothing heavy is imported here at import time: Ray, vLLM and torch come with the roles.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -138,12 +140,36 @@ def round_robin(modes: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
             yield r, mode
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout_commit(root: str | Path, timeout_s: float = 5.0) -> str | None:
+    """The commit checked out at ``root`` (``git rev-parse HEAD``), ``+dirty`` appended when a
+    tracked file differs from it (``git status --porcelain --untracked-files=no``); None where
+    git is missing, ``root`` is not a git checkout or git does not answer in ``timeout_s``."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    head = git("rev-parse", "--verify", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if head else None
+    if not head or status is None:
+        return None
+    return head.strip() + ("+dirty" if status.strip() else "")
+
+
 def stamp(prog: str, argv: Sequence[str]) -> dict:
     """What a result file says of where it came from: the command (``python -m prog
-    argv...``), the date (UTC, to the second) and the machine."""
+    argv...``), the date (UTC, to the second), the machine and the commit of this checkout
+    (``checkout_commit``: None outside a git checkout)."""
     return {"command": f"python -m {prog} " + " ".join(argv),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "commit": checkout_commit(REPO)}
 
 
 def write_json(path: str | Path, out: dict, indent: int = 1, **dumps) -> Path:
