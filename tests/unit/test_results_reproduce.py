@@ -5,6 +5,10 @@ analysis changed without its results being recomputed, fails here.
 
 - bench.learning files: each study's ``summary`` (``summarise``), ``summary.controlled``,
   ``summary.baselines`` and the budget sweep's ``sweep`` block, from the study's ``runs``;
+- bench/results/learning_selection.json (``bench.learning --selection``): each setting's
+  ``summary.settings.<name>`` (``per_rollout.setting_summary``), from ``studies.<name>.runs``,
+  compared strictly (``strict_differences``): a key on one side only fails too (issue 44,
+  item 5);
 - bench/results/prior_truth.json: each snapshot's error figures (the shipped prior and the
   level-mean reference) from its stored points (rounded to 4 decimals when written: the
   tolerance is that rounding's), the level-told predictor out of fold and the generator's
@@ -14,8 +18,10 @@ analysis changed without its results being recomputed, fails here.
   shape from the config (the bytes themselves need Ray's serializer: measured again on the
   default batch by tests/integration/test_pipeline.py).
 
-Figures compared on the keys both sides hold: a key renamed since a file was written is not
-in the committed file (its old name is left alone, as that file's code wrote it).
+The older files' figures are compared on the keys both sides hold (``differences``): a key
+renamed since such a file was written is not in it (its old name is left alone, as that file's
+code wrote it). The per-rollout study's are compared key for key: rename or add a figure and
+the committed file must be summarised again.
 """
 from __future__ import annotations
 
@@ -53,6 +59,23 @@ def differences(stored, computed, tol: float, path: str = "") -> list[str]:
     return [] if stored == computed else [f"{path}: {stored!r} stored, {computed!r} computed"]
 
 
+def strict_differences(stored, computed, tol: float, path: str = "") -> list[str]:
+    """Where ``stored`` and ``computed`` differ, a key that only one side holds included
+    (named by its path: ``.a.b[2].c``); figures within ``tol`` (relative, at least absolute)
+    are equal, as in ``differences``."""
+    if isinstance(stored, dict) and isinstance(computed, dict):
+        out = [f"{path}.{k}: stored, not computed" for k in sorted(set(stored) - set(computed))]
+        out += [f"{path}.{k}: computed, not stored" for k in sorted(set(computed) - set(stored))]
+        return out + [d for k in sorted(set(stored) & set(computed))
+                      for d in strict_differences(stored[k], computed[k], tol, f"{path}.{k}")]
+    if isinstance(stored, list) and isinstance(computed, list):
+        if len(stored) != len(computed):
+            return [f"{path}: {len(stored)} items, computed {len(computed)}"]
+        return [d for i, (a, b) in enumerate(zip(stored, computed))
+                for d in strict_differences(a, b, tol, f"{path}[{i}]")]
+    return differences(stored, computed, tol, path)  # a figure or a name: compared as there
+
+
 def studies(res: dict) -> dict:
     return res.get("studies") or {res["config"]["start"]: res}
 
@@ -78,6 +101,59 @@ def test_a_learning_result_is_what_its_runs_give(name):
 
         assert differences(res["sweep"], sweep(res["runs"], res["summary"]["mean_k"]),
                            1e-9) == []
+
+
+SELECTION = RESULTS / "learning_selection.json"
+
+
+def test_the_per_rollout_study_is_what_its_runs_give_key_for_key():
+    """Each setting's pinned figures (``summary.settings.<name>``, and the copy in its study)
+    are ``setting_summary`` of the setting's runs, key for key."""
+    from bench.learning.__main__ import SELECTION_BASELINES, SELECTION_MODE
+    from bench.learning.per_rollout import setting_summary
+
+    res = json.loads(SELECTION.read_text())
+    pinned, studied = res["summary"]["settings"], res["studies"]
+    assert studied and set(pinned) == set(studied), (
+        f"{SELECTION.name}: settings pinned {sorted(pinned)}, studied {sorted(studied)}")
+    for name, study in studied.items():
+        entry = pinned[name]
+        again = ("re-summarise the setting with its own command (it reads the setting's runs "
+                 f"again{': from ' + study['runs_read_from'] if 'runs_read_from' in study else ''}"
+                 f"): {entry.get('command')}")
+        computed = setting_summary(study["runs"], entry.get("selection_mode", SELECTION_MODE),
+                                   SELECTION_BASELINES, "sync_drgrpo4")
+        for where, stored in ((f"summary.settings.{name}", entry),
+                              (f"studies.{name}.summary.settings.{name}",
+                               study["summary"]["settings"].get(name, {}))):
+            own = {k: v for k, v in stored.items() if k not in ("command", "date")}
+            diff = strict_differences(own, computed, 1e-9, where)
+            assert diff == [], (f"{SELECTION.name}: {where} is not what setting_summary gives "
+                                f"from studies.{name}.runs:\n  " + "\n  ".join(diff)
+                                + f"\n{again}")
+
+
+def test_strict_differences_fails_on_a_key_on_one_side_only():
+    stored = {"at": 3072.0, "modes": {"a": {"mean": 0.5, "seeds": [0.4, 0.6]}}, "best": "a"}
+    same = json.loads(json.dumps(stored))
+    assert strict_differences(stored, same, 1e-9) == []
+    close = {**same, "at": 3072.0 * (1 + 1e-12)}
+    assert strict_differences(stored, close, 1e-9) == [] == differences(stored, close, 1e-9)
+    assert strict_differences(stored, {**same, "at": 3073.0}, 1e-9) == [
+        ".at: 3072.0 stored, 3073.0 computed"]
+    renamed = {**same, "modes": {"a": {"avg": 0.5, "seeds": [0.4, 0.6]}}}
+    assert strict_differences(stored, renamed, 1e-9) == [".modes.a.mean: stored, not computed",
+                                                         ".modes.a.avg: computed, not stored"]
+    assert differences(stored, renamed, 1e-9) == []  # the lenient comparison lets it through
+    missing = {k: v for k, v in same.items() if k != "best"}
+    assert strict_differences(stored, missing, 1e-9, "s") == ["s.best: stored, not computed"]
+    assert strict_differences(missing, stored, 1e-9, "s") == ["s.best: computed, not stored"]
+    nested = {**same, "modes": {"a": {**same["modes"]["a"], "seeds": [0.4, {"x": 1}]}}}
+    assert strict_differences(nested, {**nested, "modes": {"a": {
+        **same["modes"]["a"], "seeds": [0.4, {"y": 1}]}}}, 1e-9) == [
+        ".modes.a.seeds[1].x: stored, not computed", ".modes.a.seeds[1].y: computed, not stored"]
+    assert strict_differences({"se": None}, {"se": 0.1}, 1e-9) == [
+        ".se: None stored, 0.1 computed"]
 
 
 def test_the_prior_truth_figures_are_what_their_points_give():
