@@ -97,8 +97,6 @@ def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
     learner's initial state under ``workdir/init``; on the way out shut the roles down, and
     the cluster if this started it, whatever happened inside. Within ``lend_roles``: the
     lent roles, with this config's task, left running."""
-    import ray
-
     from cluster.nodes.connect import connect
     from cluster.nodes.placement import plan, reserve
     from cluster.nodes.roles import start_roles
@@ -126,7 +124,14 @@ def shared_roles(cfg, workdir: str | Path) -> Iterator[Shared]:
             roles.shutdown()
     finally:
         if started:
-            ray.shutdown()
+            stop_cluster()
+
+
+def stop_cluster() -> None:
+    """Stop the Ray cluster this process started (``connect`` returned True)."""
+    import ray
+
+    ray.shutdown()
 
 
 def round_robin(modes: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:

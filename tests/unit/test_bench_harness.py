@@ -1,6 +1,7 @@
 """bench.harness, the part bench.learning, bench.throughput and bench.chaos share: the
 round-robin order, a run's config from the bench's base, the result stamp, and the shared
-roles' start-once / shut-down-always contract (on stand-ins: no Ray cluster here)."""
+roles' start-once / shut-down-always contract (on stand-ins for the project's own functions:
+no Ray here; the real start is tests/integration/test_benches.py's)."""
 from __future__ import annotations
 
 import json
@@ -79,10 +80,10 @@ def test_stamp_and_write_json(tmp_path):
 
 
 class FakeRoles:
-    def __init__(self, calls):
+    def __init__(self, calls, clock):
         self.calls = calls
-        self.learner = SimpleNamespace(
-            save_checkpoint=lambda d, meta: calls.append(("save", d, meta)))
+        self.learner = SimpleNamespace(  # saving the initial state takes 3 s
+            save_checkpoint=lambda d, meta: calls.append(("save", d, meta)) or clock.tick(3.0))
         self.startup = {"total_s": 1.0}
 
     def shutdown(self):
@@ -91,25 +92,30 @@ class FakeRoles:
 
 @pytest.fixture
 def fake_cluster(monkeypatch):
-    """cluster.nodes.roles's start with stand-ins that record what the harness called."""
+    """cluster.nodes.roles's start and the harness's cluster stop with stand-ins that record
+    what the harness called, on a clock (the harness's ``time``) that moves only when a
+    stand-in says it took time: connecting 2 s, saving the initial state 3 s, a reset 10 s."""
     import cluster.nodes.connect
     import cluster.nodes.placement
     import cluster.nodes.roles
     import tasks
 
     calls = []
-    ray = SimpleNamespace(shutdown=lambda: calls.append("ray.shutdown"))
-    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(harness, "stop_cluster", lambda: calls.append("ray.shutdown"))
+    clock = SimpleNamespace(now=100.0)
+    clock.tick = lambda s: setattr(clock, "now", clock.now + s)
+    monkeypatch.setattr(harness, "time", SimpleNamespace(time=lambda: clock.now))
     monkeypatch.setattr(cluster.nodes.placement, "plan", lambda cfg: "plan")
     monkeypatch.setattr(cluster.nodes.connect, "connect",
-                        lambda cfg, p: calls.append("connect") or True)
+                        lambda cfg, p: calls.append("connect") or clock.tick(2.0) or True)
     monkeypatch.setattr(cluster.nodes.placement, "reserve",
                         lambda p: calls.append(("reserve", p)) or "groups")
     monkeypatch.setattr(cluster.nodes.roles, "start_roles",
                         lambda cfg, groups, path: calls.append(("start", groups, path))
-                        or FakeRoles(calls))
+                        or FakeRoles(calls, clock))
     monkeypatch.setattr(cluster.nodes.roles, "reset_roles",
-                        lambda cfg, roles, init: calls.append(("reset", cfg, init)))
+                        lambda cfg, roles, init: calls.append(("reset", cfg, init))
+                        or clock.tick(10.0))
     monkeypatch.setattr(tasks, "make_task_from_config", lambda t: ("task", t))
     cfg = SimpleNamespace(task="T", model_path=lambda: "/model")
     return calls, cfg
@@ -119,7 +125,7 @@ def test_shared_roles_start_once_reset_each_run_and_shut_down(fake_cluster, tmp_
     calls, cfg = fake_cluster
     with shared_roles(cfg, tmp_path) as shared:
         assert shared.task == ("task", "T") and shared.init_dir == str(tmp_path / "init")
-        assert shared.setup_s >= 0
+        assert shared.setup_s == 5.0  # from the placement to the initial state saved
         for run in ("r1", "r2"):
             shared.reset(run)
     assert calls == ["connect", ("reserve", "plan"), ("start", "groups", "/model"),
