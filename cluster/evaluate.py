@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
@@ -82,6 +83,26 @@ def resolve(args):
         task_cfg = cfg.task
         problems = make_task_from_config(task_cfg).heldout()
     return cfg, model, problems[:args.prompts] if args.prompts else problems, task_cfg
+
+
+@contextlib.contextmanager
+def running_generators(cfg, model: str, count: int):
+    """``count`` generators (the config's engine settings) on the cluster ``connect`` joins
+    or starts, for the ``with`` block: their handles; after it they are stopped, their
+    placement groups released, and Ray shut down if this process started it."""
+    import ray
+
+    from cluster.nodes.placement import release
+
+    handles, groups, started = start_generators(cfg, model, count)
+    try:
+        yield handles
+    finally:
+        for h in handles:
+            ray.kill(h, no_restart=True)
+        release(groups)
+        if started:
+            ray.shutdown()
 
 
 def start_generators(cfg, model: str, count: int) -> tuple[list, dict, bool]:
@@ -185,32 +206,21 @@ def main(argv=None) -> int:
     max_tokens = args.max_tokens or cfg.rollout.max_tokens
     seed = cfg.run.seed if args.seed is None else args.seed
     ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
-    import ray
-
-    from cluster.nodes.placement import release
     from cluster.records.scores import by_source, table
 
     no_auto_init()
     t0 = time.time()
-    generators, groups, started = start_generators(cfg, model,
-                                                   args.generators or cfg.generators.count)
-    print(f"{len(problems)} prompts x (1 greedy + {n} sampled at T = {temperature:g}, "
-          f"{max_tokens} tokens) on {len(generators)} generator(s) of {model}",
-          file=sys.stderr, flush=True)
 
     def progress(done: int, total: int) -> None:
         if done == total or done % max(1, total // 10) == 0:
             print(f"  answered {done}/{total} requests ({time.time() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
-    try:
+    with running_generators(cfg, model, args.generators or cfg.generators.count) as generators:
+        print(f"{len(problems)} prompts x (1 greedy + {n} sampled at T = {temperature:g}, "
+              f"{max_tokens} tokens) on {len(generators)} generator(s) of {model}",
+              file=sys.stderr, flush=True)
         requests, results = answer(generators, problems, n, temperature, max_tokens, seed,
                                    progress)
-    finally:
-        for h in generators:
-            ray.kill(h, no_restart=True)
-        release(groups)
-        if started:
-            ray.shutdown()
     if args.data:  # a dataset file is the math task's: its grader may need workers
         cfg = cfg.model_copy(update={"task": task_cfg})
     graded = grade(task_cfg, requests, results, cfg.score_workers(), cfg.reward.timeout_s)

@@ -13,8 +13,7 @@ ray = pytest.importorskip("ray")
 
 
 def test_cluster_evaluate_reproduces_a_runs_own_evaluation_on_the_real_model(tmp_path):
-    from cluster.evaluate import answer, grade, parse_args, resolve, start_generators
-    from cluster.nodes.placement import release
+    from cluster.evaluate import answer, grade, parse_args, resolve, running_generators
     from cluster.records.scores import by_source
     from cluster.run.evaluation import evaluate
     from tasks import make_task_from_config
@@ -23,18 +22,11 @@ def test_cluster_evaluate_reproduces_a_runs_own_evaluation_on_the_real_model(tmp
                        "--prompts", "16", "cluster.address=local", "generators.count=1"])
     cfg, model, problems, task_cfg = resolve(args)
     n, t, m = cfg.run.eval_samples, cfg.rollout.temperature, cfg.rollout.max_tokens
-    gens, groups, started = start_generators(cfg, model, 1)
-    try:
+    with running_generators(cfg, model, 1) as gens:
         run_eval = evaluate(gens, make_task_from_config(task_cfg), problems, m, n, t,
                             seed=cfg.run.seed)
         requests, results = answer(gens, problems, n, t, m, cfg.run.seed,
                                    lambda done, total: None)
-    finally:
-        for h in gens:
-            ray.kill(h, no_restart=True)
-        release(groups)
-        if started:
-            ray.shutdown()
     figures = by_source(grade(task_cfg, requests, results, 0, 10.0), [1, 4])["all"]
     print(f"cluster.evaluate on {len(problems)} held-out prompts: {figures}", file=sys.stderr)
     assert figures["prompts"] == len(problems) == 16 and figures["n"] == n == 4

@@ -40,16 +40,21 @@ LEARNING = sorted(p.name for p in RESULTS.glob("*.json")
                       "python -m bench.learning"))
 
 
-def differences(stored, computed, tol: float, path: str = "") -> list[str]:
-    """Where ``stored`` and ``computed`` differ, on the keys both hold."""
+def differences(stored, computed, tol: float, path: str = "", strict: bool = False) -> list[str]:
+    """Where ``stored`` and ``computed`` differ, on the keys both hold; ``strict``: a key that
+    only one side holds is a difference too (named by its path: ``.a.b[2].c``). Figures within
+    ``tol`` (relative, at least absolute) are equal."""
     if isinstance(stored, dict) and isinstance(computed, dict):
-        return [d for k in set(stored) & set(computed)
-                for d in differences(stored[k], computed[k], tol, f"{path}.{k}")]
+        out = [] if not strict else (
+            [f"{path}.{k}: stored, not computed" for k in sorted(set(stored) - set(computed))]
+            + [f"{path}.{k}: computed, not stored" for k in sorted(set(computed) - set(stored))])
+        return out + [d for k in sorted(set(stored) & set(computed))
+                      for d in differences(stored[k], computed[k], tol, f"{path}.{k}", strict)]
     if isinstance(stored, list) and isinstance(computed, list):
         if len(stored) != len(computed):
             return [f"{path}: {len(stored)} items, computed {len(computed)}"]
         return [d for i, (a, b) in enumerate(zip(stored, computed))
-                for d in differences(a, b, tol, f"{path}[{i}]")]
+                for d in differences(a, b, tol, f"{path}[{i}]", strict)]
     if isinstance(stored, (int, float)) and isinstance(computed, (int, float)) \
             and not isinstance(stored, bool):
         a, b = float(stored), float(computed)
@@ -60,20 +65,8 @@ def differences(stored, computed, tol: float, path: str = "") -> list[str]:
 
 
 def strict_differences(stored, computed, tol: float, path: str = "") -> list[str]:
-    """Where ``stored`` and ``computed`` differ, a key that only one side holds included
-    (named by its path: ``.a.b[2].c``); figures within ``tol`` (relative, at least absolute)
-    are equal, as in ``differences``."""
-    if isinstance(stored, dict) and isinstance(computed, dict):
-        out = [f"{path}.{k}: stored, not computed" for k in sorted(set(stored) - set(computed))]
-        out += [f"{path}.{k}: computed, not stored" for k in sorted(set(computed) - set(stored))]
-        return out + [d for k in sorted(set(stored) & set(computed))
-                      for d in strict_differences(stored[k], computed[k], tol, f"{path}.{k}")]
-    if isinstance(stored, list) and isinstance(computed, list):
-        if len(stored) != len(computed):
-            return [f"{path}: {len(stored)} items, computed {len(computed)}"]
-        return [d for i, (a, b) in enumerate(zip(stored, computed))
-                for d in strict_differences(a, b, tol, f"{path}[{i}]")]
-    return differences(stored, computed, tol, path)  # a figure or a name: compared as there
+    """``differences`` with every key compared: a renamed or missing key fails."""
+    return differences(stored, computed, tol, path, strict=True)
 
 
 def studies(res: dict) -> dict:
