@@ -202,7 +202,8 @@ def parse_args(argv):
                          "results: every (mode, seed) run finished there, its config the one "
                          "this invocation would run) instead of running them")
     ap.add_argument("--merge-from", metavar="FILE",
-                    help="fold a study written with --out FILE into --out (no runs)")
+                    help="fold a study written with --out FILE into --out (no runs; with "
+                         "--selection files, each setting of FILE)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     return ap.parse_args(argv)
 
@@ -452,9 +453,16 @@ def kept_runs(path: Path, st: Settings, key: str) -> dict:
 def merge_from(src: Path, path: Path) -> int:
     """``--merge-from FILE``: a study written to a file of its own (``--out FILE``) folded into
     ``--out`` as the bench would have written it there; its figures unchanged."""
-    from bench.learning.plots import plots
+    from bench.learning.plots import plots, selection_plots
 
     res = json.loads(src.read_text())
+    if "settings" in res.get("summary", {}):  # the per-rollout study: a setting each
+        for name, study in res["studies"].items():
+            write_json(path, merge_settings(study, path))
+            selection_plots(study, path.with_name(f"{path.stem}_{name}"))
+        print(f"merged {src} into {path}: settings "
+              f"{sorted(json.loads(path.read_text())['studies'])}")
+        return 0
     for study in (res.get("studies") or {study_key(res): res}).values():
         write_json(path, merge(study, path))
         plots(study, plot_stem(study, path))

@@ -416,3 +416,23 @@ def test_from_runs_reads_only_finished_runs_of_this_invocations_configs(tmp_path
     monkeypatch.setattr(cli, "read_curve", lambda d, metric, rewards: {"dir": str(d)})
     assert runs_from(st, base, tmp_path) == {
         "sync_drgrpo4": [{"dir": str(where), "mode": "sync_drgrpo4", "seed": 0}]}
+
+
+def test_merge_from_folds_each_setting_of_a_per_rollout_study_in_unchanged(tmp_path):
+    """--merge-from with the per-rollout study (--selection): each setting written to a file
+    of its own folds into --out beside the others, figures unchanged, a plot each."""
+    from bench.learning.__main__ import RESULTS, main
+
+    whole = json.loads((RESULTS / "learning_selection.json").read_text())
+    names = list(whole["studies"])
+    assert len(names) >= 2
+    for name in names:
+        one = {"summary": {"settings": {name: whole["summary"]["settings"][name]}},
+               "studies": {name: whole["studies"][name]}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(one))
+        assert main(["--merge-from", str(tmp_path / f"{name}.json"),
+                     "--out", str(tmp_path / "sel.json")]) == 0
+        assert (tmp_path / f"sel_{name}.png").is_file()
+    got = json.loads((tmp_path / "sel.json").read_text())
+    assert got["summary"]["settings"] == whole["summary"]["settings"]
+    assert got["studies"] == whole["studies"]
