@@ -49,6 +49,7 @@ ROW_KEYS = {"name", "survived", "prompts_lost", "prompts_trained_twice", "hung",
 SCENARIOS = ["generator_killed_mid_generation", "nan_loss"]
 
 
+@pytest.mark.acceptance  # issue 44: bench.chaos is its own tier; `pytest -m acceptance`
 def test_chaos_scenarios_survive_without_loss(lent_roles, tmp_path):
     from bench.chaos.__main__ import main
 
