@@ -56,18 +56,19 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
 
     from cluster.config.schema import load_config
     from common.types import TrainSample
+    from learner.lora import trainable_count
     from learner.ranks import free_port
     from learner.worker import LearnerWorker
 
     cfg = load_config(config, overrides)
+    w = LearnerWorker(cfg.model_path(), cfg.optim, 0, 1, free_port(),
+                      num_threads=cfg.learner.threads)
     rng = np.random.default_rng(0)
-    vocab = 49152 if cfg.model.path.startswith("smollm2") else 1000
+    vocab = w.model.config.vocab_size
     samples = [TrainSample(prompt_token_ids=rng.integers(10, vocab, PROMPT).tolist(),
                            token_ids=rng.integers(10, vocab, RESPONSE).tolist(),
                            logprobs=[-3.0] * RESPONSE, advantage=float(rng.normal()), version=0)
                for _ in range(BATCH)]
-    w = LearnerWorker(cfg.model_path(), cfg.optim, 0, 1, free_port(),
-                      num_threads=cfg.learner.threads)
     loaded_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     times = []
     for _ in range(steps):
@@ -77,14 +78,13 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
         assert not res.skipped, res.skip_reason
     opt_bytes = sum(t.numel() * t.element_size() for st in w._opt.state.values()
                     for t in st.values() if hasattr(t, "numel"))
-    trainable = sum(p.numel() for p in w.model.parameters() if p.requires_grad)
+    trainable, parameters = trainable_count(w.model)
     out = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
            "rss_after_load_mib": round(loaded_mib, 1),
            "step_s": round(statistics.median(times[1:] or times), 3),
            "step_times_s": [round(x, 3) for x in times],
            "trained_tokens_per_step": BATCH * RESPONSE,
-           "trainable_parameters": trainable,
-           "parameters": sum(p.numel() for p in w.model.parameters()),
+           "trainable_parameters": trainable, "parameters": parameters,
            "optimiser_state_mib": round(opt_bytes / 2**20, 1)}
     w.close()
     return out
