@@ -18,7 +18,10 @@ class GeneratorConfig(BaseModel):
     max_model_len: int = Field(256, gt=0, description="Prompt + completion length limit "
                                "in tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Engine dtype; 'auto' is float32 on CPU, bfloat16 on CUDA.")
+        "auto", description=(
+            "Engine dtype; 'auto' is bfloat16 on CUDA and, on a CPU, bfloat16 where this "
+            "machine's probe measures it clearly faster than float32, else float32 "
+            "(common/cpu_dtype.py; the learner's optim.dtype auto follows the same choice)."))
     enforce_eager: bool = Field(True, description="Skip torch.compile / CUDA graphs (fast "
                                 "start; set False on GPUs for decode speed).")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="CUDA: fraction of "
@@ -77,6 +80,11 @@ def resolve_engine_core(engine_core: str, on_cpu: bool, cpu_worker_process: bool
 
 
 def resolve_dtype(dtype: str, on_cpu: bool) -> str:
+    """The engine's dtype: auto is bfloat16 on CUDA and, on a CPU, what this machine's probe
+    measured faster (common/cpu_dtype.py: the learner follows the same choice)."""
     if dtype != "auto":
         return dtype
-    return "float32" if on_cpu else "bfloat16"
+    if not on_cpu:
+        return "bfloat16"
+    from common.cpu_dtype import cpu_dtype
+    return "bfloat16" if cpu_dtype()["chosen"] == "bf16" else "float32"

@@ -93,7 +93,11 @@ class LearnerConfig(BaseModel):
         "Peak extra memory about chunk * vocab * 10 bytes (bf16): 1.5 GiB at 1024 x 152k."))
     seed: int = Field(0, description="torch seed of every rank.")
     dtype: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="Training dtype. auto: fp32 on CPU, bf16 on CUDA.")
+        "auto", description=(
+            "Training dtype. auto: bf16 on CUDA; on a CPU, bf16 where a short probe measures "
+            "it clearly faster than fp32 on this machine (common/cpu_dtype.py), else fp32. "
+            "bf16 on a CPU computes under bf16 autocast with float32 weights and optimiser "
+            "state; on CUDA, DeepSpeed's bf16 (float32 master weights)."))
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend. auto: gloo on CPU, nccl on CUDA.")
     gradient_checkpointing: bool = Field(
@@ -128,10 +132,13 @@ class LearnerConfig(BaseModel):
         return self
 
     def resolved_dtype(self, cuda: bool) -> str:
-        """'fp32' or 'bf16' once the device is known."""
+        """'fp32' or 'bf16' once the device is known (a CPU's auto: its measured choice)."""
         if self.dtype != "auto":
             return self.dtype
-        return "bf16" if cuda else "fp32"
+        if cuda:
+            return "bf16"
+        from common.cpu_dtype import cpu_dtype
+        return cpu_dtype()["chosen"]
 
     def resolved_backend(self, cuda: bool) -> str:
         if self.backend != "auto":

@@ -58,7 +58,10 @@ class LearnerWorker:
         self.cuda = torch.cuda.is_available()
         self.device = self._pick_device()
         self.dtype_name = self.cfg.resolved_dtype(self.cuda)
-        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype_name]
+        # bf16 on a CPU: float32 weights and optimiser state, matmuls under bf16 autocast
+        # (DeepSpeed's bf16 optimiser is a GPU path); on CUDA, DeepSpeed's bf16.
+        self.autocast = self.dtype_name == "bf16" and not self.cuda
+        self.dtype = torch.bfloat16 if self.dtype_name == "bf16" and self.cuda else torch.float32
         self._init_dist(master_addr, master_port)
         self.engine = self._init_engine(self._load_model())
         if self.cfg.grad_noise and hasattr(self.engine.optimizer, "overflow"):
@@ -129,7 +132,8 @@ class LearnerWorker:
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             # check_grad_overflow makes the bf16 optimiser skip steps with a non-finite norm.
-            "bf16": {"enabled": self.dtype_name == "bf16", "check_grad_overflow": True},
+            "bf16": {"enabled": self.dtype_name == "bf16" and not self.autocast,
+                     "check_grad_overflow": True},
             "zero_allow_untested_optimizer": True,  # a torch AdamW: no compiled op needed
             "steps_per_print": 2 ** 31,
             "wall_clock_breakdown": False,
@@ -258,8 +262,9 @@ class LearnerWorker:
             last = i == len(micro) - 1
             # Reduce gradients only after the last micro-batch (they accumulate locally before).
             self.engine.set_gradient_accumulation_boundary(last)
-            out = packed_loss(self.engine, pack(mb).to(self.device), self.cfg, normalizer,
-                              self.ref_model)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                out = packed_loss(self.engine, pack(mb).to(self.device), self.cfg, normalizer,
+                                  self.ref_model)
             # DeepSpeed averages gradients over ranks; undo that so they sum (see module doc).
             loss = out.loss * self.world_size
             bad = bad or not bool(torch.isfinite(out.loss.detach()))

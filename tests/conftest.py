@@ -21,6 +21,11 @@ from common.rayproc import no_auto_init, prefer_loopback
 # Every test cluster (and `ray start` in test_job_submit) listens on 127.0.0.1 only; set
 # before any test imports ray (see prefer_loopback).
 prefer_loopback()
+# The suite's tolerances (vLLM against transformers, learner against references) are
+# float32's: on a CPU whose probe would choose bf16, dtype auto is forced to float32 here;
+# the tests of the bf16 path force it themselves (tests/unit/test_cpu_dtype.py). A value the
+# caller set is kept (V05_CPU_DTYPE=bf16 python -m pytest runs the suite in bf16).
+os.environ.setdefault("V05_CPU_DTYPE", "fp32")
 # A Ray call made after a module's cluster is shut down (a thread it left running) raises
 # instead of starting a cluster that the next module's ray.init would trip over.
 no_auto_init()

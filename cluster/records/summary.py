@@ -134,6 +134,8 @@ class RunSummary:
     signal_to_checkpoint_s: float | None = None
     batch_wait_cancelled: bool | None = None
     run_file_failures: int = 0       # run files whose write failed (RunFiles)
+    # what the learner and the engines computed in, and on a CPU the probe that chose it
+    dtypes: dict = field(default_factory=dict)
 
     _NESTED = ("totals", "accounting", "eval_initial", "eval_final")
 

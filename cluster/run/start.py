@@ -225,4 +225,14 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
             "node_events": list(run.nodes.events) if run.nodes else [],
             "generators_replaced": list(run.replacer.events) if run.replacer else [],
             "generators": per_generator(gen0, gen_end, peaks),
-            "decode_peak_tokens_per_s": sum(peaks) if peaks else None}
+            "decode_peak_tokens_per_s": sum(peaks) if peaks else None,
+            "dtypes": run_dtypes_of(run.cfg)}
+
+
+def run_dtypes_of(cfg) -> dict:
+    """The run's learner and engine dtypes as their roles resolve them (on a CPU, ``auto``
+    is this machine's measured choice: ``common.cpu_dtype``)."""
+    from common.cpu_dtype import run_dtypes
+
+    return run_dtypes(cfg.optim.dtype, cfg.generators.engine.dtype,
+                      on_gpu=bool(cfg.generators.gpus or cfg.learner.gpus))

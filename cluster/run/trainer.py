@@ -23,7 +23,8 @@ from cluster.records.summary import RunSummary
 from cluster.records.unparsed import UnparsedWatch
 from cluster.run.preempt import Interrupted, Preempted, installed, wait_batch
 from cluster.run.start import (Run, generator_stats, in_service, measure_peaks, publish,
-                               run_extras, start_run)
+                               run_dtypes_of, run_extras, start_run)
+from common.cpu_dtype import dtype_line
 from cluster.run.watchdog import Stalled
 
 
@@ -140,6 +141,7 @@ class Trainer:
         generators' counters at the start. Returns (initial evaluation, peaks, counters)."""
         if self.r.state.resumed:  # the generators serve the checkpoint's weights first
             publish(self.r, self.r.state.version)
+        self.r.files.note(dtype_line(run_dtypes_of(self.cfg)))
         self.dog.progress()
         initial = self.initial_evaluation()
         self.dog.progress()
