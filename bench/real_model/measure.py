@@ -4,6 +4,10 @@ process holds no engine or torch threads while the run goes on.
 
     matmul   float32 GEMM GFLOP/s at 1..N threads (the learner's peak on this machine)
     engine   one generator's engine alone, at fixed batches: decode tokens/s
+    plain    a plain transformers forward and backward of the model on a batch, float32 or
+             under bf16 autocast: the rate the learner is measured against
+    learner  the learner's own step (``LearnerWorker.train_step``, DeepSpeed, one rank) on
+             the same batch, in a dtype: trained tokens/s
 """
 from __future__ import annotations
 
@@ -64,6 +68,64 @@ def engine_curve(config: str, batches: list[int], overrides: list[str]) -> list[
         gen.shutdown()
 
 
+def batch_of(n: int, length: int, vocab: int, seed: int = 0) -> list:
+    """``n`` responses of ``length`` tokens after a 16-token prompt, random ids: what a
+    learner step trains, with the shape the benchmark names."""
+    import random
+
+    from common.types import TrainSample
+
+    rng = random.Random(seed)
+    return [TrainSample([rng.randrange(3, vocab) for _ in range(16)],
+                        [rng.randrange(3, vocab) for _ in range(length)],
+                        [-1.0] * length, rng.choice([-1.0, 1.0]), 0) for _ in range(n)]
+
+
+def plain_tokens_per_s(model_path: str, dtype: str, n: int = 16, length: int = 96,
+                       steps: int = 4, threads: int = 1) -> float:
+    """A plain transformers forward and backward (mean log-prob of the batch) in float32
+    (``fp32``) or under bf16 autocast over float32 weights (``bf16``), one thread: tokens/s
+    over ``steps`` after a warm-up."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    x = torch.tensor([s.prompt_token_ids + s.token_ids for s in batch_of(n, length, vocab)])
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            logits = model(x).logits
+        torch.log_softmax(logits.float(), -1).mean().backward()
+    step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return x.numel() * steps / (time.perf_counter() - t)
+
+
+def learner_tokens_per_s(model_path: str, dtype: str, n: int = 16, length: int = 96,
+                         steps: int = 4, threads: int = 1) -> float:
+    """The learner's step (one DeepSpeed rank over gloo, this process) on the same batch,
+    ``optim.dtype`` ``dtype``: prompt + response tokens trained per second over ``steps``
+    after a warm-up."""
+    from learner.config import LearnerConfig
+    from learner.ranks import free_port
+    from learner.worker import LearnerWorker
+
+    cfg = LearnerConfig(dtype=dtype, micro_batch_size=n, lr=1e-6)
+    w = LearnerWorker(model_path, cfg, 0, 1, free_port(), threads)
+    batch = batch_of(n, length, w.model.config.vocab_size)
+    w.train_step(batch)
+    t = time.perf_counter()
+    for _ in range(steps):
+        w.train_step(batch)
+    rate = n * (16 + length) * steps / (time.perf_counter() - t)
+    w.close()
+    return rate
+
+
 def in_subprocess(kind: str, *args: str, timeout_s: float = 900) -> object:
     """``python -m bench.real_model.measure KIND ARGS`` and the JSON it prints."""
     cmd = [sys.executable, "-m", "bench.real_model.measure", kind, *args]
@@ -78,8 +140,11 @@ def main(argv: list[str]) -> None:
     elif kind == "engine":
         config, batches, overrides = rest[0], [int(b) for b in rest[1].split(",")], rest[2:]
         out = engine_curve(config, batches, overrides)
+    elif kind in ("plain", "learner"):
+        fn = plain_tokens_per_s if kind == "plain" else learner_tokens_per_s
+        out = round(fn(rest[0], rest[1]), 1)
     else:
-        raise SystemExit(f"unknown measurement {kind!r}: matmul or engine")
+        raise SystemExit(f"unknown measurement {kind!r}: matmul, engine, plain or learner")
     print(json.dumps(out), flush=True)
 
 
