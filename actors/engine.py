@@ -79,7 +79,7 @@ def build_engine(model_path: str, cfg: GeneratorConfig, env: dict[str, str] | No
     on_cpu = current_platform.is_cpu()
     core = resolve_engine_core(cfg.engine_core, on_cpu, cfg.cpu_worker_process)
     kwargs = dict(
-        model=model_path, dtype=resolve_dtype(cfg.dtype, on_cpu), seed=cfg.seed,
+        model=model_path, dtype=resolve_dtype(cfg.dtype, on_cpu, model_path), seed=cfg.seed,
         max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,

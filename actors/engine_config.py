@@ -79,12 +79,13 @@ def resolve_engine_core(engine_core: str, on_cpu: bool, cpu_worker_process: bool
     return engine_core
 
 
-def resolve_dtype(dtype: str, on_cpu: bool) -> str:
+def resolve_dtype(dtype: str, on_cpu: bool, model_path: str) -> str:
     """The engine's dtype: auto is bfloat16 on CUDA and, on a CPU, what this machine's probe
-    measured faster (common/cpu_dtype.py: the learner follows the same choice)."""
+    measured faster for ``model_path`` (common/cpu_dtype.py: the learner follows the same
+    choice)."""
     if dtype != "auto":
         return dtype
     if not on_cpu:
         return "bfloat16"
     from common.cpu_dtype import cpu_dtype
-    return "bfloat16" if cpu_dtype()["chosen"] == "bf16" else "float32"
+    return "bfloat16" if cpu_dtype(model_path)["chosen"] == "bf16" else "float32"

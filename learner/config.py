@@ -131,14 +131,15 @@ class LearnerConfig(BaseModel):
             raise ValueError(f"lr_min {self.lr_min} exceeds lr {self.lr}")
         return self
 
-    def resolved_dtype(self, cuda: bool) -> str:
-        """'fp32' or 'bf16' once the device is known (a CPU's auto: its measured choice)."""
+    def resolved_dtype(self, cuda: bool, model_path: str) -> str:
+        """'fp32' or 'bf16' once the device is known (a CPU's auto: its measured choice for
+        ``model_path``)."""
         if self.dtype != "auto":
             return self.dtype
         if cuda:
             return "bf16"
         from common.cpu_dtype import cpu_dtype
-        return cpu_dtype()["chosen"]
+        return cpu_dtype(model_path)["chosen"]
 
     def resolved_backend(self, cuda: bool) -> str:
         if self.backend != "auto":

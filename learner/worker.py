@@ -57,7 +57,7 @@ class LearnerWorker:
         torch.manual_seed(self.cfg.seed)
         self.cuda = torch.cuda.is_available()
         self.device = self._pick_device()
-        self.dtype_name = self.cfg.resolved_dtype(self.cuda)
+        self.dtype_name = self.cfg.resolved_dtype(self.cuda, self.model_path)
         # bf16 on a CPU: float32 weights and optimiser state, matmuls under bf16 autocast
         # (DeepSpeed's bf16 optimiser is a GPU path); on CUDA, DeepSpeed's bf16.
         self.autocast = self.dtype_name == "bf16" and not self.cuda

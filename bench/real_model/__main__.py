@@ -3,6 +3,7 @@
     python -m bench.real_model [--config configs/smollm2-135m.yaml] [--run-dir DIR]
                                [--batches 1,4,8,16,32,64] [--out FILE] [overrides ...]
     python -m bench.real_model --prior-truth bench/results/prior_truth.json [--out FILE]
+    python -m bench.real_model --fp32-baseline [...]   # the same run in float32 beside it
 
 1. On a quiet machine, before the run: the float32 matmul peak (1 and 2 threads) and one
    generator's engine alone at fixed batches of real prompts (``measure``), each in a
@@ -15,6 +16,11 @@
    generator tokens/s during the run as a share of the engine alone at the batch it ran;
    learner tokens/s and FLOP/s against the matmul peak; memory per role; start-up; held-out
    accuracy before and after.
+
+``--fp32-baseline`` (``dtypes``): before the run, this CPU's bf16 probe for the model and the
+plain and learner steps on one batch in both dtypes; after it, the same run with
+``optim.dtype=fp32 generators.engine.dtype=float32`` (its engine curve measured in float32),
+side by side with the run in the dtype ``auto`` chose.
 
 Writes bench/results/real_model.json (with the command) and real_model.png.
 
@@ -105,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "real_model.json")
     ap.add_argument("--prior-truth", type=Path,
                     help="add this bench.prior_truth result's figures for the run's task to --out")
+    ap.add_argument("--fp32-baseline", action="store_true",
+                    help="run it again in float32 and measure both dtypes side by side")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for the run")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)
+    if a.fp32_baseline and a.run_dir is not None:
+        ap.error("--fp32-baseline runs both runs itself: leave out --run-dir")
     if a.prior_truth is not None:
         return add_prior_truth(a.out, a.prior_truth, argv)
-    from bench.real_model import analysis, measure
+    from bench.real_model import analysis, dtypes, measure
     from bench.real_model.plot import plot
     from cluster.config.schema import load_config
 
@@ -119,22 +129,34 @@ def main(argv: list[str] | None = None) -> int:
     matmul = measure.in_subprocess("matmul", *map(str, threads))
     log(f"matmul GFLOP/s: {matmul}; the engine alone at batches {a.batches} ...")
     curve = measure.in_subprocess("engine", a.config, a.batches, *a.overrides)
+    if a.fp32_baseline:
+        probe = dtypes.probe_figures(cfg.model_path())
+        log(f"dtype probe: {probe}")
+        batch = dtypes.same_batch(cfg.model_path(), log)
     if a.run_dir is None:
         run_dir, wall, memory = launch(a.config, a.work_dir, a.name, a.overrides)
     else:
         run_dir, wall, memory = a.run_dir, float("nan"), {}
+    params = parameters(cfg.model_path())
     out = {**stamp("bench.real_model", argv), "config": a.config, "overrides": a.overrides,
            "model_path": cfg.model.path, "task": cfg.task.name,
            "units": analysis.units(cfg.rollout.temperature),
            "matmul_gflops_by_threads": matmul,
-           **analysis.analyse(run_dir, parameters(cfg.model_path()), matmul, curve, memory,
-                              wall)}
+           **analysis.analyse(run_dir, params, matmul, curve, memory, wall)}
+    if a.fp32_baseline:
+        over32 = [*a.overrides, *dtypes.FP32]
+        log("the float32 baseline: the engine alone, then the same run ...")
+        curve32 = measure.in_subprocess("engine", a.config, a.batches, *over32)
+        run32, wall32, memory32 = launch(a.config, a.work_dir, f"{a.name}-fp32", over32)
+        fp32 = analysis.analyse(run32, params, matmul, curve32, memory32, wall32)
+        out.update(dtypes.side_by_side(dtypes.run_figures(out, run_dir),
+                                       dtypes.run_figures(fp32, run32), batch, probe))
     write_json(a.out, out)
     plot(out, a.out.with_suffix(".png"))
     log(f"wrote {a.out} and {a.out.with_suffix('.png')}")
     print(json.dumps({k: out[k] for k in ("start_accuracy", "end_accuracy", "heldout_gain_se",
                                           "generator_share_of_engine_limit", "step_split_s",
-                                          "learner")}, indent=1))
+                                          "learner", "ratios") if k in out}, indent=1))
     return 0
 
 

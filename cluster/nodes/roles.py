@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,19 @@ def start_prior(cfg, pg, name: str):
     return handle
 
 
+def measure_dtype(cfg) -> None:
+    """On a CPU with a dtype ``auto``, this machine's bf16 probe for the run's model, once,
+    here, before the roles start: they read its cached answer instead of each probing at
+    once (common/cpu_dtype.py). Said when it ran (the first run of a model on a machine)."""
+    from cluster.run.start import run_dtypes_of
+
+    t = time.perf_counter()
+    probe = run_dtypes_of(cfg).get("cpu_probe") or {}
+    if probe.get("source") == "probe":
+        print(f"dtype probe for this model on this CPU: {time.perf_counter() - t:.0f}s, "
+              f"chose {probe['chosen']} (kept for the next runs)", file=sys.stderr, flush=True)
+
+
 def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> Roles:
     """The long-lived roles in their placement groups (``groups``: ``reserve``'s, asked for
     at ``t0``): generators, prior, learner (weight sender connected). Their Ray names are
@@ -127,6 +141,7 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
     import ray
 
     t0 = time.perf_counter() if t0 is None else t0
+    measure_dtype(cfg)
     keys = [group_key("generator", i) for i in range(cfg.generators.count)]
     names = {key: actor_name(cfg.run.name, key)
              for key in keys + (["prior"] if "prior" in groups else [])}

@@ -235,4 +235,5 @@ def run_dtypes_of(cfg) -> dict:
     from common.cpu_dtype import run_dtypes
 
     return run_dtypes(cfg.optim.dtype, cfg.generators.engine.dtype,
-                      on_gpu=bool(cfg.generators.gpus or cfg.learner.gpus))
+                      on_gpu=bool(cfg.generators.gpus or cfg.learner.gpus),
+                      model_path=cfg.model_path())

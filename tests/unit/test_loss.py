@@ -350,7 +350,7 @@ def test_learner_config_auto_resolution():
     from learner.config import LearnerConfig
 
     cfg = LearnerConfig()
-    assert (cfg.resolved_dtype(False), cfg.resolved_backend(False)) == ("fp32", "gloo")
-    assert (cfg.resolved_dtype(True), cfg.resolved_backend(True)) == ("bf16", "nccl")
+    assert (cfg.resolved_dtype(False, "m"), cfg.resolved_backend(False)) == ("fp32", "gloo")
+    assert (cfg.resolved_dtype(True, "m"), cfg.resolved_backend(True)) == ("bf16", "nccl")
     with pytest.raises(ValueError, match="nccl"):
         LearnerConfig(backend="nccl").resolved_backend(False)

@@ -338,9 +338,9 @@ def test_cpu_engine_env_errors():
 
 
 def test_generator_config_and_dtype():
-    assert resolve_dtype("auto", on_cpu=True) == "float32"
-    assert resolve_dtype("auto", on_cpu=False) == "bfloat16"
-    assert resolve_dtype("float16", on_cpu=True) == "float16"
+    assert resolve_dtype("auto", on_cpu=True, model_path="m") == "float32"
+    assert resolve_dtype("auto", on_cpu=False, model_path="m") == "bfloat16"
+    assert resolve_dtype("float16", on_cpu=True, model_path="m") == "float16"
     with pytest.raises(ValueError):
         GeneratorConfig(max_num_seq=4)  # typo: extra fields are refused
     with pytest.raises(ValueError):
