@@ -72,14 +72,14 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict:
 
 @dataclass
 class PackedBatch:
-    """One micro-batch packed into one row. N = total prompt + response tokens, K = response
-    tokens (K = 1 with ``mask`` False when there are none: a position that keeps the LM head
-    in the graph, so that every rank's backward touches every parameter)."""
+    """One micro-batch packed into R rows of L tokens each. N = R x L, K = response tokens
+    (K = 1 with ``mask`` False when there are none: a position that keeps the LM head in the
+    graph, so that every rank's backward touches every parameter)."""
 
-    input_ids: "torch.Tensor"  # (1, N) long: the samples' prompt + response, back to back
-    position_ids: "torch.Tensor"  # (1, N) long: 0 .. len - 1 within each sample
-    positions: "torch.Tensor"  # (K,) long: row position predicting each response token
-    targets: "torch.Tensor"  # (K,) long: the response tokens (input_ids[0, positions + 1])
+    input_ids: "torch.Tensor"  # (R, L) long: the samples' prompt + response, back to back
+    position_ids: "torch.Tensor"  # (R, L) long: 0 .. len - 1 within each sample (and padding)
+    positions: "torch.Tensor"  # (K,) long: flattened (R x L) position predicting each token
+    targets: "torch.Tensor"  # (K,) long: the response tokens (input_ids.flatten()[positions + 1])
     behaviour_logprobs: "torch.Tensor"  # (K,) float32
     advantages: "torch.Tensor"  # (K,) float32: the token's response's advantage
     segment_ids: "torch.Tensor"  # (K,) long: which sample of the micro-batch (0 .. S - 1)
@@ -89,30 +89,59 @@ class PackedBatch:
         return PackedBatch(**{k: getattr(self, k).to(device) for k in self.__dataclass_fields__})
 
 
-def pack(samples: Sequence[TrainSample]) -> PackedBatch:
-    """Concatenate ``samples`` into one row (see ``PackedBatch``); nothing is padded."""
+def rows_of(lengths: Sequence[int], row_tokens: int | None) -> list[list[int]]:
+    """Sample indices per row: in order, a row closed when the next sample would take it past
+    ``row_tokens`` (a sample longer than that has a row of its own); None: one row."""
+    rows: list[list[int]] = [[]]
+    used = 0
+    for i, n in enumerate(lengths):
+        if row_tokens is not None and rows[-1] and used + n > row_tokens:
+            rows.append([])
+            used = 0
+        rows[-1].append(i)
+        used += n
+    return rows
+
+
+def pack(samples: Sequence[TrainSample], row_tokens: int | None = None) -> PackedBatch:
+    """Concatenate ``samples`` into rows of at most ``row_tokens`` tokens (see ``rows_of``;
+    None: one row, nothing padded). Attention is over whole rows (transformers masks it to
+    each sample from the position ids, ``LogprobModel``), so its cost grows with the square
+    of a row's length: several short rows cost less than one long one. Shorter rows are
+    padded to the longest with token 0, position ids restarting at 0 (a segment of their
+    own that no real token attends to, and no loss position reads)."""
     import torch
 
     if len(samples) == 0:
         raise ValueError("pack needs at least one sample")
-    ids, pos, positions, targets, behaviour, adv, seg = [], [], [], [], [], [], []
     for i, s in enumerate(samples):
         _check(s, i)
-        P, R = len(s.prompt_token_ids), len(s.token_ids)
-        off = len(ids)
-        ids += list(s.prompt_token_ids) + list(s.token_ids)
-        pos += range(P + R)
-        positions += range(off + P - 1, off + P - 1 + R)
-        targets += s.token_ids
-        behaviour += s.logprobs
-        adv += [float(s.advantage)] * R
-        seg += [i] * R
+    rows = rows_of([len(s.prompt_token_ids) + len(s.token_ids) for s in samples], row_tokens)
+    L = max(sum(len(samples[i].prompt_token_ids) + len(samples[i].token_ids) for i in row)
+            for row in rows)
+    ids, pos, positions, targets, behaviour, adv, seg = [], [], [], [], [], [], []
+    for r, row in enumerate(rows):
+        row_ids, row_pos = [], []
+        for i in row:
+            s = samples[i]
+            P, R = len(s.prompt_token_ids), len(s.token_ids)
+            off = r * L + len(row_ids)
+            row_ids += list(s.prompt_token_ids) + list(s.token_ids)
+            row_pos += range(P + R)
+            positions += range(off + P - 1, off + P - 1 + R)
+            targets += s.token_ids
+            behaviour += s.logprobs
+            adv += [float(s.advantage)] * R
+            seg += [i] * R
+        ids.append(row_ids + [0] * (L - len(row_ids)))
+        pos.append(row_pos + list(range(L - len(row_pos))))
     mask = [True] * len(positions)
     if not positions:  # placeholder: predict the first token from itself, weight 0
-        positions, targets, behaviour, adv, seg, mask = [0], [ids[0]], [0.0], [0.0], [0], [False]
+        positions, targets, behaviour, adv, seg, mask = [0], [ids[0][0]], [0.0], [0.0], [0], \
+            [False]
     long = dict(dtype=torch.long)
     return PackedBatch(
-        input_ids=torch.tensor([ids], **long), position_ids=torch.tensor([pos], **long),
+        input_ids=torch.tensor(ids, **long), position_ids=torch.tensor(pos, **long),
         positions=torch.tensor(positions, **long), targets=torch.tensor(targets, **long),
         behaviour_logprobs=torch.tensor(behaviour, dtype=torch.float32),
         advantages=torch.tensor(adv, dtype=torch.float32), segment_ids=torch.tensor(seg, **long),

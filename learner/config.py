@@ -1,7 +1,7 @@
 """The learner's typed configuration. Pure pydantic: no torch, Ray or DeepSpeed import."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -87,6 +87,14 @@ class LearnerConfig(BaseModel):
         "Responses fill micro-batches longest first up to this budget (and micro_batch_size); "
         "a longer response trains alone. The learner's activation memory scales with it. "
         "None: no token budget, micro_batch_size alone bounds a micro-batch."))
+    pack_row_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field("auto", description=(
+        "A micro-batch's samples are packed into rows of at most this many tokens (a longer "
+        "sample has a row of its own; shorter rows padded to the longest). Attention runs over "
+        "whole rows, masked to each sample, so its cost grows with the square of a row's "
+        "length: one 1,792-token row spent a third of a SmolLM2 step in attention on a CPU, "
+        "and rows of 256 made the step 1.45x faster (float32) to 1.6x (bf16). None: the whole "
+        "micro-batch in one row, no padding (what long responses of very different lengths "
+        "want: padding them costs memory). auto: 256 on a CPU, one row on CUDA."))
     logprob_chunk_tokens: int = Field(1024, ge=1, description=(
         "The LM head and log-softmax run over this many response tokens at a time (logits "
         "recomputed in backward), so no full-vocabulary logits of a whole micro-batch exist. "
@@ -140,6 +148,12 @@ class LearnerConfig(BaseModel):
             return "bf16"
         from common.cpu_dtype import cpu_dtype
         return cpu_dtype(model_path)["chosen"]
+
+    def resolved_pack_rows(self, cuda: bool) -> int | None:
+        """``pack_row_tokens`` once the device is known."""
+        if self.pack_row_tokens != "auto":
+            return self.pack_row_tokens
+        return None if cuda else 256
 
     def resolved_backend(self, cuda: bool) -> str:
         if self.backend != "auto":

@@ -61,6 +61,7 @@ class LearnerWorker:
         # bf16 on a CPU: float32 weights and optimiser state, matmuls under bf16 autocast
         # (DeepSpeed's bf16 optimiser is a GPU path); on CUDA, DeepSpeed's bf16.
         self.autocast = self.dtype_name == "bf16" and not self.cuda
+        self.pack_rows = self.cfg.resolved_pack_rows(self.cuda)
         self.dtype = torch.bfloat16 if self.dtype_name == "bf16" and self.cuda else torch.float32
         self._init_dist(master_addr, master_port)
         self.engine = self._init_engine(self._load_model())
@@ -263,7 +264,7 @@ class LearnerWorker:
             # Reduce gradients only after the last micro-batch (they accumulate locally before).
             self.engine.set_gradient_accumulation_boundary(last)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-                out = packed_loss(self.engine, pack(mb).to(self.device), self.cfg, normalizer,
+                out = packed_loss(self.engine, pack(mb, self.pack_rows).to(self.device), self.cfg, normalizer,
                                   self.ref_model)
             # DeepSpeed averages gradients over ranks; undo that so they sum (see module doc).
             loss = out.loss * self.world_size

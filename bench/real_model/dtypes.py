@@ -1,18 +1,19 @@
-"""The real model in the dtype ``auto`` chooses against float32, side by side in one benchmark
-run (issue 42): ``python -m bench.real_model --fp32-baseline``.
+"""The real model as it runs now against the float32 learner before issue 42, side by side
+in one benchmark run: ``python -m bench.real_model --fp32-baseline``.
 
 The main run is the config as a user runs it (``optim.dtype`` and ``generators.engine.dtype``
-``auto``: on a CPU, this machine's probe for the model, ``common/cpu_dtype.py``); the baseline
-is the same config with both set to float32, run after it on the same machine. Beside the
-runs, on the same batch in processes of their own (``measure``): a plain transformers forward
-and backward in float32 and under bf16 autocast, and the learner's own step in float32 and in
-``auto``. The pinned figures (``learner_tokens_per_s``, ``plain_tokens_per_s``,
+``auto``: on a CPU, this machine's probe for the model, ``common/cpu_dtype.py``; packed rows of
+``optim.pack_row_tokens``); the baseline (``fp32``) is the same config as the learner and
+engine ran before: both float32, each micro-batch in one packed row (``FP32``), run after it
+on the same machine. Beside the runs, on the same batch in processes of their own
+(``measure``): a plain transformers forward and backward in float32 and under bf16 autocast,
+and the learner's own step in float32 in one row (before), float32 in rows, and ``auto``. The pinned figures (``learner_tokens_per_s``, ``plain_tokens_per_s``,
 ``step_time_s``, ``dtype_probe``) go to the top level of real_model.json, each dtype's run
 under ``by_dtype``.
 """
 from __future__ import annotations
 
-FP32 = ["optim.dtype=fp32", "generators.engine.dtype=float32"]
+FP32 = ["optim.dtype=fp32", "generators.engine.dtype=float32", "optim.pack_row_tokens=null"]
 
 
 def probe_figures(model_path: str) -> dict:
@@ -27,15 +28,19 @@ def probe_figures(model_path: str) -> dict:
 
 def same_batch(model_path: str, log) -> dict:
     """Trained tokens/s on one 16 x 112-token batch, one thread, each in its own process: a
-    plain forward and backward (fp32, bf16) and the learner's step (fp32, auto)."""
+    plain forward and backward (fp32, bf16) and the learner's step (float32 in one row as
+    before, float32 in rows, auto)."""
     from bench.real_model.measure import in_subprocess
 
     out = {"plain_tokens_per_s": {}, "learner_same_batch_tokens_per_s": {}}
-    for kind, key, dtypes in (("plain", "plain_tokens_per_s", ("fp32", "bf16")),
-                              ("learner", "learner_same_batch_tokens_per_s", ("fp32", "auto"))):
-        for dtype in dtypes:
-            out[key][dtype] = in_subprocess(kind, model_path, dtype)
-            log(f"{kind} step in {dtype}: {out[key][dtype]} tokens/s")
+    for kind, key, named in (
+            ("plain", "plain_tokens_per_s", {"fp32": ("fp32",), "bf16": ("bf16",)}),
+            ("learner", "learner_same_batch_tokens_per_s", {
+                "fp32_one_row": ("fp32", "one"), "fp32": ("fp32", "auto"),
+                "auto": ("auto", "auto")})):
+        for name, args in named.items():
+            out[key][name] = in_subprocess(kind, model_path, *args)
+            log(f"{kind} step, {name}: {out[key][name]} tokens/s")
     return out
 
 
@@ -87,6 +92,9 @@ def side_by_side(auto: dict, fp32: dict, batch: dict, probe: dict) -> dict:
             "learner_auto_over_fp32": ratio(auto["learner_tokens_per_s"],
                                             fp32["learner_tokens_per_s"]),
             "step_time_fp32_over_auto": ratio(fp32["step_time_s"], auto["step_time_s"]),
+            "learner_same_batch_auto_over_fp32_one_row": ratio(
+                batch["learner_same_batch_tokens_per_s"]["auto"],
+                batch["learner_same_batch_tokens_per_s"]["fp32_one_row"]),
             "learner_over_plain_same_dtype": {
                 "fp32": ratio(batch["learner_same_batch_tokens_per_s"]["fp32"],
                               batch["plain_tokens_per_s"]["fp32"]),

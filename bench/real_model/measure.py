@@ -7,7 +7,8 @@ process holds no engine or torch threads while the run goes on.
     plain    a plain transformers forward and backward of the model on a batch, float32 or
              under bf16 autocast: the rate the learner is measured against
     learner  the learner's own step (``LearnerWorker.train_step``, DeepSpeed, one rank) on
-             the same batch, in a dtype: trained tokens/s
+             the same batch, in a dtype, packed in rows (auto, one, or a token cap):
+             trained tokens/s
 """
 from __future__ import annotations
 
@@ -105,16 +106,18 @@ def plain_tokens_per_s(model_path: str, dtype: str, n: int = 16, length: int = 9
     return x.numel() * steps / (time.perf_counter() - t)
 
 
-def learner_tokens_per_s(model_path: str, dtype: str, n: int = 16, length: int = 96,
-                         steps: int = 4, threads: int = 1) -> float:
+def learner_tokens_per_s(model_path: str, dtype: str, rows: str = "auto", n: int = 16,
+                         length: int = 96, steps: int = 4, threads: int = 1) -> float:
     """The learner's step (one DeepSpeed rank over gloo, this process) on the same batch,
-    ``optim.dtype`` ``dtype``: prompt + response tokens trained per second over ``steps``
-    after a warm-up."""
+    ``optim.dtype`` ``dtype``, ``optim.pack_row_tokens`` ``rows`` (``one``: the whole batch in
+    one row, the learner before rows): prompt + response tokens trained per second over
+    ``steps`` after a warm-up."""
     from learner.config import LearnerConfig
     from learner.ranks import free_port
     from learner.worker import LearnerWorker
 
-    cfg = LearnerConfig(dtype=dtype, micro_batch_size=n, lr=1e-6)
+    cap = {"auto": "auto", "one": None}[rows] if rows in ("auto", "one") else int(rows)
+    cfg = LearnerConfig(dtype=dtype, micro_batch_size=n, lr=1e-6, pack_row_tokens=cap)
     w = LearnerWorker(model_path, cfg, 0, 1, free_port(), threads)
     batch = batch_of(n, length, w.model.config.vocab_size)
     w.train_step(batch)
@@ -142,7 +145,7 @@ def main(argv: list[str]) -> None:
         out = engine_curve(config, batches, overrides)
     elif kind in ("plain", "learner"):
         fn = plain_tokens_per_s if kind == "plain" else learner_tokens_per_s
-        out = round(fn(rest[0], rest[1]), 1)
+        out = round(fn(*rest), 1)
     else:
         raise SystemExit(f"unknown measurement {kind!r}: matmul, engine, plain or learner")
     print(json.dumps(out), flush=True)

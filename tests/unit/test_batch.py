@@ -7,7 +7,7 @@ import torch
 
 from common.types import TrainSample
 from common.sharding import n_tokens, shard_samples
-from learner.batch import collate, filler_sample, pack, plan_micro_batches
+from learner.batch import collate, filler_sample, pack, plan_micro_batches, rows_of
 
 PAD = 0
 
@@ -72,6 +72,39 @@ def test_pack_hand_built():
     assert p.behaviour_logprobs.tolist() == [-1.0, -2.0, -0.5, -0.25, -0.125]
     assert p.advantages.tolist() == [0.5, 0.5, -1.0, -1.0, -1.0]
     assert p.segment_ids.tolist() == [0, 0, 1, 1, 1] and p.mask.all()
+
+
+def test_pack_into_rows_of_a_token_cap_pads_each_row_as_its_own_segment():
+    a = sample([5, 6, 7], [8, 9], adv=0.5)  # 5 tokens
+    b = sample([5], [10, 11, 12], adv=-1.0)  # 4 tokens: with a, over the cap of 8
+    c = sample([4, 4], [13])  # 3 tokens: fits beside b
+    d = sample([1] * 9, [2])  # 10 tokens: longer than the cap, a row of its own
+    p = pack([a, b, c, d], row_tokens=8)
+    assert p.input_ids.tolist() == [[5, 6, 7, 8, 9, 0, 0, 0, 0, 0],
+                                    [5, 10, 11, 12, 4, 4, 13, 0, 0, 0],
+                                    [1] * 9 + [2]]
+    # padding restarts at 0: a segment of its own, which no real token attends to
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4],
+                                       [0, 1, 2, 3, 0, 1, 2, 0, 1, 2],
+                                       list(range(10))]
+    # positions index the flattened rows (row r starts at r * 10)
+    assert p.positions.tolist() == [2, 3, 10, 11, 12, 15, 28]
+    assert p.targets.tolist() == p.input_ids.flatten()[p.positions + 1].tolist()
+    assert p.segment_ids.tolist() == [0, 0, 1, 1, 1, 2, 3]
+    assert pack([a, b, c, d]).input_ids.shape == (1, 22)  # no cap: one row, no padding
+    assert rows_of([5, 4, 3, 10], 8) == [[0], [1, 2], [3]]
+    assert rows_of([5, 4, 3, 10], None) == [[0, 1, 2, 3]]
+
+
+def test_the_row_cap_resolves_by_device_and_an_explicit_value_wins():
+    from learner.config import LearnerConfig
+
+    assert (LearnerConfig().resolved_pack_rows(cuda=False),
+            LearnerConfig().resolved_pack_rows(cuda=True)) == (256, None)
+    assert LearnerConfig(pack_row_tokens=64).resolved_pack_rows(cuda=True) == 64
+    assert LearnerConfig(pack_row_tokens=None).resolved_pack_rows(cuda=False) is None
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        LearnerConfig(pack_row_tokens=0)
 
 
 def test_pack_matches_collate():

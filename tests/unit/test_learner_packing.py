@@ -58,7 +58,7 @@ def _reference(model, samples, cfg):
     return out.loss
 
 
-def _packed(model, samples, cfg, n_ranks, packed_positions=True):
+def _packed(model, samples, cfg, n_ranks, packed_positions=True, row_tokens=None):
     """The learner's step: shards, token-budget micro-batches, one packed row each; the
     losses (each over the GLOBAL count) add up as the ranks' gradients do."""
     lm = LogprobModel(model, cfg.temperature, cfg.logprob_chunk_tokens)
@@ -68,7 +68,7 @@ def _packed(model, samples, cfg, n_ranks, packed_positions=True):
     total, rows = 0.0, []
     for shard in shard_samples(samples, n_ranks):
         for mb in plan_micro_batches(shard, cfg.micro_batch_tokens, cfg.micro_batch_size):
-            b = pack(mb)
+            b = pack(mb, row_tokens)
             if not packed_positions:  # negative control: one sequence per row
                 b.position_ids = torch.arange(b.input_ids.shape[1])[None]
             rows.append(len(mb))
@@ -87,14 +87,15 @@ CFGS = {
 
 @pytest.mark.parametrize("name", sorted(CFGS))
 @pytest.mark.parametrize("n_ranks", [1, 2])
-def test_packed_token_budget_step_equals_padded_reference(name, n_ranks):
+@pytest.mark.parametrize("row_tokens", [None, 9])  # one row; rows of a cap, padded
+def test_packed_token_budget_step_equals_padded_reference(name, n_ranks, row_tokens):
     cfg = CFGS[name]
     model = _model()
     samples = _samples(1)
     params = list(model.parameters())
     ref = _reference(model, samples, cfg)
     g_ref = torch.autograd.grad(ref, params)
-    got, rows = _packed(model, samples, cfg, n_ranks)
+    got, rows = _packed(model, samples, cfg, n_ranks, row_tokens=row_tokens)
     g_got = torch.autograd.grad(got, params)
     assert max(rows) > 1  # some rows really hold several responses
     # log-probs are computed in float32 (as on the GPU), the rest in float64
