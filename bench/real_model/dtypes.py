@@ -72,6 +72,8 @@ def run_figures(result: dict, run_dir) -> dict:
             "step_split_s": result["step_split_s"],
             "learner_tokens_per_s": result["learner"]["tokens_per_s"],
             "generator_tokens_per_busy_s": result["generators"]["tokens_per_busy_s"],
+            "generator_share_of_engine_limit": result["generator_share_of_engine_limit"],
+            "engine_curve": result["engine_curve"],
             "start_accuracy": result["start_accuracy"], "end_accuracy": result["end_accuracy"],
             "heldout_gain_se": result["heldout_gain_se"], "mismatch": mismatch(rows)}
 

@@ -22,6 +22,7 @@ ARCH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=2)
 PROMPTS = ["12+34=", "7*8=", "Q: 99-1?"]
 LOGPROB_ATOL = 2e-3  # float32 engine vs float32 transformers, different kernels
+BF16_LOGPROB_ATOL = 0.1  # a bfloat16 engine vs float32 transformers (8 mantissa bits)
 CHAT_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}[assistant] {% endif %}")
 
@@ -300,3 +301,31 @@ def test_incarnation_names_the_actor_life(gen):
     a = ray.get(gen.incarnation.remote())
     [r] = ray.get(gen.generate.remote(_request("inc", "1+2=", 1, max_tokens=2)))
     assert r.incarnation == a and a.startswith("g0-")
+
+
+def test_a_bf16_engine_takes_float32_weights_and_samples_from_them(gen, model_dir):
+    """The engine in bfloat16 (``generators.engine.dtype: bfloat16``, what ``auto`` picks on a
+    CPU whose probe measures bf16 faster for the model) loads a float32 learner's weights,
+    cast on load: its log-probs after the update are the new model's to bf16's precision and
+    nowhere near the old one's. A second engine beside the module's (float32) one."""
+    import ray
+
+    from actors.engine_config import GeneratorConfig
+    from actors.generator import Generator
+
+    actor = ray.remote(num_cpus=0.5, max_concurrency=8)(Generator).remote(
+        str(model_dir), 1, GeneratorConfig(max_num_seqs=8, dtype="bfloat16"), 1, None)
+    try:
+        assert ray.get(actor.ready.remote())
+        old, new = _hf_model(0), _hf_model(1)
+        _load(actor, new)
+        rollouts = ray.get(actor.generate.remote(_request("bf", PROMPTS[0], 4, temperature=1.0,
+                                                          max_tokens=16, seed=3)))
+        new_err = max(np.abs(r.logprobs - _hf_logprobs(new, r.prompt_token_ids, r.token_ids)
+                             ).max() for r in rollouts)
+        old_err = max(np.abs(r.logprobs - _hf_logprobs(old, r.prompt_token_ids, r.token_ids)
+                             ).max() for r in rollouts)
+        assert new_err < BF16_LOGPROB_ATOL < old_err, (new_err, old_err)
+    finally:
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
