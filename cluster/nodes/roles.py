@@ -120,12 +120,20 @@ def start_prior(cfg, pg, name: str):
     return handle
 
 
+def run_dtypes_of(cfg) -> dict:
+    """The run's learner and engine dtypes as their roles resolve them (on a CPU, ``auto``
+    is this machine's measured choice for the model: ``common.cpu_dtype``)."""
+    from common.cpu_dtype import run_dtypes
+
+    return run_dtypes(cfg.optim.dtype, cfg.generators.engine.dtype,
+                      on_gpu=bool(cfg.generators.gpus or cfg.learner.gpus),
+                      model_path=cfg.model_path())
+
+
 def measure_dtype(cfg) -> None:
     """On a CPU with a dtype ``auto``, this machine's bf16 probe for the run's model, once,
     here, before the roles start: they read its cached answer instead of each probing at
     once (common/cpu_dtype.py). Said when it ran (the first run of a model on a machine)."""
-    from cluster.run.start import run_dtypes_of
-
     t = time.perf_counter()
     probe = run_dtypes_of(cfg).get("cpu_probe") or {}
     if probe.get("source") == "probe":

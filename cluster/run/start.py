@@ -15,7 +15,7 @@ from cluster.run.evaluation import Evaluator
 from cluster.records.metrics import Tally
 from cluster.run.directory import Start
 from cluster.records.files import RunFiles
-from cluster.nodes.roles import log_path, pg_strategy
+from cluster.nodes.roles import log_path, pg_strategy, run_dtypes_of
 from cluster.records.wandb_log import WandbLog
 from cluster.nodes.waits import failed_updates, gather_stats
 from cluster.nodes.replace import Replacer
@@ -227,13 +227,3 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
             "generators": per_generator(gen0, gen_end, peaks),
             "decode_peak_tokens_per_s": sum(peaks) if peaks else None,
             "dtypes": run_dtypes_of(run.cfg)}
-
-
-def run_dtypes_of(cfg) -> dict:
-    """The run's learner and engine dtypes as their roles resolve them (on a CPU, ``auto``
-    is this machine's measured choice: ``common.cpu_dtype``)."""
-    from common.cpu_dtype import run_dtypes
-
-    return run_dtypes(cfg.optim.dtype, cfg.generators.engine.dtype,
-                      on_gpu=bool(cfg.generators.gpus or cfg.learner.gpus),
-                      model_path=cfg.model_path())

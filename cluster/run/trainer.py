@@ -19,13 +19,14 @@ import time
 from cluster.records.checkpoints import CheckpointWriteError, run_state_writer
 from cluster.records.metrics import StepTimes, generator_delta, run_summary, step_metrics
 from cluster.records.step import HeldOut
+from cluster.nodes.roles import run_dtypes_of
 from cluster.records.summary import RunSummary
 from cluster.records.unparsed import UnparsedWatch
 from cluster.run.preempt import Interrupted, Preempted, installed, wait_batch
 from cluster.run.start import (Run, generator_stats, in_service, measure_peaks, publish,
-                               run_dtypes_of, run_extras, start_run)
-from common.cpu_dtype import dtype_line
+                               run_extras, start_run)
 from cluster.run.watchdog import Stalled
+from common.cpu_dtype import dtype_line
 
 
 def last_and_eval_due(run, step: int, train_s: float, last_eval_at: float,
