@@ -355,8 +355,9 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
     """Synchronous GRPO, stopped as a signal stops it while the driver waits for step 3's
     batch (synchronous: the batch is generated after the publish, so a preemption between
     steps lands in that wait, the path only this mode takes): the flag the SIGTERM handler
-    sets (``Preemption.handle``, cluster/run/preempt.py) is set 0.3 s into the wait, while the
-    generators are held busy (so that the wait cannot end first on this fast policy). The wait is
+    sets (``Preemption.handle``, cluster/run/preempt.py) is set in the wait once the coordinator
+    has step 3's rollouts outstanding at the generators, which are held until the wait has
+    ended (so that it cannot end first on this fast policy; ordered by events, no timing). The wait is
     cancelled and hands nothing over; a checkpoint of step 2, with no periodic one, holds
     step 3's prompts in flight; summary.json says preempted. The resume trains to the end,
     and by prompt uid nothing admitted is lost or trained twice, and every prompt the
@@ -382,16 +383,37 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
     trainer = Trainer.start(cfg, fresh["roles"], fresh["task"], start_on_running_roles(cfg))
     real_wait = trainer_mod.wait_batch
 
+    release = fresh["tmp"] / "preempt-release"
+
+    def held(self):  # a generator's event loop blocked, as by a slow engine, until released
+        while not release.exists():
+            time.sleep(0.02)
+
+    def signal_once_requested(coord, stop):
+        """The flag set once step 3's rollouts are outstanding at the generators."""
+        import ray
+
+        deadline = time.time() + 60
+        while not ray.get(coord.waiting_on.remote())["outstanding_per_generator"]:
+            assert time.time() < deadline, "step 3's rollouts were never requested"
+            time.sleep(0.02)
+        stop.handle(signal.SIGTERM)
+
     def wait_then_signal(dog, coord, n, stop):
-        if trainer.step == 3:  # step 3's wait: the signal lands in it
-            # The generators busy for 1.5 s first (their event loops blocked, as by slow
-            # engines): the coordinator admits step 3's prompts and asks for their rollouts
-            # in the wait, and none can come back before the flag is set 0.3 s into it,
-            # however fast this tiny policy generates.
-            for g in fresh["roles"].generators:
-                g.__ray_call__.remote(lambda self: time.sleep(1.5))
-            threading.Timer(0.3, stop.handle, (signal.SIGTERM,)).start()
-        return real_wait(dog, coord, n, stop)
+        if trainer.step != 3:
+            return real_wait(dog, coord, n, stop)
+        # Step 3's wait: the coordinator admits its prompts and asks for their rollouts in
+        # it; none can come back before the wait has ended, however fast this tiny policy
+        # generates, and the flag is set once they are outstanding.
+        for g in fresh["roles"].generators:
+            g.__ray_call__.remote(held)
+        signaller = threading.Thread(target=signal_once_requested, args=(coord, stop))
+        signaller.start()
+        try:
+            return real_wait(dog, coord, n, stop)
+        finally:
+            signaller.join()
+            release.touch()  # the generators serve the resume below
 
     monkeypatch.setattr(trainer_mod, "wait_batch", wait_then_signal)
     with pytest.raises(Preempted) as got:
