@@ -385,7 +385,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
 
     release = fresh["tmp"] / "preempt-release"
 
-    def held(self):  # a generator's event loop blocked, as by a slow engine, until released
+    def hold_until_released(self):  # a generator's event loop blocked, as by a slow engine, until released
         while not release.exists():
             time.sleep(0.02)
 
@@ -406,7 +406,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
         # it; none can come back before the wait has ended, however fast this tiny policy
         # generates, and the flag is set once they are outstanding.
         for g in fresh["roles"].generators:
-            g.__ray_call__.remote(held)
+            g.__ray_call__.remote(hold_until_released)
         signaller = threading.Thread(target=signal_once_requested, args=(coord, stop))
         signaller.start()
         try:
