@@ -47,6 +47,9 @@ class Roles:
     # each generator hold a copy they are told about (set_version, update_weights).
     published: int = 0
     startup: dict = field(default_factory=dict)  # seconds from the start to each role's ready
+    # What the learner and the engines compute in (``run_dtypes_of``), resolved once before
+    # they start: the start's line and summary.json read it here.
+    dtypes: dict = field(default_factory=dict)
     # Starts generator i in a placement group, as ``start_roles`` started the first ones
     # (``cluster.nodes.replace``: a generator whose node was lost). None: not replaceable.
     new_generator: Callable | None = None
@@ -130,15 +133,18 @@ def run_dtypes_of(cfg) -> dict:
                       model_path=cfg.model_path())
 
 
-def measure_dtype(cfg) -> None:
-    """On a CPU with a dtype ``auto``, this machine's bf16 probe for the run's model, once,
-    here, before the roles start: they read its cached answer instead of each probing at
-    once (common/cpu_dtype.py). Said when it ran (the first run of a model on a machine)."""
+def measure_dtype(cfg) -> dict:
+    """``run_dtypes_of(cfg)``, once, here, before the roles start: on a CPU with a dtype
+    ``auto`` this machine's bf16 probe for the run's model runs now (the first run of a model
+    on a machine, said when it ran) and the roles read its cached answer instead of each
+    probing at once (common/cpu_dtype.py)."""
     t = time.perf_counter()
-    probe = run_dtypes_of(cfg).get("cpu_probe") or {}
+    dtypes = run_dtypes_of(cfg)
+    probe = dtypes.get("cpu_probe") or {}
     if probe.get("source") == "probe":
         print(f"dtype probe for this model on this CPU: {time.perf_counter() - t:.0f}s, "
               f"chose {probe['chosen']} (kept for the next runs)", file=sys.stderr, flush=True)
+    return dtypes
 
 
 def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> Roles:
@@ -149,11 +155,11 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
     import ray
 
     t0 = time.perf_counter() if t0 is None else t0
-    measure_dtype(cfg)
+    dtypes = measure_dtype(cfg)
     keys = [group_key("generator", i) for i in range(cfg.generators.count)]
     names = {key: actor_name(cfg.run.name, key)
              for key in keys + (["prior"] if "prior" in groups else [])}
-    roles = Roles(generators=[], learner=None, placement_groups=groups,
+    roles = Roles(generators=[], learner=None, placement_groups=groups, dtypes=dtypes,
                   new_generator=functools.partial(new_generator, cfg, model_path))
     try:
         # Actor constructors run concurrently: engines, prior and DeepSpeed start together;

@@ -15,7 +15,7 @@ from cluster.run.evaluation import Evaluator
 from cluster.records.metrics import Tally
 from cluster.run.directory import Start
 from cluster.records.files import RunFiles
-from cluster.nodes.roles import log_path, pg_strategy, run_dtypes_of
+from cluster.nodes.roles import log_path, pg_strategy
 from cluster.records.wandb_log import WandbLog
 from cluster.nodes.waits import failed_updates, gather_stats
 from cluster.nodes.replace import Replacer
@@ -226,4 +226,4 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
             "generators_replaced": list(run.replacer.events) if run.replacer else [],
             "generators": per_generator(gen0, gen_end, peaks),
             "decode_peak_tokens_per_s": sum(peaks) if peaks else None,
-            "dtypes": run_dtypes_of(run.cfg)}
+            "dtypes": run.roles.dtypes}

@@ -19,7 +19,6 @@ import time
 from cluster.records.checkpoints import CheckpointWriteError, run_state_writer
 from cluster.records.metrics import StepTimes, generator_delta, run_summary, step_metrics
 from cluster.records.step import HeldOut
-from cluster.nodes.roles import run_dtypes_of
 from cluster.records.summary import RunSummary
 from cluster.records.unparsed import UnparsedWatch
 from cluster.run.preempt import Interrupted, Preempted, installed, wait_batch
@@ -142,7 +141,7 @@ class Trainer:
         generators' counters at the start. Returns (initial evaluation, peaks, counters)."""
         if self.r.state.resumed:  # the generators serve the checkpoint's weights first
             publish(self.r, self.r.state.version)
-        self.r.files.note(dtype_line(run_dtypes_of(self.cfg)))
+        self.r.files.note(dtype_line(self.roles.dtypes))
         self.dog.progress()
         initial = self.initial_evaluation()
         self.dog.progress()

@@ -80,7 +80,8 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
         saves.append(step)
         run.ckpts.saved_step = step
 
-    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}, published=0),
+    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}, published=0,
+                                  dtypes={"learner": "fp32", "engine": "float32"}),
               SimpleNamespace(rewards=(-1.0, 1.0)), RunState(version=0, step=step),
               FakeCoordinator(log, lambda: left.append(dog.time_left())),
               SimpleNamespace(report=_Remote(lambda *a: None)), dog,
