@@ -116,9 +116,9 @@ def pack(samples: Sequence[TrainSample], row_tokens: int | None = None) -> Packe
         raise ValueError("pack needs at least one sample")
     for i, s in enumerate(samples):
         _check(s, i)
-    rows = rows_of([len(s.prompt_token_ids) + len(s.token_ids) for s in samples], row_tokens)
-    L = max(sum(len(samples[i].prompt_token_ids) + len(samples[i].token_ids) for i in row)
-            for row in rows)
+    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
+    rows = rows_of(lengths, row_tokens)
+    L = max(sum(lengths[i] for i in row) for row in rows)
     ids, pos, positions, targets, behaviour, adv, seg = [], [], [], [], [], [], []
     for r, row in enumerate(rows):
         row_ids, row_pos = [], []
