@@ -69,17 +69,12 @@ def engine_curve(config: str, batches: list[int], overrides: list[str]) -> list[
         gen.shutdown()
 
 
-def batch_of(n: int, length: int, vocab: int, seed: int = 0) -> list:
-    """``n`` responses of ``length`` tokens after a 16-token prompt, random ids: what a
-    learner step trains, with the shape the benchmark names."""
-    import random
+def batch_of(n: int, length: int, vocab: int) -> list:
+    """``n`` responses of ``length`` random tokens after 16-token prompts (random ids, seed 0):
+    what a learner step trains, with the shape the benchmark names."""
+    from bench.gpu_learner.core import synthetic_samples
 
-    from common.types import TrainSample
-
-    rng = random.Random(seed)
-    return [TrainSample([rng.randrange(3, vocab) for _ in range(16)],
-                        [rng.randrange(3, vocab) for _ in range(length)],
-                        [-1.0] * length, rng.choice([-1.0, 1.0]), 0) for _ in range(n)]
+    return synthetic_samples(n, 16, length, vocab, 0)
 
 
 def plain_tokens_per_s(model_path: str, dtype: str, n: int = 16, length: int = 96,
