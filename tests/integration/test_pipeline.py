@@ -467,16 +467,26 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
 
 def test_the_watchdog_names_what_a_stalled_run_waits_on(fresh):
     """Admission paused for good after step 1: the prompts already admitted feed step 2, then
-    the hand-over waits forever. The watchdog stops the run and says on what."""
+    the hand-over waits forever. The watchdog stops the run and says on what.
+
+    The limit is generous until step 2 has been recorded and short after it: a loaded CI
+    machine once took longer than a 15-s limit for step 1 (its batch, training and publish),
+    and the run stalled before admission was ever paused."""
     from cluster.run.trainer import Trainer
     from cluster.run.watchdog import Stalled
 
-    # No peak probe: under a loaded CI machine it once took longer than this 15-s limit
     cfg = make_cfg(fresh["tmp"], "stall", mode="async", rollout={"max_staleness": 1},
                    generators={"measure_peak": False},
-                   run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 15})
+                   run={"max_steps": 6, "eval_every": 0, "stall_timeout_s": 300})
     trainer = Trainer.start(cfg, fresh["roles"], fresh["task"], start_on_running_roles(cfg))
-    trainer.after_step = lambda step, m: step == 1 and ray.get(trainer.coord.pause.remote())
+
+    def after_step(step, metrics):
+        if step == 1:
+            ray.get(trainer.coord.pause.remote())
+        if step == 2:  # from here on nothing new can come: a short limit
+            trainer.dog.limit_s = 15
+
+    trainer.after_step = after_step
     with pytest.raises(Stalled) as stall:
         trainer.run()
     assert stall.value.role == "coordinator (nothing in flight, no room to admit)"
