@@ -257,7 +257,7 @@ class Coordinator:
         return {"role": role, **detail}
 
     def state_size(self) -> dict[str, int]:
-        """Entries held, per container (the scheduler's, and this actor's own): bench.soak."""
+        """Entries held, per container (the scheduler's, and this actor's own): tests.acceptance.soak."""
         return {**self.sched.sizes(), "tasks": len(self._tasks), "failures": len(self.failures),
                 **self.faults.sizes(), **self.pool.sizes()}
 

@@ -49,7 +49,7 @@ class GeneratorConfig(BaseModel):
                                   "(ONEDNN_PRIMITIVE_CACHE_CAPACITY; oneDNN's default is 1024). "
                                   "Every distinct batch shape adds an entry, and a long run "
                                   "sees thousands: at 1024 each engine core grew by MiBs per "
-                                  "step for hours (docs/benchmarks.md, bench.soak). 0 turns the "
+                                  "step for hours (docs/benchmarks.md, tests.acceptance.soak). 0 turns the "
                                   "cache off. An ONEDNN_PRIMITIVE_CACHE_CAPACITY already set in "
                                   "the environment wins.")
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(

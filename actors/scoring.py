@@ -45,7 +45,7 @@ FAULTS = ("none", "raise", "hang")
 
 
 def _verify(task, problem, text: str, fault: str):
-    """The task's verdict, or the injected fault (bench.chaos: a verifier that raises or
+    """The task's verdict, or the injected fault (tests.acceptance.chaos: a verifier that raises or
     never returns)."""
     if fault == "raise":
         raise RuntimeError("injected verifier fault")
@@ -113,7 +113,7 @@ class Scorer:
     def __init__(self, task, factory=None, workers: int = 0, timeout_s: float = 10.0,
                  overlong: Overlong | None = None, fault: str = "none", fault_every: int = 0):
         """``fault``/``fault_every``: inject a verifier that raises or hangs on every
-        ``fault_every``-th answer (fault injection for ``bench.chaos``; off by default)."""
+        ``fault_every``-th answer (fault injection for ``tests.acceptance.chaos``; off by default)."""
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if timeout_s <= 0:

@@ -1,4 +1,4 @@
-"""The harness that ``bench.learning``, ``bench.throughput`` and ``bench.chaos`` share.
+"""The harness that ``bench.learning``, ``bench.throughput`` and ``tests.acceptance.chaos`` share.
 
 Engine start dominates on a CPU, so a bench starts the roles once (``shared_roles``) and runs
 every mode on them, each from the same state (``Shared.reset``: the learner's initial

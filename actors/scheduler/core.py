@@ -406,7 +406,7 @@ class Scheduler:
         return len(self.inflight)
 
     def sizes(self) -> dict[str, int]:
-        """How many entries each of the scheduler's containers holds (bench.soak: what a
+        """How many entries each of the scheduler's containers holds (tests.acceptance.soak: what a
         days-long run keeps must stay flat)."""
         return {"inflight": len(self.inflight), "ready": len(self.ready),
                 **self.calendar.sizes(), "unfinished": len(self.unfinished),

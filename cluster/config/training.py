@@ -214,7 +214,7 @@ class RewardConfig(Section):
         "overlong_penalty, linearly (0: off)."))
     overlong_penalty: float = Field(1.0, ge=0, description="The largest overlong penalty.")
     inject_fault: Literal["none", "raise", "hang"] = Field("none", description=(
-        "Fault injection (bench.chaos): the verifier raises, or never returns, on every "
+        "Fault injection (tests.acceptance.chaos): the verifier raises, or never returns, on every "
         "inject_every-th answer. 'hang' needs workers >= 1."))
     inject_every: int = Field(0, ge=0, description="See inject_fault (0: never).")
 

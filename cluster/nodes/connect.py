@@ -93,7 +93,7 @@ def bound_task_events(environ=os.environ) -> str:
     (the dashboard's task table: the last 20 steps or so) instead of Ray's 100,000: a run makes
     about a hundred actor calls a step, each event about 3 KiB in gcs_server, which at Ray's
     default grew by ~3 MiB a minute for the first hours of a run, and at 10,000 for the first
-    ten minutes (bench.soak; ``gcs_task_events`` in soak.json counts them). Every event it
+    ten minutes (tests.acceptance.soak; ``gcs_task_events`` in soak.json counts them). Every event it
     lets go is then remembered as a dropped task attempt, up to Ray's 1,000,000 a job (about
     80,000 an hour here: gcs_server grew ~6 MiB an hour for that, for half a day); it
     remembers ``DROPPED_KEPT``. Set before ``ray.init`` starts the cluster's processes, which

@@ -17,7 +17,7 @@ The rules (docs/cluster.md):
   its own, because a node is lost one at a time: the lost engine's group is removed and a new
   one asked for (``cluster.nodes.replace``) while the others serve on. A group that lost its
   node is one Ray keeps trying to place again, and on Ray 2.60 that retry loop holds the
-  head's GCS at a whole core until a node returns (bench.chaos ``node_lost_generators``).
+  head's GCS at a whole core until a node returns (tests.acceptance.chaos ``node_lost_generators``).
 """
 from __future__ import annotations
 

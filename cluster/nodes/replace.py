@@ -3,7 +3,7 @@
 Ray would restart the actor by itself once its placement group's bundle found room again. But
 a group whose node was lost stays in Ray's RESCHEDULING state until then, and on Ray 2.60 the
 head's GCS retries it in a tight loop: a whole core of the head, for as long as no node
-has room (measured: 96-99% of a core with the run's two-node loss, `bench.chaos`
+has room (measured: 96-99% of a core with the run's two-node loss, `tests.acceptance.chaos`
 ``node_lost_generators``; 0.5% once the group is removed; a group asked for anew and waiting
 for room, state PENDING, costs nothing). So each generator has a placement group of its own
 (``cluster.nodes.placement``), and ``Replacer`` looks at them every ``poll_s`` seconds, from a

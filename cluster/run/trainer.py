@@ -60,7 +60,7 @@ class Trainer:
     """The step loop over a started ``Run``; ``Trainer.start`` starts one on running roles.
 
     ``after_step(step, metrics)``: called after every step's ``StepMetrics`` are written
-    (tests and ``bench.chaos`` inject faults there). ``initial_eval``: the held-out evaluation
+    (tests and ``tests.acceptance.chaos`` inject faults there). ``initial_eval``: the held-out evaluation
     of the starting weights when a run from the same weights with the same evaluation
     settings measured it before (bench.learning: once per seed); None: this run measures it
     (``self.initial_eval`` after ``run``). The run's counters and training clock are its

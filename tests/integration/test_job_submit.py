@@ -5,7 +5,7 @@ headless Chromium renders it (one cluster for the whole module: the suite's time
 
 A second job runs beside it on the same cluster, under the same run.name in another
 run.output_dir (the harder case: anything keyed by the run's name alone, an actor name, a
-metric, a cache, would collide; bench.chaos's ``second_job_killed`` runs two differently
+metric, a cache, would collide; tests.acceptance.chaos's ``second_job_killed`` runs two differently
 named jobs), and is stopped mid-run with `ray job stop`: the first trains to its end with
 exact accounting, each job writes only its own run directory, neither job's actors are the
 other's, and the stopped one is preempted as `ray job stop` preempts a job: SIGTERM, a

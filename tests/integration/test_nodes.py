@@ -1,9 +1,9 @@
 """The default job across a local cluster of three Ray nodes on 127.0.0.1
-(``bench.chaos.nodes``: ray.cluster_utils.Cluster, custom resources as node labels): the head
+(``tests.acceptance.chaos.nodes``: ray.cluster_utils.Cluster, custom resources as node labels): the head
 holds the coordinator, the prior and the learner, each other node one generator, as the run's
 ``cluster.resources`` asks. Submitted as a Ray job to the head, as a user would;
 where each role ran is read back from summary.json (``role_nodes``). Losing and adding nodes
-under a real run is ``python -m bench.chaos --scenarios node_lost_generators,node_added,
+under a real run is ``python -m tests.acceptance.chaos --scenarios node_lost_generators,node_added,
 node_lost_learner`` (docs/reliability.md)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.nodes import LABEL, PLACE, nodes
+from tests.acceptance.chaos.nodes import LABEL, PLACE, nodes
 from cluster.records.files import prompt_fates
 
 pytestmark = pytest.mark.integration

@@ -363,7 +363,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
     and by prompt uid nothing admitted is lost or trained twice, and every prompt the
     checkpoint held is trained after it. The launcher's part (the handler, the line, exit 4)
     is checked under ``ray job stop`` in test_job_submit.py, and the whole under SIGTERM by
-    ``python -m bench.chaos --scenarios sigterm_then_resume``."""
+    ``python -m tests.acceptance.chaos --scenarios sigterm_then_resume``."""
     import signal
     import threading
     import time

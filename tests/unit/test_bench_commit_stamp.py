@@ -99,6 +99,6 @@ def test_stamp_names_this_checkouts_commit(monkeypatch, tmp_path):
     assert (harness.REPO / "bench" / "harness.py").is_file()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(harness, "checkout_commit", lambda root: f"commit of {root}")
-    s = stamp("bench.chaos", ["--quick"])
+    s = stamp("tests.acceptance.chaos", ["--quick"])
     assert s["commit"] == f"commit of {harness.REPO}"
     assert set(s) == {"command", "date", "machine", "commit"}

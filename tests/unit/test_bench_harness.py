@@ -1,4 +1,4 @@
-"""bench.harness, the part bench.learning, bench.throughput and bench.chaos share: the
+"""bench.harness, the part bench.learning, bench.throughput and tests.acceptance.chaos share: the
 round-robin order, a run's config from the bench's base, the result stamp, and the shared
 roles' start-once / shut-down-always contract (on stand-ins for the project's own functions:
 no Ray here; the real start is tests/integration/test_benches.py's)."""
@@ -70,8 +70,8 @@ def test_each_bench_builds_its_mode_as_before(tmp_path):
 
 
 def test_stamp_and_write_json(tmp_path):
-    s = stamp("bench.chaos", ["--quick", "a=1"])
-    assert s["command"] == "python -m bench.chaos --quick a=1"
+    s = stamp("tests.acceptance.chaos", ["--quick", "a=1"])
+    assert s["command"] == "python -m tests.acceptance.chaos --quick a=1"
     assert s["date"].endswith("+00:00") and s["machine"]["cpus"] >= 1
     path = write_json(tmp_path / "deep" / "out.json", {**s, "x": 1})
     assert path.read_text().endswith("}\n") and json.loads(path.read_text())["x"] == 1
@@ -201,7 +201,7 @@ def test_the_harness_and_the_benches_import_nothing_heavy():
     import subprocess
 
     mods = ("bench.harness", "bench.learning.__main__", "bench.throughput.__main__",
-            "bench.chaos.__main__", "bench.chaos.inproc")
+            "tests.acceptance.chaos.__main__", "tests.acceptance.chaos.inproc")
     heavy = ("ray", "vllm", "torch", "deepspeed")
     probe = f"import sys, {', '.join(mods)}; print(*[m for m in {heavy!r} if m in sys.modules])"
     assert subprocess.check_output([sys.executable, "-c", probe], text=True).strip() == ""

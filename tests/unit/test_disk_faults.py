@@ -7,7 +7,7 @@ The faults are injected at every stage of a save through ``cluster.records.check
 (and its ``$V05_CHECKPOINT_FAULT``) and ``cluster.records.files.fault``; and, where this process
 may mount one (root), for real: a 1 MiB tmpfs that fills up (ENOSPC from the kernel). The
 learner's DeepSpeed save is stood in for by a writer of the same layout (staging/step<N>/);
-the real one fails the same way in ``python -m bench.chaos --scenarios disk_full_at_checkpoint``
+the real one fails the same way in ``python -m tests.acceptance.chaos --scenarios disk_full_at_checkpoint``
 (a real run on a tmpfs that fills up)."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 run's look at its nodes after each step (``cluster.nodes.watch.NodeWatch``), without Ray: the
 two readings of the cluster (alive nodes, where each placement group's bundles are) are
 replaced by a scripted cluster. The same on real nodes: tests/integration/test_nodes.py and
-``python -m bench.chaos --scenarios node_lost_generators,node_added,node_lost_learner``."""
+``python -m tests.acceptance.chaos --scenarios node_lost_generators,node_added,node_lost_learner``."""
 from __future__ import annotations
 
 import pytest
@@ -71,19 +71,19 @@ def test_a_node_lost_and_one_joined_are_said_with_the_roles_they_held(monkeypatc
 
 def test_a_chaos_run_of_some_scenarios_keeps_the_other_rows_with_when_they_were_measured(
         tmp_path):
-    """``python -m bench.chaos --scenarios a,b`` rewrites those rows of chaos.json and keeps
+    """``python -m tests.acceptance.chaos --scenarios a,b`` rewrites those rows of chaos.json and keeps
     every other scenario's, each saying when and by which command it was measured."""
     import json
 
-    from bench.chaos.__main__ import merged
+    from tests.acceptance.chaos.__main__ import merged
 
     out = tmp_path / "chaos.json"
-    out.write_text(json.dumps({"date": "2026-12-02", "command": "python -m bench.chaos",
+    out.write_text(json.dumps({"date": "2026-12-02", "command": "python -m tests.acceptance.chaos",
                                "scenarios": [{"name": "baseline", "clean": True},
                                              {"name": "node_added", "clean": False}]}))
     rows = merged(out, [{"name": "node_added", "clean": True},
                         {"name": "node_lost_learner", "clean": True}],
-                  {"date": "2026-12-04", "command": "python -m bench.chaos --scenarios x"})
+                  {"date": "2026-12-04", "command": "python -m tests.acceptance.chaos --scenarios x"})
     assert [r["name"] for r in rows] == ["baseline", "node_added", "node_lost_learner"]
     assert rows[0]["measured"]["date"] == "2026-12-02" and rows[0]["clean"]
     assert rows[1]["measured"]["date"] == "2026-12-04" and rows[1]["clean"]

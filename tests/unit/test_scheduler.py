@@ -770,7 +770,7 @@ def test_synchronous_v05_trains_S_samples_every_step_whatever_k_its_prompts_reac
 
 
 def test_a_long_run_with_drops_keeps_the_schedulers_containers_flat():
-    """bench.soak's concern, in miniature: 200 versions of DAPO refills (a drop at almost
+    """tests.acceptance.soak's concern, in miniature: 200 versions of DAPO refills (a drop at almost
     every deadline) leave no container larger than after the first few versions."""
     s = Scheduler(cfg(batch_prompts=2, max_staleness=1, max_refill_factor=2),
                   make_estimator("dapo", k_init=4, k_max=4), 1)

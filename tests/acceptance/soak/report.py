@@ -1,8 +1,8 @@
-"""bench.soak's result: the sampled series, each one's growth per hour, the aims, and the
+"""tests.acceptance.soak's result: the sampled series, each one's growth per hour, the aims, and the
 run's accounting by uid."""
 from __future__ import annotations
 
-from bench.soak.growth import growth_per_hour, growth_table
+from tests.acceptance.soak.growth import growth_per_hour, growth_table
 
 RSS_AIM = 0.05        # per hour, every role's resident memory and the run's state
 STEP_TIME_AIM = 0.10  # per hour, step time
@@ -47,7 +47,7 @@ def aims(growth: dict, duration_s: float, steps: int) -> dict:
 
 
 def summarise(got: dict, args) -> dict:
-    """soak.json's body from ``bench.soak.__main__.soak``'s output."""
+    """soak.json's body from ``tests.acceptance.soak.__main__.soak``'s output."""
     from cluster.records.files import prompt_fates
 
     cfg, summary, samples, steps = got["cfg"], got["summary"], got["samples"], got["steps"]

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chaos.outcome import Outcome, judge, read_jsonl, summary_of
+from tests.acceptance.chaos.outcome import Outcome, judge, read_jsonl, summary_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ROLES = ("Coordinator", "Generator", "LearnerWorker", "PriorServer")
 
 

@@ -1,10 +1,10 @@
-"""bench.soak's growth figure: flat series read as flat, a known leak as its rate."""
+"""tests.acceptance.soak's growth figure: flat series read as flat, a known leak as its rate."""
 import math
 
 import numpy as np
 import pytest
 
-from bench.soak.growth import after_warmup, growth_per_hour, growth_table, theil_sen
+from tests.acceptance.soak.growth import after_warmup, growth_per_hour, growth_table, theil_sen
 
 
 def minutes(n, every_s=60.0):
@@ -69,9 +69,9 @@ def fake_samples(n=20, leak_mb_per_min=0.0):
 def test_the_report_names_a_leaking_role_and_leaves_a_flat_one(tmp_path):
     from types import SimpleNamespace
 
-    from bench.soak.plot import plot
-    from bench.soak.report import aims, series
-    from bench.soak.growth import growth_table
+    from tests.acceptance.soak.plot import plot
+    from tests.acceptance.soak.report import aims, series
+    from tests.acceptance.soak.growth import growth_table
 
     samples = fake_samples(61, leak_mb_per_min=1.0)  # +60 MiB/h on ~530 MiB: ~11 %/h
     ser = series(samples)
@@ -97,7 +97,7 @@ def test_the_report_names_a_leaking_role_and_leaves_a_flat_one(tmp_path):
 
 
 def test_processes_are_named_by_their_role():
-    from bench.soak.sampler import role_of
+    from tests.acceptance.soak.sampler import role_of
 
     assert role_of("ray::Generator.generate") == "generator"
     assert role_of("ray::LearnerWorker") == "learnerworker"
@@ -114,7 +114,7 @@ def test_a_process_that_becomes_an_actor_is_named_again():
     time): the series must follow the role, not stay with the first title."""
     import os
 
-    from bench.soak.sampler import Processes
+    from tests.acceptance.soak.sampler import Processes
 
     class Fake:
         pid, ppid_ = 4242, 1
@@ -157,7 +157,7 @@ GcsTaskManager:
 
 
 def test_gcs_state_reads_the_last_dump_of_gcs_servers_log():
-    from bench.soak.sampler import gcs_state
+    from tests.acceptance.soak.sampler import gcs_state
 
     older = GCS_DUMP.replace("stored: 17", "stored: 3").replace("reported: 52", "reported: 9")
     assert gcs_state(older + GCS_DUMP) == {"gcs_task_events": 17, "gcs_task_events_reported": 52,

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chaos.jobs import second_job_killed  # noqa: F401 - a scenario of this kind
-from bench.chaos.outcome import Outcome, first_step_after, judge, read_jsonl, summary_of
+from tests.acceptance.chaos.jobs import second_job_killed  # noqa: F401 - a scenario of this kind
+from tests.acceptance.chaos.outcome import Outcome, first_step_after, judge, read_jsonl, summary_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class Tree:

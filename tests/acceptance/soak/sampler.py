@@ -1,4 +1,4 @@
-"""What bench.soak samples, every ``every_s`` seconds, while a run goes on: each process's
+"""What tests.acceptance.soak samples, every ``every_s`` seconds, while a run goes on: each process's
 resident memory and open file descriptors (by role), the object store's use, the run
 directory's size, and the coordinator's state (entries per container).
 

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.chaos.outcome import Outcome, judge, read_jsonl, summary_of
-from bench.chaos.procs import error_line, launch
+from tests.acceptance.chaos.outcome import Outcome, judge, read_jsonl, summary_of
+from tests.acceptance.chaos.procs import error_line, launch
 
 LABEL = {"head": "v05_head", "learner": "v05_learner", "generator": "v05_gen"}
 # The run's side: each role on the nodes of its kind (one generator per generator node).

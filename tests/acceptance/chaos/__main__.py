@@ -1,6 +1,6 @@
 """Chaos benchmark: faults injected one at a time into real runs of the default task.
 
-    python -m bench.chaos [--quick] [--scenarios a,b] [--out FILE] [overrides ...]
+    python -m tests.acceptance.chaos [--quick] [--scenarios a,b] [--out FILE] [overrides ...]
 
 Runs v05.yaml (small overrides for speed: steps, batch, no evaluation) on real actors and
 injects, one scenario at a time:
@@ -41,7 +41,7 @@ In-process scenarios share one set of long-lived actors (engine start dominates 
 ``bench.harness`` starts them once and gives each scenario the same starting state); 4, 5, 10
 and 11 run the launcher in subprocesses, each with its own local Ray cluster, and stop only
 what those started; 12 submits two jobs to a `ray start --head` cluster of its own; 13-15 run
-the launcher joined to a local multi-node cluster of their own (``bench.chaos.nodes``).
+the launcher joined to a local multi-node cluster of their own (``tests.acceptance.chaos.nodes``).
 A run of some scenarios keeps the other scenarios' rows of an existing result file, each row
 saying when and by which command it was measured.
 
@@ -64,11 +64,11 @@ from pathlib import Path
 
 from bench.harness import shared_roles, stamp, write_json
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "bench" / "results"
 
-# name -> where it runs: the function of that name in bench.chaos.inproc (one shared cluster),
-# bench.chaos.procs or bench.chaos.stops (subprocesses)
+# name -> where it runs: the function of that name in tests.acceptance.chaos.inproc (one shared cluster),
+# tests.acceptance.chaos.procs or tests.acceptance.chaos.stops (subprocesses)
 SCENARIOS = {
     "baseline": "inproc",
     "generator_killed_mid_generation": "inproc",
@@ -104,7 +104,7 @@ def counts(rows: list[dict]) -> dict:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tests.acceptance.chaos", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help=f"a few representative scenarios, short runs ({', '.join(QUICK)})")
@@ -123,7 +123,7 @@ def parse_args(argv):
 
 def run_inproc(names, base_cfg, workdir: Path, steps: int, budget_s: float, hold_s: float):
     """One local cluster, one set of actors, the in-process scenarios in turn."""
-    from bench.chaos import inproc
+    from tests.acceptance.chaos import inproc
 
     out = []
     with shared_roles(base_cfg, workdir) as shared:
@@ -140,13 +140,13 @@ def run_inproc(names, base_cfg, workdir: Path, steps: int, budget_s: float, hold
 def run_procs(names, overrides, workdir: Path, steps: int, budget_s: float):
     import importlib
 
-    from bench.chaos import procs
+    from tests.acceptance.chaos import procs
 
     pb = procs.ProcBench(overrides=overrides, workdir=workdir, steps=steps, budget_s=budget_s)
     out = []
     for name in names:
         print(f"== {name} (subprocesses)", file=sys.stderr, flush=True)
-        o = getattr(importlib.import_module(f"bench.chaos.{SCENARIOS[name]}"), name)(pb)
+        o = getattr(importlib.import_module(f"tests.acceptance.chaos.{SCENARIOS[name]}"), name)(pb)
         print(f"   {_line(o)}", file=sys.stderr, flush=True)
         out.append(o)
     return out
@@ -223,7 +223,7 @@ def run_all(names: list[str], st: Settings, overrides: list[str], workdir: Path,
 
 def run_nodes(names, overrides, workdir: Path, steps: int, budget_s: float, repeats: int = 1):
     """The node scenarios: the two generator ones come from one run (``repeats`` runs)."""
-    from bench.chaos import nodes, procs
+    from tests.acceptance.chaos import nodes, procs
 
     pb = procs.ProcBench(overrides=overrides, workdir=workdir, steps=steps, budget_s=budget_s)
     out = []
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         if not kept:
             shutil.rmtree(workdir, ignore_errors=True)
     rows = [results[n].to_dict() for n in SCENARIOS if n in results]
-    when = stamp("bench.chaos", argv)
+    when = stamp("tests.acceptance.chaos", argv)
     rows = merged(Path(args.out), rows, {"date": when.get("date"), "command": when.get("command")})
     out = {
         **when,
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
         "scenarios": rows,
     }
     write_json(args.out, out, indent=2, default=str)
-    from bench.chaos.plot import plot
+    from tests.acceptance.chaos.plot import plot
 
     print(f"plot: {plot(rows, Path(args.out).with_suffix('.png'))}", file=sys.stderr)
     print(table(rows))

@@ -1,6 +1,6 @@
 """Soak benchmark: one long run of the default task, its resources sampled as it goes.
 
-    python -m bench.soak [--quick] [--minutes M] [--steps N] [--every-s S] [overrides ...]
+    python -m tests.acceptance.soak [--quick] [--minutes M] [--steps N] [--every-s S] [overrides ...]
 
 Runs v05.yaml (evaluation sparse: every ``--eval-every-s`` seconds of training on a small
 held-out set; a checkpoint every ``--checkpoint-every`` steps, as a long run would) on a local
@@ -13,7 +13,7 @@ coordinator's state (entries held per container: ``Coordinator.state_size``) and
 step's time (metrics.jsonl's ``step_time_s``).
 
 For each quantity, ``growth_per_hour``: the Theil-Sen slope after the warm-up (the first
-``--warmup`` fraction of the run) per hour, divided by its mean level (bench/soak/growth.py).
+``--warmup`` fraction of the run) per hour, divided by its mean level (tests/acceptance/soak/growth.py).
 The aims: every role's RSS and the run's state (checkpoints, coordinator entries) grow
 < 5 %/hour, step time flat within 10 %/hour. The run directory's total grows by design
 (metrics.jsonl, prompts.jsonl: a line per step and per prompt) and is reported, not judged.
@@ -32,14 +32,14 @@ import time
 from pathlib import Path
 
 from bench.harness import shared_roles, stamp, write_json
-from bench.soak.report import summarise
+from tests.acceptance.soak.report import summarise
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "bench" / "results"
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tests.acceptance.soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="a few minutes: 4 min, 10 steps, a sample every 10 s")
@@ -106,7 +106,7 @@ class Stop:
 
 def soak(args, workdir: Path) -> dict:
     """The run, sampled; its summary, samples and steps."""
-    from bench.soak.sampler import Sampler
+    from tests.acceptance.soak.sampler import Sampler
     from cluster.config.schema import load_config
 
     over = overrides(args, workdir)
@@ -142,12 +142,12 @@ def main(argv=None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         got = soak(args, workdir)
-        out = {**stamp("bench.soak", argv), **summarise(got, args)}
+        out = {**stamp("tests.acceptance.soak", argv), **summarise(got, args)}
     finally:
         if not (args.keep or args.workdir):
             shutil.rmtree(workdir, ignore_errors=True)
     write_json(args.out, out)
-    from bench.soak.plot import plot
+    from tests.acceptance.soak.plot import plot
 
     print(f"plot: {plot(out, Path(args.out).with_suffix('.png'))}", file=sys.stderr)
     for name, g in out["growth_per_hour"].items():

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chaos.faults import FaultyLearner, GeneratorKill, Watch, pid_of, restarted
-from bench.chaos.outcome import Outcome, drawn_identity, first_step_after, judge, read_jsonl
+from tests.acceptance.chaos.faults import FaultyLearner, GeneratorKill, Watch, pid_of, restarted
+from tests.acceptance.chaos.outcome import Outcome, drawn_identity, first_step_after, judge, read_jsonl
 from bench.harness import config_for
 
 

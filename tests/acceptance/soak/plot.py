@@ -1,4 +1,4 @@
-"""bench.soak's plot: each sampled quantity over the run, one panel per kind (resident memory
+"""tests.acceptance.soak's plot: each sampled quantity over the run, one panel per kind (resident memory
 and open files per process, the object store, the run directory, the coordinator's state,
 step time); the warm-up left out of the growth fit shaded."""
 from __future__ import annotations
@@ -41,7 +41,7 @@ def plot(out: dict, path: Path) -> Path:
     g = growth.get("step_s")
     ax.set_title("step time (s)" + ("" if g is None else f", {g:+.1%}/h"), fontsize=10)
     ax.set_xlabel("minutes since the first step")
-    fig.suptitle(f"bench.soak: {out['steps']} steps, {out['duration_s'] / 60:.0f} min, "
+    fig.suptitle(f"tests.acceptance.soak: {out['steps']} steps, {out['duration_s'] / 60:.0f} min, "
                  f"prompts lost {out['prompts_lost']}; growth per hour after the warm-up "
                  "(shaded)", fontsize=11)
     fig.tight_layout()

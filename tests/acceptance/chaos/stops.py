@@ -1,6 +1,6 @@
 """The scenarios in which the run must stop by itself, cleanly and resumable, then resume:
 a preemption (SIGTERM to the driver) and a disk that fills up during a checkpoint. Like
-``bench.chaos.procs``, the run is ``python -m cluster.launch`` in a subprocess with its own
+``tests.acceptance.chaos.procs``, the run is ``python -m cluster.launch`` in a subprocess with its own
 local Ray cluster, and only what it started is ever killed (by pid).
 
 - ``sigterm_then_resume``: SIGTERM to the driver at a random moment after a random step
@@ -24,8 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.chaos.outcome import Outcome, drawn_identity, read_jsonl, summary_of
-from bench.chaos.procs import ProcBench, _args, _resume, error_line, latest_step, launch
+from tests.acceptance.chaos.outcome import Outcome, drawn_identity, read_jsonl, summary_of
+from tests.acceptance.chaos.procs import ProcBench, _args, _resume, error_line, latest_step, launch
 
 GRACE_S = 60.0  # run.preempt_grace_s of the preempted run
 
