@@ -639,20 +639,3 @@ def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch, c
     assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1]
     assert not (cfg.run_dir / "checkpoints" / "step2").exists()
     assert_wandb_has_every_metric(cfg.run_dir, [1])
-
-
-def test_the_driver_bytes_bench_measures_the_default_batch(system):
-    """``python -m bench.driver_bytes`` at v05.yaml's batch, in this module's Ray: with the
-    samples by reference the driver holds the records and per-sample counts only, a small
-    fraction of what the batch inline was (in and out again)."""
-    from bench.driver_bytes.cli import measure
-
-    r = measure("v05.yaml", 12)
-    assert r["samples"] == r["batch_prompts"] * r["samples_per_prompt"] > 0
-    assert r["scaled_by"] == 1.0 and r["measured_on_prompts"] == r["batch_prompts"]
-    assert r["before_bytes_per_step"] == r["before_received_bytes"] + r["before_sent_bytes"]
-    assert r["after_bytes_per_step"] == r["after_received_bytes"] + r["after_sent_bytes"]
-    # every token and log-prob crossed the driver twice before: at least ~2 x 6 bytes each
-    assert r["before_bytes_per_step"] > 12 * r["response_tokens"]
-    assert r["after_bytes_per_step"] < r["before_bytes_per_step"] / 10
-    assert r["sample_payload_after_bytes"] < 16 * r["samples"]  # a few counts per sample

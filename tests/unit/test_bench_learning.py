@@ -311,32 +311,6 @@ def test_merge_from_folds_a_separate_study_file_in_unchanged(tmp_path):
     assert got["summary"]["baselines"] == {"warm": {"z": 1}, "weak": {"z": 2}}
 
 
-def test_versus_puts_a_variant_in_v05s_place_and_refuses_unlike_studies(tmp_path):
-    from bench.learning.versus import main, versus
-
-    cfg = {"budget_train_s": 360, "seeds": 2, "evals": 2, "eval_prompts": 200,
-           "batch_samples": 64, "start": "weak", "task": "stepwise", "eval_metric": "sampled"}
-    old = {"config": cfg, "runs": {
-        "async_v05": seeded([[0.2, 0.2, 0.2], [0.2, 0.25, 0.2]]),
-        "async_grpo4": seeded([[0.2, 0.25, 0.3], [0.2, 0.2, 0.3]])}}
-    new = {"config": cfg, "runs": {"async_v05_zu": seeded([[0.2, 0.3, 0.35], [0.2, 0.25, 0.4]])}}
-    out = versus(new, "async_v05_zu", old)
-    assert out["stands_for_async_v05"] == "async_v05_zu" and out["best_grpo_G"] == 4
-    d = out["v05_minus_best_grpo_at_equal_rollouts"]
-    assert d["at"] == 200 and d["seeds"] == pytest.approx([0.05, 0.1])
-    assert out["minus_plain_v05"]["rollouts"]["seeds"] == pytest.approx([0.15, 0.2])
-    with pytest.raises(SystemExit, match="budget_train_s"):
-        versus({**new, "config": {**cfg, "budget_train_s": 120}}, "async_v05_zu", old)
-    # the CLI reads a study under studies.<start> and writes the result beside the runs
-    (tmp_path / "old.json").write_text(json.dumps({"studies": {"weak": old}}))
-    (tmp_path / "new.json").write_text(json.dumps(new))
-    assert main([str(tmp_path / "new.json"), "async_v05_zu", "--against",
-                 str(tmp_path / "old.json"), "--write"]) == 0
-    written = json.loads((tmp_path / "new.json").read_text())["versus"]
-    assert written["v05_minus_best_grpo_at_equal_rollouts"]["mean"] == pytest.approx(0.075)
-    assert (tmp_path / "new.png").stat().st_size > 0 and (tmp_path / "new_stats.png").is_file()
-
-
 def test_a_mode_with_its_own_prior_options_gets_them_in_its_config(tmp_path):
     from bench.learning.__main__ import run_config
     from cluster.config.schema import load_config

@@ -1,1 +1,0 @@
-"""The budget rule's settings on the estimator alone: ``python -m bench.budget_sweep``."""
