@@ -10,7 +10,6 @@ Writes ``<out>.json`` and ``<out>.png``. Modules:
 - ``montecarlo``: population, prior qualities, Monte Carlo and exact (dynamic programme) runs;
 - ``arrivals``: the arrival model (random rollout durations) driving the estimator's budget rule;
 - ``plans``: batched against sequential plans under that model;
-- ``variants``: EXPERIMENTAL estimators (benchmark-only);
 - ``scenarios``: every scenario and the result dict; ``plot``: the figure; ``cli``: the CLI.
 """
 from bench.estimator_mse.cli import main

@@ -106,43 +106,6 @@ def panel_bias(ax, res):
 EXP_MARKERS = {"v05_osla": "o", "exp_v05_median_floor": "v", "exp_eb_posterior": "*"}
 
 
-def panel_experimental(ax, res):
-    """EXPERIMENTAL variants: arrows from V0.5 (predictive/bound) to each variant, per prior."""
-    rows = res.get("experimental") or []
-    if not rows:
-        ax.set_visible(False)
-        return
-    batch = max(r["batch"] for r in rows if r.get("batch"))
-    ks = np.linspace(3.5, 17, 100)
-    ax.plot(ks, res["population_var_reward"] / ks, "k:", lw=1, label="GRPO, E[Var r]/k")
-    base = {r["prior"]: r for r in rows if r["estimator"] == "v05_osla"}
-    for r in rows:
-        if r["estimator"] != "v05_osla" and r.get("batch") != batch:
-            continue
-        col = PRIOR_COLORS.get(r["prior"], "C0")
-        ax.scatter(r["mean_k"], r["mse"], marker=EXP_MARKERS[r["estimator"]], color=col,
-                   s=140 if r["estimator"] == "exp_eb_posterior" else 60, edgecolor="k",
-                   lw=0.4, zorder=3)
-        b = base[r["prior"]]
-        if r is not b:
-            ax.annotate("", (r["mean_k"], r["mse"]), (b["mean_k"], b["mse"]),
-                        arrowprops={"arrowstyle": "->", "color": col, "lw": 0.8, "alpha": 0.7})
-    from matplotlib.lines import Line2D
-    names = {"v05_osla": "V0.5 OSLA predictive/bound",
-             "exp_v05_median_floor": f"EXPERIMENTAL median floor (batch {batch})",
-             "exp_eb_posterior": f"EXPERIMENTAL EB posterior (batch {batch})"}
-    handles = [Line2D([], [], ls="", marker=m, color="w", mec="k", ms=12 if m == "*" else 8,
-                      label=names[e]) for e, m in EXP_MARKERS.items()]
-    ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, fontsize=8, loc="lower right")
-    ax.set_yscale("log")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([4, 5, 6, 8, 11, 16], ["4", "5", "6", "8", "11", "16"])
-    ax.set_xlabel("mean rollouts per prompt")
-    ax.set_ylabel("baseline MSE")
-    ax.set_title("(d) experimental variants vs V0.5 (colour = prior, as in (a))")
-    ax.grid(True, which="both", alpha=0.3)
-
-
 PLAN_COLORS = {"sequential": "#7f7f7f", "batched": "#1f78b4"}
 
 
@@ -197,7 +160,7 @@ def plot_results(res: dict, path: str | Path) -> None:
     panel_mse(axes[0, 0], res)
     panel_hist(axes[0, 1], res)
     panel_bias(axes[1, 0], res)
-    panel_experimental(axes[1, 1], res)
+    axes[1, 1].axis("off")  # was (d), the experimental variants (retired, issue 44)
     panel_plan_rounds(axes[2, 0], res)
     panel_plan_k(axes[2, 1], res)
     cfg = res["config"]

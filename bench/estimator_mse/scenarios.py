@@ -1,7 +1,7 @@
 """The scenarios of the estimator benchmark and the result they write (``run_benchmark``).
 
 GRPO-G against V0.5 (fixed k and OSLA variants) per prior quality, the bias against k, the
-reward-convention check, the EXPERIMENTAL variants, decision timings, and the batched against
+reward-convention check, decision timings, and the batched against
 sequential budget plans under the arrival model (``plans.py``). Population, priors and the
 exact/Monte Carlo machinery are in ``montecarlo.py``; the figure in ``plot.py``.
 """
@@ -19,7 +19,6 @@ import numpy as np
 
 from bench.estimator_mse import montecarlo as mc
 from bench.estimator_mse import plans
-from bench.estimator_mse import variants as var
 from bench.estimator_mse.arrivals import DURATION_SIGMA
 from estimator import DEFAULT_COST, DEFAULT_REWARDS, noise_bound, plan_batched, should_continue
 from estimator.registry import EstimatorConfig
@@ -46,8 +45,6 @@ class BenchConfig:
     mc_bias_reps: int = 4000
     timing_n: int = 1_000_000
     convention_check: bool = True   # rerun OSLA on {0,1} with cost c/4, same outcomes
-    n_variant: int = 30_000         # prompts for the EXPERIMENTAL variants (and V0.5 on the same)
-    variant_batches: tuple = (256, 1024)  # prompts per batch that the variants learn from
     n_arrivals: int = 100_000       # prompts for batched vs sequential under the arrival model
     arrival_slots: int = 64         # most rollout indices one prompt may request
     plan_variants: bool = True      # also run the alternatives docs/estimator.md cites
@@ -62,7 +59,7 @@ class BenchConfig:
 
 QUICK = BenchConfig(n_prompts=20_000, n_exact=2_000, bias_ks=(1, 4, 16, 64), grid_points=41,
                     mc_bias_prompts=50, mc_bias_reps=1000, timing_n=100_000,
-                    n_variant=4096, variant_batches=(1024,), n_arrivals=5_000)
+                    n_arrivals=5_000)
 
 # V0.5 variants: (label, adaptive, lookahead, noise)
 V05_VARIANTS = [("v05_k4", False, "predictive", "bound"),
@@ -196,29 +193,6 @@ def convention_check(cfg, pop, prior_p) -> dict:
             "max_relative_diff_4mse01_vs_mse_pm1": worst_mse}
 
 
-def experimental_rows(cfg: BenchConfig, pop, prior_p: dict, priors: dict, log=print):
-    """EXPERIMENTAL variants (``variants.py``) against V0.5 on the same prompts."""
-    sub = mc.head(pop, min(cfg.n_variant, pop.p.size))
-    m, ecfg = sub.p.size, est_config(cfg)
-    rows = []
-    for q in cfg.priors:
-        k0, b0 = mc.run_osla(sub, priors[q][:m], ecfg)
-        rows.append({"estimator": "v05_osla", "prior": q, "lookahead": "predictive",
-                     "noise": "bound", "batch": None, **summarise(b0, sub.mu, k0, cfg.k_max)})
-        for batch in cfg.variant_batches:
-            k1, b1, taus = var.experimental_v05_median_floor(sub, priors[q][:m], ecfg, batch)
-            rows.append({"estimator": "exp_v05_median_floor", "prior": q, "batch": batch,
-                         "tau2_median_over_batches": float(np.median(taus)),
-                         **summarise(b1, sub.mu, k1, cfg.k_max)})
-            k2, b2 = var.experimental_eb_posterior(sub, prior_p[q][:m], ecfg, batch)
-            rows.append({"estimator": "exp_eb_posterior", "prior": q, "batch": batch,
-                         **summarise(b2, sub.mu, k2, cfg.k_max)})
-        add_grpo_reference(rows, sub, cfg.rewards)
-        for r in rows[-1 - 2 * len(cfg.variant_batches):]:
-            log(fmt_row(r))
-    return rows
-
-
 def time_decisions(cfg: BenchConfig, rng) -> dict:
     """Prompt-decisions per second of the vectorised ``should_continue`` and ``plan_batched``
     (best of 5), by wall clock and by this process's CPU time (the latter is robust to other
@@ -307,9 +281,6 @@ def run_benchmark(cfg: BenchConfig, out: str | Path | None = None, plot: bool = 
     wc = bias["worst_case_grid"]["bound"]["max_abs_times_sqrt_k_over_sigma"]
     log(f"bias vs k ({timing['bias_vs_k_s']:.1f}s): worst |bias| sqrt(k)/sigma per k: "
         + " ".join(f"{x:.3f}" for x in wc))
-    log(f"EXPERIMENTAL variants on {min(cfg.n_variant, pop.p.size):,} prompts:")
-    experimental = _timed(timing, "experimental_s", experimental_rows,
-                          cfg, pop, prior_p, priors, log)
     conv = (_timed(timing, "convention_check_s", convention_check, cfg, pop, prior_p)
             if cfg.convention_check else None)
     arrivals = min(cfg.n_arrivals, pop.p.size)
@@ -332,7 +303,7 @@ def run_benchmark(cfg: BenchConfig, out: str | Path | None = None, plot: bool = 
                          "prior_qualities": {q: mc.PRIOR_QUALITIES[q] for q in cfg.priors}},
               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(),
               "population_var_reward": var_r, "grpo": grpo, "v05": rows, "bias_vs_k": bias,
-              "convention_check": conv, "experimental": experimental, "timing": timing,
+              "convention_check": conv, "timing": timing,
               "v05_loses": loses, "batched_vs_sequential": versus,
               "plan_variants": plan_variants, "arrival_model": ARRIVAL_MODEL}
     if out is not None:

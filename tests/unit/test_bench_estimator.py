@@ -12,12 +12,10 @@ import pytest
 from bench.estimator_mse import QUICK, V05_VARIANTS, est_config, main, run_benchmark
 from bench.estimator_mse import arrivals
 from bench.estimator_mse import montecarlo as mc
-from bench.estimator_mse import variants as var
 from estimator import PromptState, make_estimator, plan_batched
 
 TINY = replace(QUICK, n_prompts=2000, n_exact=300, bias_ks=(1, 4, 16), grid_points=11,
-               mc_bias_prompts=20, mc_bias_reps=400, timing_n=2000, n_variant=1024,
-               variant_batches=(512,), n_arrivals=1000)
+               mc_bias_prompts=20, mc_bias_reps=400, timing_n=2000, n_arrivals=1000)
 VERSUS_KEYS = {"prior", "k_mean_sequential", "mse_sequential", "k_mean_batched", "mse_batched",
                "rounds_mean_sequential", "rounds_mean_batched", "rounds_p99_batched",
                "cancelled_fraction"}
@@ -41,7 +39,7 @@ def test_outputs_are_written_with_the_documented_structure(result):
     on_disk = json.loads(out.with_suffix(".json").read_text())
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert {"config", "machine", "date", "grpo", "v05", "bias_vs_k", "convention_check",
-            "experimental", "timing", "v05_loses", "batched_vs_sequential",
+            "timing", "v05_loses", "batched_vs_sequential",
             "plan_variants"} <= set(on_disk)
     assert on_disk["machine"]["cpu_count"] >= 1 and on_disk["config"]["n_prompts"] == 2000
     assert [r["group"] for r in on_disk["grpo"]] == [2, 4, 8, 16]
@@ -122,21 +120,6 @@ def test_exact_dynamic_programme_matches_binomial_sum():
         assert np.allclose(ex["mean_baseline"] - ex["mu"], mc.conditional_bias(p, prior, cfg, 8))
         osla = mc.exact_rule(p, prior, cfg, adaptive=True)
         assert np.allclose(osla["k_pmf"].sum(axis=1), 1.0)
-
-
-def test_experimental_median_floor_reduces_to_v05_and_fixes_the_constant_prior():
-    rng = np.random.default_rng(5)
-    pop = mc.draw_population(3000, 16, rng)
-    cfg = est_config(TINY)
-    prior = mc.to_reward_scale(mc.prior_probs("sd0.1", pop.p, rng), cfg.rewards)
-    k0, b0 = mc.run_osla(pop, prior, cfg)
-    k1, b1 = var.osla_floor(pop.csum, prior, cfg, tau2=0.0)
-    assert (k0 == k1).all() and np.allclose(b0, b1)
-    const = np.zeros_like(prior)
-    _, bv = mc.run_osla(pop, const, cfg)
-    _, bf, taus = var.experimental_v05_median_floor(pop, const, cfg, batch=1000)
-    assert min(taus) > 0.3
-    assert np.mean((bf - pop.mu) ** 2) < 0.5 * np.mean((bv - pop.mu) ** 2)
 
 
 @pytest.mark.parametrize("argv, message", [(["--rewards", "1,0"], "r_lo < r_hi"),
