@@ -16,7 +16,7 @@ never changes the result. A prompt whose prior is missing (prior server down) fa
 the empirical mean of its k_init rewards: ``fallback`` is then True.
 
 How many rollouts to want is one vectorised rule, :func:`decide`, shared by this object and by
-the benchmark that drives many prompts at once (bench/estimator_mse/arrivals.py):
+the benchmark that drives many prompts at once (studies/estimator_mse/arrivals.py):
 
 - fixed-k estimators and the fallback: k_init rollouts, replacing any that ``expire``;
 - ``plan="sequential"``: the one-step OSLA rule, one rollout per round, asked only once nothing

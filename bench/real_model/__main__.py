@@ -25,7 +25,7 @@ side by side with the run in the dtype ``auto`` chose.
 Writes bench/results/real_model.json (with the command) and real_model.png.
 
 ``--prior-truth FILE`` adds to an existing real_model.json the prior against the truth on the
-run's task, from ``python -m bench.prior_truth --task word_arithmetic``'s result (a separate
+run's task, from ``python -m studies.prior_truth --task word_arithmetic``'s result (a separate
 command: its 64-sample truth takes longer than the run), with that command beside it.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def parameters(model_path: str) -> int:
 
 
 def add_prior_truth(out_path: Path, prior_path: Path, argv: list[str]) -> int:
-    """Fold ``bench.prior_truth``'s figures for the run's task into ``out_path``; the units
+    """Fold ``studies.prior_truth``'s figures for the run's task into ``out_path``; the units
     line is rewritten from the run's config (the sampling temperature it names)."""
     from bench.real_model import analysis
     from cluster.config.schema import load_config
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the engine-alone batches (comma-separated)")
     ap.add_argument("--out", type=Path, default=RESULTS / "real_model.json")
     ap.add_argument("--prior-truth", type=Path,
-                    help="add this bench.prior_truth result's figures for the run's task to --out")
+                    help="add this studies.prior_truth result's figures for the run's task to --out")
     ap.add_argument("--fp32-baseline", action="store_true",
                     help="run it again in float32 and measure both dtypes side by side")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for the run")

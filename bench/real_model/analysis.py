@@ -151,16 +151,16 @@ PRIOR_KEYS = ("snapshot", "step", "n_prompts", "samples_per_prompt", "truth_mean
 
 
 def prior_figures(prior_truth: dict, task: str) -> dict:
-    """The prior against the truth on the real model's task, from ``bench.prior_truth``'s
+    """The prior against the truth on the real model's task, from ``studies.prior_truth``'s
     result: each snapshot of ``task`` side by side with the predictor told each level's true
     mean, and the pinned pair (``prior_error_sd_noise_removed``,
     ``level_only_error_sd_noise_removed``) at the last snapshot measured (the trained policy
     when the end was measured)."""
     snaps = [s for s in prior_truth["snapshots"] if s["task"] == task]
     if not snaps:
-        raise ValueError(f"bench.prior_truth's result has no snapshot of task {task!r} "
+        raise ValueError(f"studies.prior_truth's result has no snapshot of task {task!r} "
                          f"(it has {sorted({s['task'] for s in prior_truth['snapshots']})}); "
-                         f"run python -m bench.prior_truth --task {task} first")
+                         f"run python -m studies.prior_truth --task {task} first")
     order = {"start": 0, "middle": 1, "end": 2}
     snaps.sort(key=lambda s: order.get(s["snapshot"], 3))
     rows = [{**{k: s[k] for k in PRIOR_KEYS if k in s},

@@ -6,7 +6,7 @@
 - GRPO's best group size: ``bench/results/learning.json``, ``summary.controlled.<start>.
   best_grpo_G`` (the G that learned best per unit of compute in the controlled comparison).
 
-Pure: json and math, and bench.prior_truth's error arithmetic for a repeated snapshot. Every
+Pure: json and math, and studies.prior_truth's error arithmetic for a repeated snapshot. Every
 resolver returns (value, source string) and falls back to the old assumption, saying so, when
 its file is absent.
 """
@@ -63,8 +63,8 @@ def prior_error_from_truth(data: dict, task: str = PRIOR_TASK, recurring: bool =
 
 def _points_figures(points: dict, n: int) -> tuple[float, float, float]:
     """(error sd, the truth's sampling noise sd, bias) of one run's {p, truth} on n samples,
-    as bench.prior_truth computed its figures."""
-    from bench.prior_truth.analysis import error_stats
+    as studies.prior_truth computed its figures."""
+    from studies.prior_truth.analysis import error_stats
 
     e = error_stats(points["p"], points["truth"], n)
     return e["error_sd"], e["truth_noise_sd"], e["bias"]

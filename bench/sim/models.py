@@ -134,7 +134,7 @@ def parse_prior(quality: str) -> tuple[str, float]:
     - 'exact': the prior is p;
     - 'errX': p + s z, z ~ N(0, 1), clipped to [0, 1], with the scale s chosen so that the
       standard deviation of (prior - p) over the prompt population is X: the quantity that
-      ``bench.prior_truth`` measures (its ``error_sd`` with the truth's sampling noise removed);
+      ``studies.prior_truth`` measures (its ``error_sd`` with the truth's sampling noise removed);
       zero-mean, no bias (docs/simulator.md, "The prior's error");
     - 'sdX': the same with the scale s = X itself (before clipping: at X = 0.2 on the default
       U-shaped population the error's sd is 0.161, since p near 0 or 1 clips most of it);
@@ -228,7 +228,7 @@ class PromptModel:
             return p, p.copy()
         if kind in ("sd", "err"):
             return p, np.clip(p + self.noise_scale() * noise, 0.0, 1.0)
-        if kind == "halluc":  # the mirrored prediction, as in bench/estimator_mse/montecarlo.py
+        if kind == "halluc":  # the mirrored prediction, as in studies/estimator_mse/montecarlo.py
             return p, np.where(flip < val, 1.0 - p, p)
         return p, np.full(n, val)
 

@@ -78,7 +78,7 @@ class RunConfig(Section):
     snapshot_every: int = Field(0, ge=0, description=(
         "Also save the policy in Hugging Face format every N steps to <run dir>/snapshots/"
         "step<N> (all kept; 0: never): weights to evaluate or to measure the prior against "
-        "later (bench.prior_truth)."))
+        "later (studies.prior_truth)."))
     resume: Literal["auto", True, False] = Field("auto", description=(
         "Continue from the run folder's newest whole checkpoint, with its prompts in flight. "
         "auto: when it has one (a rerun of the command, a requeued job), else start fresh in "

@@ -1,4 +1,4 @@
-"""The estimator benchmark (bench/estimator_mse/) at tiny sizes: output structure, and the
+"""The estimator benchmark (studies/estimator_mse/) at tiny sizes: output structure, and the
 behaviours its conclusions rest on (exact prior beats GRPO, MC agrees with exact sums, the
 vectorised drivers agree with the per-prompt state machine the coordinator uses)."""
 import json
@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.estimator_mse import QUICK, V05_VARIANTS, est_config, main, run_benchmark
-from bench.estimator_mse import arrivals
-from bench.estimator_mse import montecarlo as mc
+from studies.estimator_mse import QUICK, V05_VARIANTS, est_config, main, run_benchmark
+from studies.estimator_mse import arrivals
+from studies.estimator_mse import montecarlo as mc
 from estimator import PromptState, make_estimator, plan_batched
 
 TINY = replace(QUICK, n_prompts=2000, n_exact=300, bias_ks=(1, 4, 16), grid_points=11,
@@ -204,6 +204,6 @@ def test_batched_prompts_stop_at_the_first_k_where_the_plan_is_zero(overrides, r
 
 
 def test_python_dash_m_runs_the_package():
-    out = subprocess.run([sys.executable, "-m", "bench.estimator_mse", "--help"],
+    out = subprocess.run([sys.executable, "-m", "studies.estimator_mse", "--help"],
                          capture_output=True, text=True, check=True)
     assert "--quick" in out.stdout and "--rewards" in out.stdout

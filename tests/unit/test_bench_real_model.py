@@ -95,7 +95,7 @@ def snapshot(task, name, err, level_err):
 def test_prior_figures_take_the_tasks_last_snapshot_side_by_side_with_level_only():
     """The pinned pair is the last snapshot's (end after start, whatever the file's order),
     only the named task's snapshots are taken, and each keeps the level-only predictor."""
-    result = {"command": "python -m bench.prior_truth --task word_arithmetic",
+    result = {"command": "python -m studies.prior_truth --task word_arithmetic",
               "snapshots": [snapshot("word_arithmetic", "end", 0.12, 0.10),
                             snapshot("stepwise", "end", 0.5, 0.5),
                             snapshot("word_arithmetic", "start", 0.15, 0.14)]}

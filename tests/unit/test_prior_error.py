@@ -164,24 +164,24 @@ def test_the_tally_pools_the_run_and_a_window_and_the_summary_and_gauges_read_th
 
 
 def test_prior_truth_keeps_each_tasks_command_when_another_task_is_measured():
-    """bench.prior_truth replaces one task's snapshots at a time; the other tasks' runs keep
+    """studies.prior_truth replaces one task's snapshots at a time; the other tasks' runs keep
     the command that measured them (an older file named it only at its top level)."""
-    from bench.prior_truth.__main__ import runs_with_commands
+    from studies.prior_truth.__main__ import runs_with_commands
 
-    old = {"command": "python -m bench.prior_truth --task arithmetic --per-level 50",
+    old = {"command": "python -m studies.prior_truth --task arithmetic --per-level 50",
            "date": "2026-12-01", "runs": {"stepwise": {"run_dir": "a", "wall_s": 38},
                                            "arithmetic": {"run_dir": "b", "wall_s": 32}}}
     runs = runs_with_commands(old)
     assert runs["arithmetic"]["command"] == old["command"]
     assert "command" not in runs["stepwise"]  # its command was never recorded
     assert "command" not in old["runs"]["arithmetic"]  # the old result is not changed
-    newer = {"command": "python -m bench.prior_truth --task word_arithmetic",
+    newer = {"command": "python -m studies.prior_truth --task word_arithmetic",
              "runs": {**runs, "stepwise": {"run_dir": "a", "command": "python -m bench."
                                            "prior_truth"}}}
     assert runs_with_commands(newer)["arithmetic"]["command"] == old["command"]
-    assert runs_with_commands({"command": "python -m bench.prior_truth --quick",
+    assert runs_with_commands({"command": "python -m studies.prior_truth --quick",
                                "runs": {"stepwise": {}}})["stepwise"]["command"] \
-        == "python -m bench.prior_truth --quick"
+        == "python -m studies.prior_truth --quick"
 
 
 def test_prior_truth_asks_about_prompts_the_run_trained_when_they_recur():
@@ -189,7 +189,7 @@ def test_prior_truth_asks_about_prompts_the_run_trained_when_they_recur():
     window); otherwise on train prompts it never saw. ``times_trained`` tells the two apart."""
     from types import SimpleNamespace as NS
 
-    from bench.prior_truth.__main__ import queries, times_trained
+    from studies.prior_truth.__main__ import queries, times_trained
 
     train = [NS(prompt=f"q{i}", difficulty=1 + i % 2) for i in range(12)]
     task = NS(train=lambda: train)
@@ -203,7 +203,7 @@ def test_prior_truth_asks_about_prompts_the_run_trained_when_they_recur():
 
 
 def test_the_windows_level_means_predict_by_level_and_fall_back_to_the_window_mean():
-    from bench.prior_truth.analysis import level_window_predictor
+    from studies.prior_truth.analysis import level_window_predictor
 
     got = level_window_predictor(np.array([1, 2, 3, 1]), [1, 1, 2, None], [1.0, 0.5, 0.25, 0.0])
     # level 1: (1 + 0.5) / 2; level 2: 0.25; level 3 is not in the window: its mean, 1.75 / 4
@@ -213,7 +213,7 @@ def test_the_windows_level_means_predict_by_level_and_fall_back_to_the_window_me
 def test_a_prompts_own_history_weighs_rollouts_and_recency_and_falls_back_to_the_mean():
     from types import SimpleNamespace as O
 
-    from bench.prior_truth.analysis import own_history_predictor
+    from studies.prior_truth.analysis import own_history_predictor
 
     ctx = [O(prompt="a", score=1.0, version=2, rollouts=4),
            O(prompt="a", score=0.0, version=0, rollouts=4),   # two versions older: half
@@ -227,7 +227,7 @@ def test_a_prompts_own_history_weighs_rollouts_and_recency_and_falls_back_to_the
 def test_the_in_sample_fit_bounds_every_linear_predictor_on_its_features():
     """Fitted to the truth itself: no other linear combination of the same features (plus a
     constant) comes closer to the truth in squared error."""
-    from bench.prior_truth.analysis import in_sample_fit
+    from studies.prior_truth.analysis import in_sample_fit
 
     rng = np.random.default_rng(4)
     F = rng.normal(size=(60, 3))
@@ -242,7 +242,7 @@ def test_the_in_sample_fit_bounds_every_linear_predictor_on_its_features():
 def test_the_correlation_ceiling_is_what_the_true_rates_reach_against_a_noisy_truth():
     """400 prompts, true rates p, a truth of 16 samples each: the true rates themselves
     correlate with that truth about as the ceiling says, and no better."""
-    from bench.prior_truth.analysis import error_stats
+    from studies.prior_truth.analysis import error_stats
 
     rng = np.random.default_rng(7)
     p = rng.beta(4, 2, size=400)
@@ -258,7 +258,7 @@ def test_the_correlation_ceiling_is_what_the_true_rates_reach_against_a_noisy_tr
 def test_a_cached_truth_is_used_again_only_for_the_same_weights(tmp_path, monkeypatch):
     """A run made again in the same directory has new snapshots: the truth kept beside the
     old run must not be read back for them (it once was)."""
-    import bench.prior_truth.__main__ as pt
+    import studies.prior_truth.__main__ as pt
 
     calls = []
 
@@ -266,7 +266,7 @@ def test_a_cached_truth_is_used_again_only_for_the_same_weights(tmp_path, monkey
         calls.append(path)
         return np.full(len(probs), len(calls)), {"s": 0.0}
 
-    monkeypatch.setattr("bench.prior_truth.truth.sample_truth", sample)
+    monkeypatch.setattr("studies.prior_truth.truth.sample_truth", sample)
     weights = tmp_path / "snap"
     weights.mkdir()
     (weights / "model.safetensors").write_bytes(b"one")
@@ -281,10 +281,10 @@ def test_a_cached_truth_is_used_again_only_for_the_same_weights(tmp_path, monkey
 
 
 def test_repeats_read_the_prior_against_the_level_told_predictor_run_by_run():
-    """bench.prior_truth --repeats: per run the prior's and the level-told predictor's error
+    """studies.prior_truth --repeats: per run the prior's and the level-told predictor's error
     (truth noise removed) from that run's points, and over the runs their difference's mean
     and standard error."""
-    from bench.prior_truth.analysis import error_stats, level_mean_predictor, repeats_block
+    from studies.prior_truth.analysis import error_stats, level_mean_predictor, repeats_block
 
     rng = np.random.default_rng(3)
     level = np.repeat([1, 2, 3, 4], 25)
@@ -325,7 +325,7 @@ def test_repeats_are_made_with_their_own_seed_and_name(tmp_path, monkeypatch):
     repeats of the same snapshot."""
     import subprocess
 
-    import bench.prior_truth.__main__ as pt
+    import studies.prior_truth.__main__ as pt
 
     cmds = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **k: cmds.append(cmd) or

@@ -1,4 +1,4 @@
-"""bench.prior_truth's fits to the truth itself (bounds.py, analysis.level_cv_predictor): the
+"""studies.prior_truth's fits to the truth itself (bounds.py, analysis.level_cv_predictor): the
 level-told predictor out of fold, the generators' own variables of a prompt, and the
 cross-validated fit on them that the prior's aims are read against."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.prior_truth.analysis import (error_stats, folds_of, level_cv_predictor,
+from studies.prior_truth.analysis import (error_stats, folds_of, level_cv_predictor,
                                         level_mean_predictor, repeats_block)
-from bench.prior_truth.bounds import (RIDGE_GRID, cross_validated_bound, generator_variables,
+from studies.prior_truth.bounds import (RIDGE_GRID, cross_validated_bound, generator_variables,
                                       ridge_out_of_fold)
 
 

@@ -146,9 +146,9 @@ def test_strict_differences_fails_on_a_key_on_one_side_only():
 
 
 def test_the_prior_truth_figures_are_what_their_points_give():
-    from bench.prior_truth.analysis import (error_stats, level_cv_predictor,
+    from studies.prior_truth.analysis import (error_stats, level_cv_predictor,
                                             level_mean_predictor, repeats_block)
-    from bench.prior_truth.bounds import cross_validated_bound, generator_variables
+    from studies.prior_truth.bounds import cross_validated_bound, generator_variables
 
     res = json.loads((RESULTS / "prior_truth.json").read_text())
     assert res["snapshots"]

@@ -398,9 +398,9 @@ def test_prior_error_sd_is_the_largest_stepwise_snapshot_with_the_truths_noise_r
 
 
 def test_a_snapshot_of_repeated_runs_counts_with_the_mean_of_its_runs(tmp_path):
-    """bench.prior_truth --repeats: each run's prior error (noise removed, bias added in
+    """studies.prior_truth --repeats: each run's prior error (noise removed, bias added in
     quadrature) from its own points, their mean the snapshot's figure."""
-    from bench.prior_truth.analysis import error_stats
+    from studies.prior_truth.analysis import error_stats
 
     rng = np.random.default_rng(0)
     runs, figures = [], []

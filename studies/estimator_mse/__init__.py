@@ -1,9 +1,9 @@
 """Estimator benchmark: baseline MSE against rollouts, GRPO-G versus V0.5, per prior quality, and
 the batched against the sequential budget plan under an arrival model.
 
-    python -m bench.estimator_mse            # full run (a few minutes on 2 cores)
-    python -m bench.estimator_mse --quick    # small sizes, seconds
-    python -m bench.estimator_mse --rewards 0,1 --out bench/results/estimator_mse_r01
+    python -m studies.estimator_mse            # full run (a few minutes on 2 cores)
+    python -m studies.estimator_mse --quick    # small sizes, seconds
+    python -m studies.estimator_mse --rewards 0,1 --out bench/results/estimator_mse_r01
 
 Writes ``<out>.json`` and ``<out>.png``. Modules:
 
@@ -12,8 +12,8 @@ Writes ``<out>.json`` and ``<out>.png``. Modules:
 - ``plans``: batched against sequential plans under that model;
 - ``scenarios``: every scenario and the result dict; ``plot``: the figure; ``cli``: the CLI.
 """
-from bench.estimator_mse.cli import main
-from bench.estimator_mse.scenarios import (QUICK, V05_VARIANTS, BenchConfig, est_config,
+from studies.estimator_mse.cli import main
+from studies.estimator_mse.scenarios import (QUICK, V05_VARIANTS, BenchConfig, est_config,
                                            run_benchmark)
 
 __all__ = ["QUICK", "V05_VARIANTS", "BenchConfig", "est_config", "main", "run_benchmark"]

@@ -1,16 +1,16 @@
-"""Command line of the estimator benchmark (``python -m bench.estimator_mse``)."""
+"""Command line of the estimator benchmark (``python -m studies.estimator_mse``)."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
 
-from bench.estimator_mse.scenarios import QUICK, BenchConfig, run_benchmark
+from studies.estimator_mse.scenarios import QUICK, BenchConfig, run_benchmark
 from estimator.registry import EstimatorConfig
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(
-        prog="python -m bench.estimator_mse",
+        prog="python -m studies.estimator_mse",
         description="Baseline MSE against rollouts (GRPO-G vs V0.5, per prior quality) and the "
                     "batched vs sequential budget plans under an arrival model.")
     ap.add_argument("--quick", action="store_true", help="small sizes (seconds)")

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from bench.prior_truth.analysis import FOLDS, error_stats, folds_of
+from studies.prior_truth.analysis import FOLDS, error_stats, folds_of
 from tasks import arithmetic as ar
 from tasks import stepwise as sw
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.estimator_mse import montecarlo as mc
-from bench.estimator_mse import plans
-from bench.estimator_mse.arrivals import DURATION_SIGMA
+from studies.estimator_mse import montecarlo as mc
+from studies.estimator_mse import plans
+from studies.estimator_mse.arrivals import DURATION_SIGMA
 from estimator import DEFAULT_COST, DEFAULT_REWARDS, noise_bound, plan_batched, should_continue
 from estimator.registry import EstimatorConfig
 
@@ -315,5 +315,5 @@ def write_outputs(result: dict, out: Path, plot: bool) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(result, indent=1))
     if plot:
-        from bench.estimator_mse.plot import plot_results  # matplotlib only when plotting
+        from studies.estimator_mse.plot import plot_results  # matplotlib only when plotting
         plot_results(result, Path(f"{out}.png"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.estimator_mse.montecarlo import Population, fused_baseline
+from studies.estimator_mse.montecarlo import Population, fused_baseline
 from estimator import PromptState
 from estimator.registry import Estimator
 from estimator.state import decide

@@ -1,6 +1,6 @@
 """The prior against the truth, at snapshots of a default run.
 
-    python -m bench.prior_truth [--task stepwise|arithmetic|word_arithmetic] [--run-dir DIR..]
+    python -m studies.prior_truth [--task stepwise|arithmetic|word_arithmetic] [--run-dir DIR..]
                                 [--repeats R] [--snapshots start,middle,end] [--quick]
 
 1. A default run of the task (``v05.yaml``; the arithmetic task with its bare-answer
@@ -34,13 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.prior_truth.analysis import (context_at, error_stats, in_sample_fit,
+from studies.prior_truth.analysis import (context_at, error_stats, in_sample_fit,
                                         level_cv_predictor, level_mean_predictor,
                                         level_window_predictor, observations,
                                         own_history_predictor, published_at, reliability,
                                         repeats_block)
-from bench.prior_truth.bounds import cross_validated_bound, generator_variables
-from bench.prior_truth.variants import VARIANTS
+from studies.prior_truth.bounds import cross_validated_bound, generator_variables
+from studies.prior_truth.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -235,7 +235,7 @@ def sample_truth_cached(run_dir: Path, name: str, path: str, task, probs, sample
     variant of the prior on it costs nothing); used again only for the same prompts and the
     same weights (``weights_fingerprint``: a run made again in the same directory has new
     snapshots, and a truth of the old ones would be measured against the new run's window)."""
-    from bench.prior_truth.truth import sample_truth
+    from studies.prior_truth.truth import sample_truth
 
     cache = run_dir / f"truth-{name}-{len(probs)}x{samples}.json"
     key = {"ids": [p.id for p in probs], "weights": weights_fingerprint(Path(path))}
@@ -265,7 +265,7 @@ def weights_fingerprint(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.prior_truth", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m studies.prior_truth", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="stepwise", choices=sorted(TASK_RUNS))
     ap.add_argument("--run-dir", type=Path, nargs="+", default=[],
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     run_dir = run_dirs[0]
     from cluster.config.schema import load_config
 
-    command = "python -m bench.prior_truth " + " ".join(argv or sys.argv[1:])
+    command = "python -m studies.prior_truth " + " ".join(argv or sys.argv[1:])
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     recurring = bool(snaps and snaps[0]["recurring"])
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
-    from bench.prior_truth.plot import plot
+    from studies.prior_truth.plot import plot
     plot(res, args.out.with_suffix(".png"))
     log(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

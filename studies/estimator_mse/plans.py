@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from bench.estimator_mse.arrivals import ArrivalRun, draw_durations, run_arrivals
-from bench.estimator_mse.montecarlo import Population
+from studies.estimator_mse.arrivals import ArrivalRun, draw_durations, run_arrivals
+from studies.estimator_mse.montecarlo import Population
 from estimator import EstimatorConfig, make_estimator
 
 AIMS = {"mse_ratio_max": 1.10, "k_ratio_max": 1.10, "rounds_mean_max": 2.0, "rounds_p99_max": 3}

@@ -1,4 +1,4 @@
-"""The prior's variants that ``bench.prior_truth`` measures beside the shipped one, on the
+"""The prior's variants that ``studies.prior_truth`` measures beside the shipped one, on the
 same contexts and truth: each its options, merged over the run's ``prior.options``."""
 
 VARIANTS = {"shipped": {}, "no_drift": {"drift": False},

@@ -1,1 +1,0 @@
-"""The prior against the truth: ``python -m bench.prior_truth`` (see __main__.py)."""
