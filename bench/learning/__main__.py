@@ -65,68 +65,10 @@ from pathlib import Path
 from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
 from bench.learning.analysis import baselines, controlled, mean_curves, read_curve, summarise
 from bench.learning.starts import STARTS
+from bench.modes import MODES
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
-MODES = {
-    "async_v05": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16}},
-    "sync_grpo16": {"mode": "sync", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
-    **{f"async_grpo{G}": {"mode": "async", "algo": {"name": "grpo", "k_init": G, "k_max": G}}
-       for G in (2, 4, 8, 16)},
-    "sync_dapo16": {"mode": "sync", "algo": {"name": "dapo", "k_init": 16, "k_max": 16}},
-    # The budget rule's sweep (issue 18, item 5): what sets V0.5's extra rollouts.
-    "async_v05_cost2x": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
-                                                   "cost": 0.0078}},
-    "async_v05_cost4x": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
-                                                   "cost": 0.0156}},
-    "async_v05_kmax8": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 8}},
-    "async_v05_plugin": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
-                                                   "lookahead": "plugin"}},
-    # Uniform groups at zero advantage (the weak start's diagnosis: docs/benchmarks.md).
-    "async_v05_zu": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16,
-                                               "zero_uniform": True}},
-    # The baseline study (issue 29): 4 trained samples per prompt in every mode.
-    "async_drgrpo4": {"mode": "async", "algo": {"name": "dr_grpo", "k_init": 4, "k_max": 4}},
-    "async_v05_k4": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 4}},
-    "async_oracle4": {"mode": "async", "algo": {"name": "oracle", "k_init": 16, "k_max": 16,
-                                                "train_k": 4}},
-    # The paired baseline study (--baselines --paired): the same modes synchronous, every
-    # training rollout seeded from (seed, admission, index) (rollout.seeded): at one seed
-    # every mode starts on the same prompts with the same responses, and differs by its
-    # baseline alone until the policies part (common random numbers).
-    **{f"sync_{name}": {**spec, "mode": "sync", "rollout": {"seeded": True}}
-       for name, spec in (("drgrpo4", {"algo": {"name": "dr_grpo", "k_init": 4, "k_max": 4}}),
-                          ("oracle4", {"algo": {"name": "oracle", "k_init": 16, "k_max": 16,
-                                                "train_k": 4}}),
-                          ("v05", {"algo": {"name": "v05", "k_init": 4, "k_max": 16}}),
-                          ("v05_k4", {"algo": {"name": "v05", "k_init": 4, "k_max": 4}}),
-                          # the others' mean: Dr.GRPO-4's advantages x 4/3, the same baseline
-                          # information (does the advantages' scale explain V0.5 at k = 4?)
-                          ("rloo4", {"algo": {"name": "rloo", "k_init": 4, "k_max": 4}}))},
-    # The per-rollout study (--selection, issue 41): synchronous and seeded like the paired
-    # study, 4 rollouts per prompt to start; the baselines, and selection (algo.select: which
-    # prompts get rollouts at all) on V0.5 and on Dr.GRPO-4. DAPO's dynamic sampling drops
-    # all-equal groups after their rollouts (counted) and refills; GRESO-style skipping reads
-    # a prompt's own last rewards (only where prompts recur).
-    **{f"sync_{name}": {"mode": "sync", "rollout": {"seeded": True},
-                        "algo": {"k_init": 4, "k_max": 4, **algo}}
-       for name, algo in (("grpo4", {"name": "grpo"}), ("dapo4", {"name": "dapo"}),
-                          ("js4", {"name": "james_stein"}),
-                          ("v05_sel", {"name": "v05", "k_max": 16, "select": "prior"}),
-                          ("v05_k4_sel", {"name": "v05", "select": "prior"}),
-                          # the exploration floor, tried on the warm start only (0.1 above)
-                          ("v05_k4_sel_floor03", {"name": "v05", "select": "prior",
-                                                  "select_floor": 0.03}),
-                          ("v05_k4_sel_floor30", {"name": "v05", "select": "prior",
-                                                  "select_floor": 0.3}),
-                          ("drgrpo4_sel", {"name": "dr_grpo", "select": "prior"}),
-                          ("greso4", {"name": "dr_grpo", "select": "history"}))},
-    # V0.5 with the prior of 2026-12-03 (no surface view, every score weighed alike), beside
-    # the shipped prior in the same study: what issue 29's second prior changed.
-    "async_v05_prior1203": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16},
-                            "prior": {"options": {"views": ["embedding", "ngram", "both"],
-                                                  "weigh_rollouts": False}}},
-}
 # The controlled study's modes: V0.5 against async GRPO at every G (the best is the baseline
 # to beat) and the colocated synchronous GRPO-16, every update on the same S samples.
 CONTROLLED_MODES = ("async_v05", "async_grpo2", "async_grpo4", "async_grpo8", "async_grpo16",
@@ -208,11 +150,19 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def run_config(base: dict, mode: str, seed: int, run_dir: Path):
-    spec = MODES[mode]
+def run_config(base: dict, mode: str, seed: int, run_dir: Path, seeded: bool = False):
+    """``mode``'s run (bench.modes) at ``seed``; ``seeded``: every training rollout seeded
+    (rollout.seeded), as the paired and per-rollout studies run every mode."""
+    spec = mode_spec(mode, seeded)
     return config_for(base, f"{mode}-seed{seed}", run_dir, mode=spec["mode"],
                       algo=spec["algo"], run={"seed": seed},
                       **{k: spec[k] for k in ("prior", "rollout") if k in spec})
+
+
+def mode_spec(mode: str, seeded: bool = False) -> dict:
+    """``mode``'s overrides, with the study's seeding (as the results files record them)."""
+    spec = MODES[mode]
+    return {**spec, "rollout": {**spec.get("rollout", {}), "seeded": True}} if seeded else spec
 
 
 @dataclass(frozen=True)
@@ -229,6 +179,7 @@ class Settings:
     start: str = "warm"       # the starting policy (bench.learning.starts)
     batch_samples: int = 64   # samples per update, every mode (0: batch_prompts)
     config: str = "v05.yaml"  # the run config the modes start from
+    seeded: bool = False      # every training rollout seeded (--paired, --selection)
 
     @classmethod
     def of(cls, args) -> "Settings":
@@ -245,7 +196,8 @@ class Settings:
                    eval_prompts=args.eval_prompts or (48 if args.quick else 300), modes=modes,
                    steps=args.steps or (60 if args.baselines else None),
                    rollouts=(args.rollouts or 3072) if args.selection else None,
-                   start=args.start, batch_samples=args.batch_samples, config=args.config)
+                   start=args.start, batch_samples=args.batch_samples, config=args.config,
+                   seeded=bool(args.selection or args.paired))
 
     def overrides(self) -> list[str]:
         n = self.eval_prompts
@@ -277,7 +229,7 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
     shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
     with shared_roles(shape, run_dir) as shared:
         for seed, mode in round_robin(st.modes, st.seeds):  # load drift spreads out
-            cfg = run_config(base, mode, seed, run_dir)
+            cfg = run_config(base, mode, seed, run_dir, st.seeded)
             shared.reset(cfg)
             log(f"== {mode} seed {seed}: " + (
                 f"{st.rollouts} generated rollouts" if st.rollouts else
@@ -304,7 +256,7 @@ def runs_from(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
 
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
     for seed, mode in round_robin(st.modes, st.seeds):
-        cfg = run_config(base, mode, seed, run_dir)
+        cfg = run_config(base, mode, seed, run_dir, st.seeded)
         where = Path(cfg.run_dir)
         if not (where / "summary.json").is_file():
             raise SystemExit(f"--from-runs: {where} did not finish (no summary.json); "
@@ -336,7 +288,7 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
                       "batch_prompts": base_cfg.rollout.batch_prompts,
                       "batch_samples": base_cfg.rollout.batch_samples, "lr": base_cfg.optim.lr,
                       "start": st.start, "model_path": base_cfg.model.path,
-                      "modes": {m: MODES[m] for m in st.modes}},
+                      "modes": {m: mode_spec(m, st.seeded) for m in st.modes}},
            "units": "accuracy: held-out, mean over prompts of the success rate of the sampled "
                     f"answers (T = {base_cfg.rollout.temperature:g}, the config's "
                     "rollout.temperature); train_s: training wall-clock, evaluations excluded",

@@ -6,7 +6,8 @@ cancellation, the staleness deadline, the hand-over) is made here by the same ob
 vLLM; the per-prompt estimator state is the real ``estimator.PromptState``. What is modelled
 is only time: decode steps, learner steps, weight syncs and call latency.
 
-Modes (``MODES``):
+Modes (``MODES``: how each is simulated; a name that ``bench.modes``, the table of the modes the
+benches run, also holds is the same mode, tests/unit/test_sim.py):
 - ``sync_*``: the scheduler's barrier (max_staleness 0): B prompts admitted at a version,
   trained when all are finished, then the weights are synced (engines pause) and repeat.
 - ``sync_grpo16_colocated``: the same barrier, but every GPU generates and then every GPU

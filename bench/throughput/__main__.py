@@ -25,16 +25,12 @@ import time
 from pathlib import Path
 
 from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
+from bench.modes import MODES
 from bench.throughput.measure import cpu_limit, spread, steady_state
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-MODES = {
-    "sync_grpo16": {"mode": "sync", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
-    "sync_v05": {"mode": "sync", "algo": {"name": "v05", "k_init": 4, "k_max": 16}},
-    "async_grpo16": {"mode": "async", "algo": {"name": "grpo", "k_init": 16, "k_max": 16}},
-    "async_v05": {"mode": "async", "algo": {"name": "v05", "k_init": 4, "k_max": 16}},
-    "async_grpo_equal_mse": {"mode": "async", "algo": {"name": "grpo"}},  # G set at run time
-}
+# This bench's modes (their overrides: bench.modes, the one table).
+THROUGHPUT_MODES = ("sync_grpo16", "sync_v05", "async_grpo16", "async_v05", "async_grpo_equal_mse")
 RATIOS = [("async_v05", "sync_grpo16"), ("async_v05", "async_grpo16"),
           ("async_v05", "async_grpo_equal_mse"), ("sync_v05", "sync_grpo16"),
           ("async_grpo16", "sync_grpo16")]
@@ -47,7 +43,8 @@ def parse_args(argv):
     ap.add_argument("--steps", type=int, help="learner steps per run")
     ap.add_argument("--repeats", type=int, help="runs per mode (default 3; --quick: 1)")
     ap.add_argument("--batch", type=int, default=8, help="prompts per learner step (B)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
+    ap.add_argument("--modes", default=",".join(THROUGHPUT_MODES),
+                    help="comma-separated subset of modes")
     ap.add_argument("--out", default=str(RESULTS / "throughput.json"))
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for every mode")
     return ap.parse_args(argv)

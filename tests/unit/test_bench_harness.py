@@ -54,7 +54,7 @@ def test_config_for_merges_sections_names_the_run_and_leaves_the_base_alone(tmp_
 
 
 def test_each_bench_builds_its_mode_as_before(tmp_path):
-    from bench.learning.__main__ import MODES as LEARNING
+    from bench.modes import MODES as LEARNING
     from bench.learning.__main__ import run_config
     from bench.throughput.__main__ import mode_config
 

@@ -222,11 +222,13 @@ def test_the_paired_study_runs_every_mode_synchronous_and_seeded():
     from cluster.config.schema import build_config
 
     st = Settings.of(parse_args(["--baselines", "--paired"]))
-    assert st.modes == PAIRED_MODES and st.steps == 60
+    assert st.modes == PAIRED_MODES and st.steps == 60 and st.seeded
     base = build_config({}).model_dump(mode="json")
     for mode in st.modes:
-        cfg = run_config(base, mode, 3, "/tmp/unused")
+        cfg = run_config(base, mode, 3, "/tmp/unused", st.seeded)
         assert cfg.mode == "sync" and cfg.rollout.seeded and cfg.run.seed == 3
+        # the seeding is the study's: the same mode unseeded is bench.throughput's
+        assert not run_config(base, mode, 3, "/tmp/unused").rollout.seeded
     oracle = run_config(base, "sync_oracle4", 0, "/tmp/unused")
     assert (oracle.algo.name, oracle.algo.train_k) == ("oracle", 4)
 
@@ -374,13 +376,13 @@ def test_from_runs_reads_only_finished_runs_of_this_invocations_configs(tmp_path
 
     st = Settings.of(parse_args(["--selection", "--seeds", "1", "--modes", "sync_drgrpo4"]))
     base = build_config({}).model_dump(mode="json")
-    cfg = run_config(base, "sync_drgrpo4", 0, tmp_path)
+    cfg = run_config(base, "sync_drgrpo4", 0, tmp_path, seeded=True)  # --selection seeds
     where = tmp_path / "sync_drgrpo4-seed0"
     where.mkdir()
     with pytest.raises(SystemExit, match="sync_drgrpo4-seed0 did not finish"):
         runs_from(st, base, tmp_path)
     (where / "summary.json").write_text("{}")
-    other = run_config(base, "sync_grpo4", 0, tmp_path).model_dump(mode="json")
+    other = run_config(base, "sync_grpo4", 0, tmp_path, seeded=True).model_dump(mode="json")
     other["run"]["name"] = "sync_drgrpo4-seed0"  # same place, another mode's algorithm
     (where / "config.yaml").write_text(yaml.safe_dump(other))
     with pytest.raises(SystemExit, match="not the run this invocation would make"):

@@ -455,3 +455,21 @@ def test_build_config_records_the_prior_and_best_g_with_their_sources(tmp_path):
     assert "prompts.prior=sd0.2" in prov["prior_error_sd_source"]
     assert prov["prior_error_sd"] == pytest.approx(0.161, abs=0.003)
     assert resolve_best_grpo_g(None, tmp_path / "absent.json")[0] == 4
+
+
+def test_a_mode_the_simulator_and_the_benches_both_name_is_the_same_mode():
+    """bench.modes is the one table of the modes the benches run; the simulator's table says
+    how each is simulated. A name both hold means one mode: barrier or not, the algorithm,
+    GRPO's group."""
+    from bench.modes import MODES as RUN
+    from bench.sim import MODES as SIM
+
+    shared = sorted(set(SIM) & set(RUN))
+    assert {"sync_grpo16", "sync_v05", "async_grpo16", "async_v05", "async_grpo_equal_mse",
+            "async_grpo4"} <= set(shared)
+    for name in shared:
+        sim, run = SIM[name], RUN[name]
+        assert sim.barrier == (run["mode"] == "sync"), name
+        assert sim.algo.removesuffix("_k4") == run["algo"]["name"], name
+        if isinstance(sim.group, int) and sim.algo == "grpo":
+            assert run["algo"]["k_init"] == run["algo"]["k_max"] == sim.group, name
