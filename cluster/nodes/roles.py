@@ -42,9 +42,12 @@ class Roles:
     # (cluster.nodes.placement.reserve); a replaced generator's is its new one.
     placement_groups: dict = field(default_factory=dict)
     # The policy version: the newest weights the learner published to the generators. Its one
-    # owner: only a publish (run_start.publish, reset_roles) advances it, and a fresh run
-    # takes what the generators serve; the trainer reads it, the coordinator's scheduler and
-    # each generator hold a copy they are told about (set_version, update_weights).
+    # owner, and its one "only goes forward" check (``advance``, before any weights are
+    # sent: a generator refusing a stale version would leave a broadcast waiting); a fresh
+    # run takes what the generators serve (``adopt``). The trainer reads it; the coordinator's
+    # scheduler and each generator keep what they were last told (set_version,
+    # update_weights), and nothing else in the product stores a version
+    # (tests/unit/test_structure.py).
     published: int = 0
     startup: dict = field(default_factory=dict)  # seconds from the start to each role's ready
     # What the learner and the engines compute in (``run_dtypes_of``), resolved once before
@@ -53,6 +56,20 @@ class Roles:
     # Starts generator i in a placement group, as ``start_roles`` started the first ones
     # (``cluster.nodes.replace``: a generator whose node was lost). None: not replaceable.
     new_generator: Callable | None = None
+
+    def advance(self, version: int) -> int:
+        """``version`` is the next to publish: strictly newer than the last published one
+        (0 is the initial checkpoint), else ValueError before anything is sent."""
+        if version <= self.published:
+            raise ValueError(f"weight version {version} is not newer than the last "
+                             f"published version {self.published}")
+        self.published = version
+        return version
+
+    def adopt(self, served: int) -> None:
+        """A fresh run on generators that already serve ``served`` (actors that outlived a
+        run): the policy version continues from there; never back."""
+        self.published = max(self.published, served)
 
     def shutdown(self) -> None:
         import ray
@@ -248,8 +265,8 @@ def reset_roles(cfg, roles: Roles, init_dir: str) -> None:
     roles.learner.load_checkpoint(init_dir)
     wait_ready(roles.generators)  # one Ray restarted is up again
     served = max(ray.get([g.version.remote() for g in roles.generators]))
-    roles.published = max(served, roles.published) + 1
-    _, refs = roles.learner.publish_weights(roles.generators, roles.published)
+    version = roles.advance(max(served, roles.published) + 1)
+    _, refs = roles.learner.publish_weights(roles.generators, version)
     ray.get(refs)
     if roles.prior is not None and not _reset_in_place(roles.prior, cfg.prior.options):
         ray.kill(roles.prior)

@@ -136,7 +136,7 @@ def start_run(cfg, roles, task, start: Start) -> Run:
     directory prepared; its checkpoints are the run's."""
     state = resume_state(cfg, roles, start)
     if not state.resumed:  # the generators serve this version already: nothing to publish
-        roles.published = state.version
+        roles.adopt(state.version)
     coord, telemetry = start_run_roles(cfg, roles, task, state)
     files = RunFiles(cfg.run_dir, dump_config(cfg), state.step if state.resumed else None,
                      tensorboard=cfg.logging.tensorboard, progress=cfg.run.progress,
@@ -167,9 +167,9 @@ def publish(run: Run, version: int) -> None:
     roles = run.roles
     alive = run.dog.get("coordinator", run.coord.publish_targets.remote())
     serving = [i for i, a in enumerate(alive) if a]  # in service, or back and waiting for it
+    roles.advance(version)
     payload, refs = run.dog.call("learner (weight publish)", roles.learner.publish_weights,
                                  [roles.generators[i] for i in serving], version)
-    roles.published = version
     refs = list(refs)
     ready, _ = ray.wait(refs, num_returns=len(refs),
                         timeout=min(run.cfg.run.call_timeout_s, run.dog.time_left())) \

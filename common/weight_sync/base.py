@@ -166,7 +166,9 @@ class WeightSender(ABC):
     @abstractmethod
     def send(self, generators: list, weights: Mapping[str, Any],
              version: int) -> tuple[Any, list]:
-        """Ask every generator to load ``weights`` as ``version``. Returns (the payload,
+        """Ask every generator to load ``weights`` as ``version`` (the caller's: the run's
+        policy version is ``Roles.published``, whose ``advance`` checks that it only goes
+        forward before anything is sent). Returns (the payload,
         which the coordinator gives a restarted generator later, one ObjectRef per generator
         in order). A ref resolves to the seconds that generator's ``update_weights`` took, or
         raises ``RayActorError`` / stays pending (a ``GetTimeoutError`` for a caller with a
@@ -174,16 +176,6 @@ class WeightSender(ABC):
 
     def close(self) -> None:
         """Release the channel."""
-
-    def _advance(self, version: int) -> None:
-        """Versions sent by one sender strictly increase (0 is the initial checkpoint).
-        Checked before any generator is asked: a generator refusing a stale version would
-        otherwise leave a collective transport waiting for it."""
-        last = getattr(self, "_last_version", 0)
-        if version <= last:
-            raise ValueError(f"weight version {version} is not newer than the last "
-                             f"published version {last}")
-        self._last_version = version
 
 
 class WeightReceiver(ABC):

@@ -88,7 +88,6 @@ class CollectiveSender(WeightSender):
 
     def send(self, generators: list, weights: Mapping[str, Any],
              version: int) -> tuple[CollectivePayload, list]:
-        self._advance(version)
         meta, order = broadcast_plan(weights)
         fallback = put_state_dict(weights, version) if self.cfg.restart_fallback else None
         gens, report = list(generators), SendReport(version=version)

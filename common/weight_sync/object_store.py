@@ -29,7 +29,6 @@ class ObjectStoreSender(WeightSender):
 
     def send(self, generators: list, weights: Mapping[str, Any],
              version: int) -> tuple[ObjectStorePayload, list]:
-        self._advance(version)
         payload = put_state_dict(weights, version)
         return payload, [g.update_weights.remote(payload, version) for g in generators]
 

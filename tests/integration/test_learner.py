@@ -312,5 +312,3 @@ def test_rank0_publishes_its_weights(learners):
     published, expected = ray.get(payload.ref), two.get_weights()
     assert payload.num_tensors == len(expected) and set(published) == set(expected)
     assert all(np.array_equal(published[k], expected[k]) for k in expected)
-    with pytest.raises(ray.exceptions.RayTaskError, match="not newer"):
-        two.publish_weights([], 1)  # versions only go forward

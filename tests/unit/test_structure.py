@@ -176,3 +176,43 @@ def test_the_schedulers_counters_are_a_record_read_by_attribute():
         indexed = re.findall(r'(?:sched|self)\.counts\["(\w+)"\]', text)
         assert not (set(indexed) & names), (path.name, indexed)
     assert "generator_restarts" not in {f.name for f in fields(Accounting)}
+
+
+# Who may store a policy version (issue 44: it had six holders, three checking "only goes up"
+# each): its owner, and those that keep what they were last told. A new attribute that stores
+# a version anywhere else in the product fails here; records that carry the version they were
+# made at (a rollout, a payload, a step's line) are facts about themselves, not holders.
+VERSION_HOLDERS = {
+    ("Roles", "published"),         # the owner (cluster.nodes.roles): advance, adopt
+    ("Scheduler", "version"),       # told by the coordinator's set_version (admission, staleness)
+    ("Generator", "_version"),      # the weights its engine serves (update_weights)
+    ("PriorServer", "_latest_version"),  # the newest its observations name (their ages)
+}
+
+
+def version_writes(tree: ast.AST) -> set[tuple[str | None, str]]:
+    """(innermost enclosing class or None, attribute) of every assignment to an attribute
+    named like a version (``x.version = ...``, ``self._version += ...``, ``roles.published``)."""
+    out = set()
+
+    def visit(node, cls):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.ClassDef) else cls
+            if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                out.update((cls, t.attr) for t in targets if isinstance(t, ast.Attribute)
+                           and ("version" in t.attr or t.attr == "published"))
+            visit(child, inner)
+
+    visit(tree, None)
+    return out
+
+
+def test_the_policy_version_is_stored_by_its_owner_and_the_told_copies_only():
+    found = {(path.name, *w) for path in modules(PRODUCT).values()
+             for w in version_writes(ast.parse(path.read_text()))}
+    others = sorted(f for f in found if (f[1], f[2]) not in VERSION_HOLDERS)
+    assert others == [], f"a version stored outside its holders: {others}"
+    # and the check can fail: a write from outside the owner is found
+    assert version_writes(ast.parse("def publish(roles, v):\n    roles.published = v\n")) \
+        == {(None, "published")}

@@ -159,15 +159,28 @@ def test_each_sender_names_its_own_groups():
     assert a.sender_id != b.sender_id
 
 
-def test_sender_versions_must_increase():
+def test_a_send_to_no_generator_builds_nothing():
     sender = make_sender("gloo")
     sd = {"w": np.zeros(2, dtype=np.float32)}
-    with pytest.raises(ValueError, match="version 0 is not newer"):
-        sender.send([], sd, 0)  # 0 is the checkpoint the generators started from
     payload, refs = sender.send([], sd, 2)  # no generator: nothing to build, nothing sent
     assert refs == [] and payload.epoch == 0 and payload.meta == (("w", "float32", (2,)),)
+
+
+def test_the_policy_version_only_goes_forward_at_its_owner():
+    """``Roles.published`` owns the version: ``advance`` refuses a version that is not newer
+    (before any weights are sent), ``adopt`` never moves it back."""
+    from cluster.nodes.roles import Roles
+
+    roles = Roles(generators=[], learner=None)
+    with pytest.raises(ValueError, match="version 0 is not newer"):
+        roles.advance(0)  # 0 is the checkpoint the generators started from
+    assert roles.advance(2) == 2 and roles.published == 2
     with pytest.raises(ValueError, match="2 is not newer than the last published version 2"):
-        sender.send([], sd, 2)
+        roles.advance(2)
+    roles.adopt(1)
+    assert roles.published == 2
+    roles.adopt(5)
+    assert roles.published == 5
 
 
 class FakeEngine:
