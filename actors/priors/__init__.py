@@ -9,7 +9,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from actors.priors.base import ConstantPrior, Context, PriorBackend
+from actors.priors.base import ConstantPrior, Context, PriorBackend, PriorTraits
 
 _REGISTRY: dict[str, str | Callable[..., PriorBackend]] = {
     "embedded": "actors.priors.embedded:EmbeddedPrior",
@@ -42,10 +42,18 @@ def backend_class(name: str) -> type:
     return factory
 
 
-def scores_prompts(name: str) -> bool:
-    """Whether backend ``name`` tells prompts apart before their rollouts (its
-    ``scores_prompts`` trait; a factory without one is taken to)."""
-    return bool(getattr(backend_class(name), "scores_prompts", True))
+def backend_traits(name: str) -> PriorTraits:
+    """The traits backend ``name`` declares (its ``traits``; a factory that declares none gets
+    the defaults: it scores prompts and may fail)."""
+    traits = getattr(backend_class(name), "traits", None)
+    return traits if isinstance(traits, PriorTraits) else PriorTraits()
+
+
+def takes_threads(name: str) -> bool:
+    """Whether backend ``name``'s constructor has a ``threads`` option (the server then passes
+    it its CPU threads unless the options name some): read from the signature, so that the
+    option and the fact cannot disagree."""
+    return "threads" in inspect.signature(backend_class(name)).parameters
 
 
 def make_prior(name: str, **options) -> PriorBackend:
@@ -58,5 +66,6 @@ def make_prior(name: str, **options) -> PriorBackend:
     return factory(**options)
 
 
-__all__ = ["Context", "PriorBackend", "ConstantPrior", "DEFAULT_BACKEND", "backend_class",
-           "make_prior", "prior_names", "register_prior", "scores_prompts"]
+__all__ = ["Context", "PriorBackend", "PriorTraits", "ConstantPrior", "DEFAULT_BACKEND",
+           "backend_class", "backend_traits", "make_prior", "prior_names", "register_prior",
+           "takes_threads"]

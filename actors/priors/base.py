@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,6 +40,25 @@ class Context:
         return cls((), np.zeros(0), np.zeros(0))
 
 
+@dataclass(frozen=True)
+class PriorTraits:
+    """What the server and the config check need to know of a backend, declared by the
+    backend itself (its class attribute ``traits``) rather than known by its name elsewhere.
+
+    ``scores_prompts``: it tells prompts apart before any of their rollouts (admission by
+    selection, ``algo.select: prior``, needs that; a mean for every prompt does not).
+    ``fallible``: it may raise, answer garbage or run past the server's budget (a model loaded
+    from files, a fit that grows with the window), so the server's ``fallback: auto`` gives it
+    the embedded prior to answer for it (``actors/priors/server.py``; never itself).
+
+    Whether a backend takes the server's CPU threads is not declared here: it is whether its
+    constructor has a ``threads`` option (``actors.priors.takes_threads``).
+    """
+
+    scores_prompts: bool = True
+    fallible: bool = True
+
+
 class PriorBackend(ABC):
     """Predicts p(x) = P(current policy solves x) for a batch of prompts from a ``Context``.
 
@@ -47,8 +67,7 @@ class PriorBackend(ABC):
     """
 
     name: str = "backend"
-    # Tells prompts apart before any of their rollouts (admission by selection needs it)
-    scores_prompts: bool = True
+    traits: ClassVar[PriorTraits] = PriorTraits()
 
     @abstractmethod
     def set_context(self, context: Context) -> None:
@@ -83,7 +102,8 @@ class ConstantPrior(PriorBackend):
     """The context's (recency-weighted) mean success rate for every prompt: AUC 0.5 by design."""
 
     name = "constant"
-    scores_prompts = False  # one number for every prompt: selection cannot run on it
+    # One number for every prompt (selection cannot run on it); a weighted mean cannot fail.
+    traits = PriorTraits(scores_prompts=False, fallible=False)
 
     def __init__(self, prior_mean: float = DEFAULT_PRIOR_MEAN, halflife: float | None = None):
         self.prior_mean = check_prob("prior_mean", prior_mean)

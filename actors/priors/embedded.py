@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
-                                check_halflife, check_prob)
+                                PriorTraits, check_halflife, check_prob)
 from actors.priors.history import FORMS
 from actors.priors.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
                                   predict_fitted)
@@ -165,6 +165,9 @@ class EmbeddedPrior(PriorBackend):
     """
 
     name = "embedded"
+    # Scores each prompt by its text; its fit grows with the window (N^3 per view), so it can
+    # run past a budget (its own ``fallback: auto`` is none: the fallback would be itself).
+    traits = PriorTraits(scores_prompts=True, fallible=True)
 
     def __init__(self, halflife: float | None = 8.0, prior_mean: float = DEFAULT_PRIOR_MEAN,
                  prior_strength: float = 1.0, use_length: bool = True, eps: float = 0.01,

@@ -9,10 +9,11 @@ class: the launcher wraps it, e.g.
     prior = PriorActor.remote("embedded", {}, window=256, cpu_threads=1)
 
 The fallback chain, innermost first: a backend that raises, answers garbage or takes longer than
-``budget_s`` is answered for by the ``fallback`` backend (by default the embedded prior, for any
-backend but the embedded and constant ones), counted in ``stats()["fallbacks"]`` by reason; a
-server that does not answer at all within the coordinator's ``prior.timeout_s`` makes the
-coordinator use the empirical mean (``actors/coordinator.py``).
+``budget_s`` is answered for by the ``fallback`` backend (by default the embedded prior, for a
+backend whose traits say it may fail, the embedded one itself aside: ``PriorTraits``), counted
+in ``stats()["fallbacks"]`` by reason; a server that does not answer at all within the
+coordinator's ``prior.timeout_s`` makes the coordinator use the empirical mean
+(``actors/coordinator.py``).
 
 Offline evaluation: ``python -m actors.priors predict ...`` (the CLI lives in
 ``actors/priors/cli.py``; ``actors/priors/__main__.py`` runs it, so this module never imports
@@ -30,11 +31,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
 
 from common.types import PriorObservation
 
 FALLBACK_REASONS = ("timeout", "error")
 DEFAULT_BUDGET_S = 5.0
+AUTO_FALLBACK = "embedded"      # what ``fallback="auto"`` builds, for a backend that may fail
 
 
 class PriorOutputError(RuntimeError):
@@ -106,13 +109,26 @@ def prior_names() -> list[str]:
     return _names()
 
 
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a server builds its backends from (``PriorServer``'s arguments of the same names;
+    ``reset`` may replace ``options``)."""
+
+    backend: str
+    options: dict
+    fallback: str | None
+    fallback_options: dict
+    cpu_threads: int
+
+
 class PriorServer:
     """Window of recent observations + a backend (+ a fallback backend). Methods are synchronous
     and cheap to call through a Ray handle; ``ready()`` returns once the backends are loaded.
 
     ``fallback``: the backend that answers when the primary one raises, returns garbage or
-    exceeds ``budget_s`` seconds ("auto": "embedded" unless the primary is "embedded" or
-    "constant", and only if it can be built here; None: no fallback, errors reach the caller).
+    exceeds ``budget_s`` seconds ("auto": the embedded prior when the primary's traits say it
+    may fail (``PriorTraits.fallible``) and it is not the embedded prior itself, and only if it
+    can be built here; None: no fallback, errors reach the caller).
     ``fallback_options``: its options. ``budget_s``: seconds the primary has for one
     ``predict`` (its context refit included) before the fallback answers; it needs a fallback
     (None: no limit). The primary then runs in a helper thread; a call past its budget keeps
@@ -134,7 +150,8 @@ class PriorServer:
             raise ValueError(f"budget_s must be > 0 seconds or None, got {budget_s!r}")
         _limit_threads(int(cpu_threads))
         self.backend_name = backend
-        self._build = (backend, options, fallback, fallback_options, int(cpu_threads))
+        self._spec = BackendSpec(backend, dict(options or {}), fallback,
+                              dict(fallback_options or {}), int(cpu_threads))
         self.budget_s = float(budget_s) if budget_s is not None else None
         self.window = int(window)
         self._job: Future | None = None     # the primary's call in its helper thread
@@ -142,10 +159,9 @@ class PriorServer:
 
     def _fresh(self) -> None:
         """New backends and an empty context: the state of a server just started."""
-        backend, options, fallback, fallback_options, cpu_threads = self._build
-        self.backend = make_prior(backend, **_with_threads(backend, options, cpu_threads))
-        self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(
-            backend, fallback, fallback_options, cpu_threads)
+        b = self._spec
+        self.backend = _build(b.backend, b.options, b.cpu_threads)
+        self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(b)
         self._items: deque[PriorObservation] = deque(maxlen=self.window)
         self._dirty = True                  # the primary's context is stale
         self._fallback_dirty = True         # the fallback's context is stale
@@ -171,14 +187,13 @@ class PriorServer:
         if _restarted_actor():
             return False
         self._job = None
-        kept = self._build
+        kept = self._spec
         if options is not None:
-            backend, _, *rest = self._build
-            self._build = (backend, dict(options), *rest)
+            self._spec = replace(kept, options=dict(options))
         try:
             self._fresh()
         except Exception:
-            self._build = kept      # bad options: the server keeps the ones it had
+            self._spec = kept     # bad options: the server keeps the ones it had
             raise
         return True
 
@@ -324,31 +339,32 @@ def _checked(name: str, raw, n: int):
     return p
 
 
-_THREADED = ("embedded", "v0")             # backends that take a ``threads`` option
+def _build(name: str, options: dict, cpu_threads: int):
+    """Backend ``name`` with ``options``, and the server's ``cpu_threads`` as its ``threads``
+    option when it takes one (``actors.priors.takes_threads``) and the options leave it unset."""
+    from actors.priors import takes_threads
+
+    opts = dict(options)
+    if takes_threads(name):
+        opts.setdefault("threads", cpu_threads)
+    return make_prior(name, **opts)
 
 
-def _with_threads(backend: str, options: dict | None, cpu_threads: int) -> dict:
-    opts = dict(options or {})
-    if backend in _THREADED:
-        opts.setdefault("threads", int(cpu_threads))
-    return opts
-
-
-def _build_fallback(backend: str, fallback: str | None, options: dict | None,
-                    cpu_threads: int):
-    """(name, backend, why none) for the fallback. "auto" tolerates an embedded prior that
-    cannot be built here (its extra not installed) and says why; a named one must build."""
-    if fallback in (None, "none"):
+def _build_fallback(b: BackendSpec):
+    """(name, backend, why none) for the fallback. "auto" builds ``AUTO_FALLBACK`` for a
+    primary whose traits say it may fail (never for the fallback itself) and tolerates one
+    that cannot be built here (its extra not installed), saying why; a named one must build."""
+    if b.fallback in (None, "none"):
         return None, None, ""
-    if fallback == "auto":
-        if backend in ("embedded", "constant"):
+    if b.fallback == "auto":
+        from actors.priors import backend_traits
+
+        if b.backend == AUTO_FALLBACK or not backend_traits(b.backend).fallible:
             return None, None, ""
         try:
-            return "embedded", make_prior("embedded", **_with_threads("embedded", options,
-                                                                      cpu_threads)), ""
+            return AUTO_FALLBACK, _build(AUTO_FALLBACK, b.fallback_options, b.cpu_threads), ""
         except (ImportError, OSError) as e:
-            return None, None, f"embedded: {type(e).__name__}: {e}"[:500]
-    if fallback == backend:
-        raise ValueError(f"the fallback must differ from the backend, got {fallback!r} for both")
-    return fallback, make_prior(fallback, **_with_threads(fallback, options, cpu_threads)), ""
-
+            return None, None, f"{AUTO_FALLBACK}: {type(e).__name__}: {e}"[:500]
+    if b.fallback == b.backend:
+        raise ValueError(f"the fallback must differ from the backend, got {b.fallback!r} for both")
+    return b.fallback, _build(b.fallback, b.fallback_options, b.cpu_threads), ""

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
-                                check_prob)
+                                PriorTraits, check_prob)
 
 CHECKPOINT = "v_0_for_grpo_training.pt"
 TABPFN_HEAD = "pretrained/tabpfn-v2.5-classifier-v2.5_default.ckpt"
@@ -160,6 +160,9 @@ class V0Prior(PriorBackend):
     """
 
     name = "v0"
+    # Scores each prompt by its embedding; a user's files, a 0.6B backbone and TabPFN (a GPU,
+    # maybe) can fail or run late: ``fallback: auto`` gives it the embedded prior.
+    traits = PriorTraits(scores_prompts=True, fallible=True)
 
     def __init__(self, path: str | None = None, checkpoint: str | None = None,
                  tabpfn_head: str | None = None, embedding_model: str | None = None,

@@ -114,8 +114,8 @@ class Config(Section):
             raise ValueError(f"algo.select_window ({a.select_window}) must hold at least one "
                              f"batch ({self.scheduler_batch_prompts()} prompts)")
         if a.select == "prior":
-            from actors.priors import scores_prompts
-            if not scores_prompts(self.prior.backend):
+            from actors.priors import backend_traits
+            if not backend_traits(self.prior.backend).scores_prompts:
                 raise ValueError(f"algo.select=prior needs a prior that scores prompts before "
                                  f"their rollouts; prior.backend {self.prior.backend!r} does "
                                  "not (use embedded or v0, or algo.select=history)")

@@ -126,7 +126,9 @@ class PriorPlacement(Section):
     options: dict[str, Any] = Field(default_factory=dict, description="Backend options.")
     fallback: str | None = Field("auto", description=(
         "The server's fallback backend when its own raises, answers garbage or exceeds "
-        "budget_s ('auto': embedded for backends other than embedded/constant; None: off)."))
+        "budget_s ('auto': the embedded prior, for a backend whose traits say it may fail "
+        "(PriorTraits.fallible: v0 does, constant does not), never for embedded itself; "
+        "None: off)."))
     fallback_options: dict[str, Any] = Field(default_factory=dict, description="Fallback backend options.")
     budget_s: float | None = Field(None, gt=0, description=(
         "The server's budget per prediction before its fallback answers (None: half of "

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from actors.priors.server import PriorOutputError, PriorServer, make_prior, prior_names
-from actors.priors import register_prior
-from actors.priors.base import Context, EmbeddingCache, PriorBackend
+from actors.priors import backend_traits, register_prior, takes_threads
+from actors.priors.base import Context, EmbeddingCache, PriorBackend, PriorTraits
 from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
                                   loo_candidates, predict_fitted)
 from actors.priors.weights import recency_weights
@@ -329,6 +329,43 @@ def test_without_a_fallback_errors_reach_the_caller_and_options_are_checked():
         PriorServer("constant", {}, budget_s=0)
     with pytest.raises(ValueError, match="unknown prior backend 'nope'"):
         PriorServer("constant", {}, fallback="nope")
+
+
+class _Sure(PriorBackend):
+    """Declares it cannot fail, and takes the server's threads."""
+    name = "sure"
+    traits = PriorTraits(scores_prompts=False, fallible=False)
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+
+    def set_context(self, context):
+        pass
+
+    def predict(self, prompts):
+        return np.full(len(prompts), 0.5)
+
+
+register_prior("test-sure", _Sure)
+register_prior("test-factory", lambda: _Sure())   # a factory, not a class: no traits declared
+
+
+def test_the_server_reads_each_backends_traits_from_the_backend():
+    """Issue 44: what the server and the config check know of a backend is declared on the
+    backend (``traits``) or read from its constructor (a ``threads`` option), not a list of
+    names in server.py."""
+    assert backend_traits("constant") == PriorTraits(scores_prompts=False, fallible=False)
+    assert backend_traits("embedded") == backend_traits("v0") == PriorTraits(True, True)
+    assert backend_traits("test-raises") == PriorTraits()    # a backend that declares nothing
+    assert backend_traits("test-factory") == PriorTraits()
+    assert [takes_threads(n) for n in ("embedded", "v0", "constant", "test-sure")] == \
+        [True, True, False, True]
+    # "auto" gives a backend that may fail the embedded prior, and one that cannot none.
+    sure = PriorServer("test-sure", {}, cpu_threads=3)
+    assert sure.stats()["fallback"] is None and sure.backend.threads == 3
+    assert PriorServer("test-sure", {"threads": 2}, cpu_threads=3).backend.threads == 2
+    raises = PriorServer("test-raises", {}, fallback_options={"model_dir": "/nonexistent"})
+    assert "embedded: FileNotFoundError" in raises.stats()["fallback_unavailable"]
 
 
 # -- the embedded backend (real MiniLM) -------------------------------------------------------
