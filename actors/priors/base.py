@@ -89,6 +89,16 @@ def check_prob(name: str, value: float) -> float:
     return v
 
 
+def recency_weights(ages: np.ndarray, halflife: float | None) -> np.ndarray:
+    """w_i = 0.5 ** (age_i / halflife); ages are in policy versions, >= 0. None: all ones.
+    (Every backend that discounts old observations weighs them so: the constant one here, the
+    embedded one in its fit.)"""
+    ages = np.asarray(ages, dtype=np.float64)
+    if halflife is None or not np.isfinite(halflife):
+        return np.ones_like(ages)
+    return np.power(0.5, np.maximum(ages, 0.0) / float(halflife))
+
+
 def check_halflife(halflife) -> float | None:
     if halflife is None:
         return None
@@ -111,7 +121,6 @@ class ConstantPrior(PriorBackend):
         self._mean = self.prior_mean
 
     def set_context(self, context: Context) -> None:
-        from actors.priors.weights import recency_weights
         if len(context) == 0:
             self._mean = self.prior_mean
             return

@@ -1,4 +1,4 @@
-"""How much each observation of the prior's window counts: its age (``recency_weights``,
+"""How much each observation of the prior's window counts: its age (``base.recency_weights``,
 halving every ``halflife`` policy versions; the time-decay kernel T between two observations)
 and the rollouts behind its score.
 
@@ -17,13 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def recency_weights(ages: np.ndarray, halflife: float | None) -> np.ndarray:
-    """w_i = 0.5 ** (age_i / halflife); ages are in policy versions, >= 0. None: all ones."""
-    ages = np.asarray(ages, dtype=np.float64)
-    if halflife is None or not np.isfinite(halflife):
-        return np.ones_like(ages)
-    return np.power(0.5, np.maximum(ages, 0.0) / float(halflife))
+from actors.priors.base import recency_weights
 
 
 def window_weights(ages: np.ndarray, halflife: float | None, counts: np.ndarray | None):

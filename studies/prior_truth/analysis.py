@@ -162,7 +162,7 @@ def own_history_predictor(prompts: list[str], ctx: list, halflife: float | None 
     alone, weighed by their rollouts and by ``recency_weights`` over the versions before the
     newest (the signal history.py fuses with the model); the window's mean for a prompt it
     does not hold."""
-    from actors.priors.weights import recency_weights
+    from actors.priors.base import recency_weights
 
     if not ctx:
         return np.full(len(prompts), 0.5)

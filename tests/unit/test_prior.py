@@ -16,10 +16,10 @@ import pytest
 
 from actors.priors.server import PriorOutputError, PriorServer, make_prior, prior_names
 from actors.priors import backend_traits, register_prior, takes_threads
-from actors.priors.base import Context, EmbeddingCache, PriorBackend, PriorTraits
+from actors.priors.base import (Context, EmbeddingCache, PriorBackend, PriorTraits,
+                                recency_weights)
 from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
                                   loo_candidates, predict_fitted)
-from actors.priors.weights import recency_weights
 from common.types import PriorObservation
 
 REPO = Path(__file__).resolve().parents[2]
