@@ -18,7 +18,7 @@ from actors.priors.server import PriorOutputError, PriorServer, make_prior, prio
 from actors.priors import backend_traits, register_prior, takes_threads
 from actors.priors.base import (Context, EmbeddingCache, PriorBackend, PriorTraits,
                                 recency_weights)
-from actors.priors.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
+from actors.priors.embedded.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
                                   loo_candidates, predict_fitted)
 from common.types import PriorObservation
 
@@ -595,7 +595,7 @@ def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_th
 
 def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is_new():
     from actors.priors.base import Context
-    from actors.priors.embedded import FULL_SEARCH_BELOW, EmbeddedPrior
+    from actors.priors.embedded.prior import FULL_SEARCH_BELOW, EmbeddedPrior
 
     prompts, y = rule_prompts(420, seed=5)
     # One link: each link keeps its own view (n_view_searches counts each link's searches).
@@ -748,7 +748,7 @@ def test_the_surface_view_ranks_a_step_count_it_never_saw_where_ngrams_cannot():
 
 
 def test_a_score_counts_by_the_rollouts_behind_it():
-    from actors.priors.kernel import fit_context, predict_fitted
+    from actors.priors.embedded.kernel import fit_context, predict_fitted
 
     scores = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
     counts = np.array([16, 16, 16, 16, 1, 1, 1, 1])
@@ -798,7 +798,7 @@ def test_the_embedded_prior_weighs_a_score_by_its_inverse_variance_by_default():
 def test_scores_weigh_by_their_inverse_variance_about_the_window():
     """score_weights: 1 / (tau^2 + p (1 - p) / k): the counts' own ratio when the scores vary
     no more than their sampling does, flatter the more the prompts themselves differ."""
-    from actors.priors.weights import score_weights
+    from actors.priors.embedded.weights import score_weights
 
     counts = np.array([4.0, 16.0] * 50)
     rng = np.random.default_rng(0)
@@ -815,7 +815,7 @@ def test_sampling_noise_is_the_scores_binomial_variance_less_their_prompts_sprea
     """weights.sampling_noise: rates of k rollouts about prompts whose own rates p spread
     (Beta(2, 2): E p(1-p) = 0.2) have noise E p(1-p) / k, told from the window alone; count
     weights make it the same for every score; unknown counts or one rollout each: None."""
-    from actors.priors.weights import rollout_weights, sampling_noise
+    from actors.priors.embedded.weights import rollout_weights, sampling_noise
 
     rng = np.random.default_rng(3)
     n = 20_000
@@ -833,7 +833,7 @@ def test_sampling_noise_is_the_scores_binomial_variance_less_their_prompts_sprea
 def test_the_evidence_is_the_gaussian_process_likelihood_of_the_scores():
     """loo_candidates' last field against -log N(yt; 0, s^2 (K + g^2 u u') + sigma2 I) / N
     computed directly, s^2 = sigma2 / lam, and the constant model's at K = 0."""
-    from actors.priors.kernel import neg_log_evidence
+    from actors.priors.embedded.kernel import neg_log_evidence
 
     rng = np.random.default_rng(4)
     n, sigma2 = 12, 0.03
@@ -900,7 +900,7 @@ def test_choosing_by_evidence_keeps_the_mean_for_noise_and_the_kernel_for_a_sign
 
 
 def test_the_surface_view_shares_its_coefficients_over_the_window_not_decayed_by_age():
-    from actors.priors.kernel import fit_context, predict_fitted
+    from actors.priors.embedded.kernel import fit_context, predict_fitted
 
     rng = np.random.default_rng(2)
     k = np.r_[rng.integers(1, 5, 60), rng.integers(5, 9, 60)].astype(float)
@@ -937,7 +937,7 @@ def test_observe_takes_the_rollouts_behind_a_score_and_names_a_bad_count():
 
 
 def test_a_window_with_too_few_repeats_to_choose_kappa_uses_no_history():
-    from actors.priors.history import MIN_REPEATED
+    from actors.priors.embedded.history import MIN_REPEATED
 
     rng = np.random.default_rng(6)
     X = rng.normal(size=(60, 3))

@@ -1,11 +1,11 @@
-"""The surface view's columns chosen on each window (actors/priors/columns.py)."""
+"""The surface view's columns chosen on each window (actors/priors/embedded/columns.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from actors.priors.base import Context
-from actors.priors.columns import RIDGES, loo_mse, select_columns
+from actors.priors.embedded.columns import RIDGES, loo_mse, select_columns
 
 
 def brute_force_loo(X, y, w) -> float:

@@ -1,13 +1,13 @@
-"""The scale the embedded prior fits on (actors/priors/link.py; the ``link`` option)."""
+"""The scale the embedded prior fits on (actors/priors/embedded/link.py; the ``link`` option)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from actors.priors.base import Context
-from actors.priors.link import (empirical_logits, fit_scale_noise, from_fit_scale, logit_noise,
+from actors.priors.embedded.link import (empirical_logits, fit_scale_noise, from_fit_scale, logit_noise,
                                 to_fit_scale)
-from actors.priors.weights import sampling_noise
+from actors.priors.embedded.weights import sampling_noise
 
 
 class NoEncoder:
@@ -64,7 +64,7 @@ def test_on_the_logit_scale_a_line_fits_a_logistic_rate():
     scale a linear model is the true one, on the probability scale a line cannot bend with it.
     From scores of 16 rollouts; from 4 the empirical logits are shrunk toward 0 (a score of 4
     rollouts reads at most +-2.2) and the logit scale is not better here (docs/prior.md)."""
-    from actors.priors.kernel import fit_context, predict_fitted
+    from actors.priors.embedded.kernel import fit_context, predict_fitted
 
     ks = np.arange(1, 21, dtype=float)
     truth = 1 / (1 + np.exp(-(3 - 0.35 * ks)))
@@ -105,8 +105,8 @@ def test_a_logit_fit_is_calibrated_in_the_large():
     sigmoid of their mean sits well below the scores' mean. The logit fit's level is moved
     until its leave-one-out predictions, mapped back, average the scores (mean_shift): a
     feature that carries nothing leaves the constant model, which then predicts that mean."""
-    from actors.priors.kernel import fit_context, predict_fitted
-    from actors.priors.link import mean_shift
+    from actors.priors.embedded.kernel import fit_context, predict_fitted
+    from actors.priors.embedded.link import mean_shift
 
     rng = np.random.default_rng(3)
     rate = rng.uniform(0.85, 1.0, 300)

@@ -64,11 +64,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.priors.baseline import constant_model
-from actors.priors.columns import narrow_views
-from actors.priors.history import FORMS, fit_history, fuse_history
-from actors.priors.link import fit_scale_noise, from_fit_scale, mean_shift, to_fit_scale
-from actors.priors.weights import fit_weights, window_weights
+from actors.priors.embedded.baseline import constant_model
+from actors.priors.embedded.columns import narrow_views
+from actors.priors.embedded.history import FORMS, fit_history, fuse_history
+from actors.priors.embedded.link import fit_scale_noise, from_fit_scale, mean_shift, to_fit_scale
+from actors.priors.embedded.weights import fit_weights, window_weights
 
 # Ridge strengths, as multiples of the mean eigenvalue of the weighted base kernel (scale-free).
 LAMBDA_GRID = tuple(float(x) for x in np.logspace(-2.5, 1.5, 9))

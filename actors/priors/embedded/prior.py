@@ -17,10 +17,10 @@ import numpy as np
 
 from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
                                 PriorTraits, check_halflife, check_prob)
-from actors.priors.history import FORMS
-from actors.priors.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
+from actors.priors.embedded.history import FORMS
+from actors.priors.embedded.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
                                   predict_fitted)
-from actors.priors.link import LINKS
+from actors.priors.embedded.link import LINKS
 
 
 def minilm_dir() -> Path:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.priors.weights import sampling_noise
+from actors.priors.embedded.weights import sampling_noise
 
 LINKS = ("identity", "logit", "average")
 
