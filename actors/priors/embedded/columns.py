@@ -2,7 +2,7 @@
 
 A kernel ridge with one ridge strength gives every column of a view the same prior weight.
 That suits a sentence embedding (hundreds of directions, none special) and fails a view of a
-dozen surface magnitudes (``embedded.surface_features``), where one column (a step count)
+dozen surface magnitudes (``views.surface_features``), where one column (a step count)
 may carry all the signal and the other ten only add variance: on the stepwise task's first
 window, the one column alone predicted the truth with error 0.041, all eleven together 0.069.
 

