@@ -18,8 +18,8 @@ from actors.priors.server import PriorOutputError, PriorServer, make_prior, prio
 from actors.priors import backend_traits, register_prior, takes_threads
 from actors.priors.base import (Context, EmbeddingCache, PriorBackend, PriorTraits,
                                 recency_weights)
-from actors.priors.embedded.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, fit_context, log_length,
-                                  loo_candidates, predict_fitted)
+from actors.priors.embedded.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, FitSettings, fit_context,
+                                           log_length, loo_candidates, predict_fitted)
 from common.types import PriorObservation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -531,14 +531,15 @@ def test_drift_follows_a_policy_that_improves_while_the_window_fills():
     Q = np.stack([centers[0], centers[1]])
     Q /= np.linalg.norm(Q, axis=1, keepdims=True)
     truth = np.array([0.7, 0.3])             # now, at age 0
-    plain = predict_fitted(fit_context(X, y, ages, halflife=8.0), Q)
-    fit = fit_context(X, y, ages, halflife=8.0, drift=True)
+    plain = predict_fitted(fit_context(X, y, ages, settings=FitSettings(halflife=8.0)), Q)
+    fit = fit_context(X, y, ages, settings=FitSettings(halflife=8.0, drift=True))
     drifted = predict_fitted(fit, Q)
     assert fit.age_weight > 0 and "+age" in fit.label()
     assert np.mean(plain - truth) < -0.08              # the lag (a kernel fit shrinks, too)
     assert abs(np.mean(drifted - truth)) < 0.04         # most of it gone
     # lead moves the prediction further along the trend (about 0.02 a version).
-    ahead = predict_fitted(fit_context(X, y, ages, halflife=8.0, drift=True, lead=2.0), Q)
+    ahead = predict_fitted(fit_context(X, y, ages, settings=FitSettings(halflife=8.0, drift=True,
+                                                                       lead=2.0)), Q)
     assert np.all(ahead - drifted > 0.015) and np.all(ahead - drifted < 0.08)
 
 
@@ -548,7 +549,7 @@ def test_drift_is_dropped_when_the_scores_do_not_move():
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     ages = np.repeat(np.arange(12.0), 10)
     y = rng.binomial(8, 0.5, size=120) / 8
-    fit = fit_context(X, y, ages, halflife=8.0, drift=True, lead=1.0)
+    fit = fit_context(X, y, ages, settings=FitSettings(halflife=8.0, drift=True, lead=1.0))
     p = predict_fitted(fit, X[:5])
     # Leave-one-out finds no trend worth its noise: the prediction stays near the mean.
     assert np.all(np.abs(p - 0.5) < 0.06)
@@ -701,7 +702,8 @@ def test_while_the_policy_improves_a_prompts_history_counts_as_its_offset_from_t
     X0, ids = indistinct_window(rng, n_prompts, reps)
     ages = np.repeat(np.arange(reps)[::-1] * 6.0, n_prompts) + rng.uniform(0, 5, len(ids))
     y = np.clip(0.7 - 0.02 * ages + offset[ids] + rng.normal(0, 0.05, len(ids)), 0, 1)
-    fit = fit_context(X0[ids], y, ages=ages, halflife=8.0, drift=True, ids=ids)
+    fit = fit_context(X0[ids], y, ages=ages, ids=ids,
+                      settings=FitSettings(halflife=8.0, drift=True))
     assert fit.history_form == "offset" and fit.label().endswith("off")
     now = np.clip(0.7 + offset, 0, 1)
     p = predict_fitted(fit, X0, ids=np.arange(n_prompts))
@@ -755,7 +757,8 @@ def test_a_score_counts_by_the_rollouts_behind_it():
     X = np.zeros((8, 1))                           # the text says nothing: the mean answers
 
     def mean_prediction(counts, weighting="count") -> float:  # "count": the default
-        fit = fit_context(X, scores, prior_strength=0.0, counts=counts, weighting=weighting)
+        fit = fit_context(X, scores, counts=counts,
+                          settings=FitSettings(prior_strength=0.0, weighting=weighting))
         return float(predict_fitted(fit, np.zeros((1, 1)))[0])
 
     assert mean_prediction(counts) == pytest.approx(64 / 68)
@@ -890,10 +893,11 @@ def test_choosing_by_evidence_keeps_the_mean_for_noise_and_the_kernel_for_a_sign
     X = rng.normal(size=(n, 8))
     counts = np.full(n, 4.0)
     same = rng.binomial(4, 0.3, n) / 4.0
-    assert fit_context(X, same, counts=counts, select="evidence").kernel is None
+    evidence = FitSettings(select="evidence")
+    assert fit_context(X, same, counts=counts, settings=evidence).kernel is None
     assert fit_context(X, same, counts=counts).kernel is not None  # LOO chases this noise
     strong = rng.binomial(4, np.where(X[:, 0] > 0, 0.9, 0.1)) / 4
-    fit = fit_context(X, strong, counts=counts, select="evidence")
+    fit = fit_context(X, strong, counts=counts, settings=evidence)
     assert fit.kernel is not None
     p = predict_fitted(fit, np.array([[2.0] + [0] * 7, [-2.0] + [0] * 7]))
     assert p[0] > 0.6 > 0.4 > p[1]
@@ -907,8 +911,9 @@ def test_the_surface_view_shares_its_coefficients_over_the_window_not_decayed_by
     ages = np.r_[np.full(60, 24.0), np.zeros(60)]    # the small counts seen long ago only
     y = 1.0 - 0.1 * k + rng.normal(0, 0.02, 120)
     X = {"surface": k[:, None]}
-    shared = fit_context(X, y, ages, halflife=8.0, undecayed=("surface",))
-    decayed = fit_context(X, y, ages, halflife=8.0)
+    shared = fit_context(X, y, ages,
+                         settings=FitSettings(halflife=8.0, undecayed=("surface",)))
+    decayed = fit_context(X, y, ages, settings=FitSettings(halflife=8.0))
     assert not shared.timed and decayed.timed
     q = {"surface": np.array([[2.0]])}   # a query now, of a kind seen only 24 versions ago
     assert abs(predict_fitted(shared, q)[0] - 0.8) < 0.05

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from actors.priors.base import Context
-from actors.priors.embedded.link import (empirical_logits, fit_scale_noise, from_fit_scale, logit_noise,
-                                to_fit_scale)
+from actors.priors.embedded.link import (empirical_logits, fit_scale_noise, from_fit_scale,
+                                         logit_noise, to_fit_scale)
 from actors.priors.embedded.weights import sampling_noise
 
 
@@ -64,7 +64,7 @@ def test_on_the_logit_scale_a_line_fits_a_logistic_rate():
     scale a linear model is the true one, on the probability scale a line cannot bend with it.
     From scores of 16 rollouts; from 4 the empirical logits are shrunk toward 0 (a score of 4
     rollouts reads at most +-2.2) and the logit scale is not better here (docs/prior.md)."""
-    from actors.priors.embedded.kernel import fit_context, predict_fitted
+    from actors.priors.embedded.kernel import FitSettings, fit_context, predict_fitted
 
     ks = np.arange(1, 21, dtype=float)
     truth = 1 / (1 + np.exp(-(3 - 0.35 * ks)))
@@ -75,7 +75,7 @@ def test_on_the_logit_scale_a_line_fits_a_logistic_rate():
         y = rng.binomial(16, 1 / (1 + np.exp(-(3 - 0.35 * k)))) / 16
         for link, errs in errors.items():
             fit = fit_context({"count": k[:, None]}, y, counts=np.full(200, 16),
-                              select="evidence", link=link)
+                              settings=FitSettings(select="evidence", link=link))
             p = predict_fitted(fit, {"count": ks[:, None]})
             assert fit.link == link and np.all((p > 0) & (p < 1) if link == "logit" else True)
             errs.append(np.sqrt(np.mean((p - truth) ** 2)))
@@ -105,7 +105,7 @@ def test_a_logit_fit_is_calibrated_in_the_large():
     sigmoid of their mean sits well below the scores' mean. The logit fit's level is moved
     until its leave-one-out predictions, mapped back, average the scores (mean_shift): a
     feature that carries nothing leaves the constant model, which then predicts that mean."""
-    from actors.priors.embedded.kernel import fit_context, predict_fitted
+    from actors.priors.embedded.kernel import FitSettings, fit_context, predict_fitted
     from actors.priors.embedded.link import mean_shift
 
     rng = np.random.default_rng(3)
@@ -113,8 +113,8 @@ def test_a_logit_fit_is_calibrated_in_the_large():
     y, k = rng.binomial(4, rate) / 4, np.full(300, 4)
     uncalibrated = float(from_fit_scale("logit", np.mean(empirical_logits(y, k))))
     assert uncalibrated < y.mean() - 0.03
-    fit = fit_context({"noise": rng.normal(size=(300, 3))}, y, counts=k, select="evidence",
-                      link="logit")
+    fit = fit_context({"noise": rng.normal(size=(300, 3))}, y, counts=k,
+                      settings=FitSettings(select="evidence", link="logit"))
     assert fit.kernel is None
     assert predict_fitted(fit, {"noise": np.zeros((2, 3))}) == pytest.approx(y.mean(), abs=2e-3)
     w, lp = rng.uniform(0.5, 1.0, 300), rng.normal(1.0, 1.0, 300)

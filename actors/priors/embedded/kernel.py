@@ -55,8 +55,11 @@ criterion, not in T.
 **A prompt seen before** (``ids``): the chosen model's prediction fused with the prompt's own
 earlier outcomes, ``history.py``.
 
-Everything here is task-agnostic: the only inputs are feature vectors of the prompt text, the
-generic log length, scores, versions and weights.
+``fit_context(X, y, ages, loglen, ids, counts, settings)`` takes what one window holds as its
+arguments and how to fit it as a ``FitSettings`` (``halflife``, ``drift``, ``undecayed``,
+``selected``, ``link``, ``select``... above), which the embedded prior builds from its options
+once. Everything here is task-agnostic: the only inputs are feature vectors of the prompt text,
+the generic log length, scores, versions and weights.
 """
 from __future__ import annotations
 
@@ -64,6 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actors.priors.base import check_halflife, check_prob
 from actors.priors.embedded.columns import narrow_views
 from actors.priors.embedded.history import FORMS, fit_history, fuse_history
 from actors.priors.embedded.link import fit_scale_noise, from_fit_scale, mean_shift, to_fit_scale
@@ -221,74 +225,92 @@ def trend_on_age(y: np.ndarray, ages: np.ndarray, w: np.ndarray) -> tuple[float,
     return float(a), float(b), float(w @ loo ** 2) / float(w.sum())
 
 
-def constant_model(y, ages, w, halflife, prior_mean: float, prior_strength: float,
-                    drift: bool, lead: float):
+def constant_model(y: np.ndarray, ages: np.ndarray, w: np.ndarray, prior_mean: float,
+                   s: "FitSettings") -> tuple[Fitted, np.ndarray, float]:
     """The kernels' baseline, always a candidate (a window whose features carry no signal falls
-    back to it): the weighted mean (shrunk by ``prior_strength`` pseudo-observations of
-    ``prior_mean``), or with ``drift`` the scores' trend on age when it predicts held-out
-    scores better than the mean, both by exact weighted leave-one-out. Returns (its ``Fitted``
-    fields, the scores moved to age 0 by the trend, the raw scores, their mean, the raw mean,
-    the slope)."""
+    back to it): the weighted mean (shrunk by ``s.prior_strength`` pseudo-observations of
+    ``prior_mean``, on the fit's scale), or with ``s.drift`` the scores' trend on age when it
+    predicts held-out scores better than the mean, both by exact weighted leave-one-out.
+    Returns (the model, the scores moved to age 0 by its trend (``y`` without one), the mean of
+    the scores not moved)."""
     n, wsum = len(y), float(w.sum())
     # Exact LOO of the constant model (the weighted mean without point i).
     loo_const = y - (w @ y - w * y) / np.maximum(wsum - w, 1e-12)
     const_mse = float(w @ loo_const ** 2) / wsum if n > 1 else float("inf")
-    slope, y_raw = 0.0, y
-    mean_raw = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
-    if drift and n >= 8:
+    slope = 0.0
+    mean_raw = float((w @ y + s.prior_strength * prior_mean) / (wsum + s.prior_strength))
+    if s.drift and n >= 8:
         _, b, trend_mse = trend_on_age(y, ages, w)
         if trend_mse < const_mse:  # the trend predicts held-out scores better than a mean
             slope, const_mse = b, trend_mse
             y = y - b * ages       # every score moved to age 0
-    mean = float((w @ y + prior_strength * prior_mean) / (wsum + prior_strength))
-    fields = dict(mean=mean, halflife=halflife, loo_mse=const_mse, const_loo_mse=const_mse,
-                  drift=slope, lead_shift=-slope * float(lead))
-    return fields, y, y_raw, mean, mean_raw, slope
+    mean = float((w @ y + s.prior_strength * prior_mean) / (wsum + s.prior_strength))
+    return (Fitted(mean=mean, halflife=s.halflife, loo_mse=const_mse, const_loo_mse=const_mse,
+                   drift=slope, lead_shift=-slope * float(s.lead), link=s.link), y, mean_raw)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """How ``fit_context`` fits a window, the same for every window: the embedded prior builds
+    one per scale from its options, once (``prior.EmbeddedPrior``). Checked when made."""
+
+    halflife: float | None = None     # versions: recency weights and time decay T (None: off)
+    prior_mean: float = 0.5           # shrinks the window's mean, as ``prior_strength``
+    prior_strength: float = 1.0       # ... pseudo-observations of it (tiny windows)
+    kernels: tuple[str, ...] = ("linear",)  # the base kernels searched (``BASE_KERNELS``)
+    drift: bool = False               # fit the scores' trend on age ...
+    lead: float = 0.0                 # ... and predict this many versions past the newest score
+    weighting: str = "count"          # how rollout counts weigh a score (weights.fit_weights)
+    select: str = "loo"               # choose the model by "loo" error or by its "evidence"
+    undecayed: tuple[str, ...] = ()   # views whose base kernel goes without the time decay T
+    selected: tuple[str, ...] = ()    # views narrowed to the columns columns.py chooses
+    history_forms: tuple[str, ...] = FORMS  # the history's forms to choose from (history.py)
+    link: str = "identity"            # the fit's scale ("logit": empirical logits, link.py)
+
+    def __post_init__(self):
+        check_halflife(self.halflife)
+        check_prob("prior_mean", self.prior_mean)
+        if not self.prior_strength >= 0:
+            raise ValueError(f"prior_strength must be >= 0, got {self.prior_strength!r}")
+        if not self.lead >= 0:
+            raise ValueError(f"lead must be >= 0 versions, got {self.lead!r}")
+        if not self.kernels or any(k not in BASE_KERNELS for k in self.kernels):
+            raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got "
+                             f"{self.kernels!r}")
+        if self.select not in ("loo", "evidence"):
+            raise ValueError(f"select must be 'loo' or 'evidence', got {self.select!r}")
 
 
 def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
-                halflife: float | None = None, loglen: np.ndarray | None = None,
-                prior_mean: float = 0.5, prior_strength: float = 1.0,
-                kernels: tuple[str, ...] = ("linear",), drift: bool = False,
-                lead: float = 0.0, ids: np.ndarray | None = None,
-                counts: np.ndarray | None = None, undecayed: tuple[str, ...] = (),
-                weighting: str = "count", select: str = "loo",
-                history_forms: tuple[str, ...] = FORMS, selected: tuple[str, ...] = (),
-                link: str = "identity") -> Fitted:
-    """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE on the context,
-    fit it, and with ``ids`` the history fusion's kappa (the module docstring).
+                loglen: np.ndarray | None = None, ids: np.ndarray | None = None,
+                counts: np.ndarray | None = None,
+                settings: FitSettings = FitSettings()) -> Fitted:
+    """Choose (view, kernel, length and age weights, lam) by weighted LOO MSE (or evidence) on
+    one window, fit it, and with ``ids`` the history fusion's kappa (the module docstring);
+    ``settings`` say how, the arguments what the window holds.
 
     X: (N, d), or {view name: (N, d_view)} (empty: the constant model alone); y: (N,) in
-    [0, 1], ages: (N,) policy versions ago (None: all 0), loglen: (N,) or None (no length feature),
-    ids: (N,) ints, equal for the same prompt (None: no history; ``history_forms``: its forms
-    to choose from), counts: (N,) rollouts per score, weighed by ``weighting`` (weights.py;
-    None: equal). ``prior_strength`` pseudo-observations of ``prior_mean`` shrink the context
-    mean (tiny contexts). ``drift``: fit the scores' trend on age and predict ``lead`` versions
-    past the newest observation. ``undecayed``: views whose base kernel goes without the time
-    decay T (a few features whose effect holds at every version: one coefficient each over the
-    window, the age term moving the level). ``selected``: views narrowed first to the columns
-    that columns.py chooses. ``link``: the fit's scale ("logit": the scores' empirical logits,
-    link.py)."""
+    [0, 1], ages: (N,) policy versions ago (None: all 0), loglen: (N,) or None (no length
+    feature), ids: (N,) ints, equal for the same prompt (None: no history), counts: (N,)
+    rollouts per score, weighed by ``settings.weighting`` (weights.py; None: equal)."""
+    s = settings
     views = {k: np.asarray(v, dtype=np.float64) for k, v in
              (X.items() if isinstance(X, dict) else (("embedding", X),))}
     y = np.asarray(y, dtype=np.float64)
     ages = np.zeros(len(y)) if ages is None else np.maximum(np.asarray(ages, np.float64), 0.0)
-    decay, T, rw = window_weights(ages, halflife, counts)
-    fw = fit_weights(rw, counts, y, weighting)
+    decay, T, rw = window_weights(ages, s.halflife, counts)
+    fw = fit_weights(rw, counts, y, s.weighting)
     w = decay * fw
-    _check_kernels(kernels)
     n, wsum = len(y), float(w.sum())
-    sigma2 = fit_scale_noise(link, y, counts, fw) if select == "evidence" else None
-    y_prob = y
-    y, prior_mean = to_fit_scale(link, y, counts, prior_mean)
-    const, y, y_raw, mean, mean_raw, slope = constant_model(y, ages, w, halflife, prior_mean,
-                                                            prior_strength, drift, lead)
-    best = Fitted(**const, link=link)
+    sigma2 = fit_scale_noise(s.link, y, counts, fw) if s.select == "evidence" else None
+    y_raw, prior_mean = to_fit_scale(s.link, y, counts, s.prior_mean)  # on the fit's scale
+    best, y_moved, mean_raw = constant_model(y_raw, ages, w, prior_mean, s)
     if n < 4:
         return best
+    mean, slope = best.mean, best.drift
     wn, sw = w / wsum, np.sqrt(w)
-    yt = sw * (y - mean)
-    side, length_weights, age_weights = _side_features(loglen, ages, wn, drift, lead)
+    yt = sw * (y_moved - mean)
+    side, length_weights, age_weights = _side_features(loglen, ages, wn, s.drift, s.lead)
     # The kernel models are fitted around the plain mean (the age term is theirs).
     search = _Search(best=best, y_raw=y_raw, sw=sw, wsum=wsum, len_feat=side["len_feat"],
                      length_weights=length_weights, age_feat=side["age_feat"],
@@ -296,21 +318,18 @@ def fit_context(X, y: np.ndarray, ages: np.ndarray | None = None,
                      loo_pred=(w @ y_raw - w * y_raw) / np.maximum(wsum - w, 1e-12),
                      sigma2=sigma2, crit=best.loo_mse if sigma2 is None else
                      neg_log_evidence(float(yt @ yt), 0.0, 1.0, sigma2, n),
-                     fields=dict(mean=mean_raw if slope else mean, halflife=halflife, link=link,
-                                 const_loo_mse=best.const_loo_mse, decay=decay, **side))
-    views, columns = narrow_views(views, selected, y_raw, w, side["age_feat"] if drift else None)
-    search.two_stages(_base_kernels(views, kernels, wn, T, undecayed, columns), age_weights)
-    search.calibrate(link, y_prob, w)
+                     fields=dict(mean=mean_raw if slope else mean, halflife=s.halflife,
+                                 link=s.link, const_loo_mse=best.const_loo_mse, decay=decay,
+                                 **side))
+    views, columns = narrow_views(views, s.selected, y_raw, w,
+                                  side["age_feat"] if s.drift else None)
+    search.two_stages(_base_kernels(views, s.kernels, wn, T, s.undecayed, columns), age_weights)
+    search.calibrate(s.link, y, w)
     best = search.best
     if ids is not None:
         best.decay = decay  # the constant model's too: the history discounts by it
-        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw, history_forms)
+        fit_history(best, np.asarray(ids), y_raw, search.loo_pred, T, w, rw, s.history_forms)
     return best
-
-
-def _check_kernels(kernels) -> None:
-    if not kernels or any(k not in BASE_KERNELS for k in kernels):
-        raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, Pri
                                 PriorTraits, check_halflife, check_prob)
 from actors.priors.embedded.encoder import SentenceEncoder
 from actors.priors.embedded.history import FORMS
-from actors.priors.embedded.kernel import (BASE_KERNELS, Fitted, fit_context, log_length,
+from actors.priors.embedded.kernel import (FitSettings, Fitted, fit_context, log_length,
                                            predict_fitted)
 from actors.priors.embedded.link import LINKS
 from actors.priors.embedded.views import SURFACE_NUMBERS, VIEWS, hashed_ngrams, surface_features
@@ -80,46 +80,41 @@ class EmbeddedPrior(PriorBackend):
                  reselect: float = 0.25, weigh_rollouts: bool | str = "variance",
                  select: str = "evidence", columns: str = "selected", link: str = "average",
                  encoder=None):
-        self.halflife = check_halflife(halflife)
         self.prior_mean = check_prob("prior_mean", prior_mean)
-        if not float(prior_strength) >= 0:
-            raise ValueError(f"prior_strength must be >= 0, got {prior_strength!r}")
-        self.prior_strength = float(prior_strength)
         if not 0.0 <= float(eps) < 0.5:
             raise ValueError(f"eps must lie in [0, 0.5), got {eps!r}")
         self.eps = float(eps)
         self.use_length = bool(use_length)
-        self.drift = bool(drift)
-        if not float(lead) >= 0:
-            raise ValueError(f"lead must be >= 0 versions, got {lead!r}")
-        self.lead = float(lead)
-        self.kernels = (kernels,) if isinstance(kernels, str) else tuple(kernels)
-        if not self.kernels or any(k not in BASE_KERNELS for k in self.kernels):
-            raise ValueError(f"kernels must be a non-empty subset of {BASE_KERNELS}, got {kernels!r}")
         self.views = (views,) if isinstance(views, str) else tuple(views)
         if not self.views or any(v not in VIEWS for v in self.views):
             raise ValueError(f"views must be a non-empty subset of {VIEWS}, got {views!r}")
         if same_prompt not in (True, False, "level"):
             raise ValueError(f"same_prompt must be true, false or 'level', got {same_prompt!r}")
         self.same_prompt = same_prompt
-        self.history_forms = ("level",) if same_prompt == "level" else FORMS
         weighting = {True: "count", "count": "count", "variance": "variance", False: None}
         if weigh_rollouts not in weighting:
             raise ValueError(f"weigh_rollouts must be true, false, 'variance' or 'count', got "
                              f"{weigh_rollouts!r}")
-        self.weighting = weighting[weigh_rollouts]
+        self.weigh_rollouts = weighting[weigh_rollouts] is not None
         if not 0.0 <= float(reselect) <= 1.0:
             raise ValueError(f"reselect must lie in [0, 1], got {reselect!r}")
         self.reselect = float(reselect)
-        if select not in ("loo", "evidence"):
-            raise ValueError(f"select must be 'loo' or 'evidence', got {select!r}")
-        self.select = select
         if columns not in ("selected", "all"):
             raise ValueError(f"columns must be 'selected' or 'all', got {columns!r}")
-        self.columns = columns
         if link not in LINKS:
             raise ValueError(f"link must be one of {LINKS}, got {link!r}")
-        self.links = ("identity", "logit") if link == "average" else (link,)
+        # How each window is fitted, per scale ("average": both, their predictions averaged).
+        # The surface view's few magnitudes go without the time decay, and are narrowed to
+        # the columns that predict (columns: selected).
+        self.fit_settings = {one: FitSettings(
+            halflife=check_halflife(halflife), prior_mean=self.prior_mean,
+            prior_strength=float(prior_strength), drift=bool(drift), lead=float(lead),
+            kernels=(kernels,) if isinstance(kernels, str) else tuple(kernels),
+            weighting=weighting[weigh_rollouts] or "count", select=select,
+            undecayed=("surface",), selected=("surface",) if columns == "selected" else (),
+            history_forms=("level",) if same_prompt == "level" else FORMS, link=one)
+            for one in (("identity", "logit") if link == "average" else (link,))}
+        self.links = tuple(self.fit_settings)
         self.ngram_cache = EmbeddingCache(hashed_ngrams, cache_size)
         self.surface_cache = EmbeddingCache(surface_features, cache_size)
         self.encoder = encoder if encoder is not None else SentenceEncoder(
@@ -194,15 +189,11 @@ class EmbeddedPrior(PriorBackend):
         ctx = self._context
         only = self._view_to_search(prompts, link)
         views = {} if only == NO_VIEW else self._features(prompts, only)
-        fit = fit_context(views, ctx.scores, ctx.ages, self.halflife,
-                          log_length(prompts) if self.use_length else None,
-                          prior_mean=self.prior_mean, prior_strength=self.prior_strength,
-                          kernels=self.kernels, drift=self.drift, lead=self.lead,
+        fit = fit_context(views, ctx.scores, ctx.ages,
+                          loglen=log_length(prompts) if self.use_length else None,
                           ids=self._ids(prompts) if self.same_prompt else None,
-                          counts=ctx.counts if self.weighting else None,
-                          undecayed=("surface",), weighting=self.weighting or "count",
-                          select=self.select, history_forms=self.history_forms,
-                          selected=("surface",) if self.columns == "selected" else (), link=link)
+                          counts=ctx.counts if self.weigh_rollouts else None,
+                          settings=self.fit_settings[link])
         if only is None:  # a full search: its choice stands for the window it saw
             self._chosen[link] = (NO_VIEW if fit.kernel is None else fit.view, frozenset(prompts))
             self.n_view_searches += 1
