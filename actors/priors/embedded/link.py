@@ -5,7 +5,7 @@ amount, and a linear model of a rate that saturates (a step count's survival, ab
 overshoots at the easy end (clipped at 1 - eps) and lags at the hard end. A policy that trains
 gains most where it has most room: on the logit scale ("logit") one drift moves a prompt near
 1/2 most and a saturated one least, and the fit saturates by construction. Neither scale wins
-everywhere (bench.prior_truth over five runs a task, docs/prior.md): "average" (the embedded
+everywhere (studies.prior_truth over five runs a task, docs/prior.md): "average" (the embedded
 prior's default) predicts the mean of both fits' probabilities, at twice the fitting cost.
 
 The logit of a rate of k rollouts is taken empirically, log((c + 1/2) / (k - c + 1/2)) with

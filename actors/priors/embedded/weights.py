@@ -10,7 +10,7 @@ its rollout weight: in the mean, the fit and the leave-one-out criterion, not in
 the window's mean, tau^2 + p (1 - p) / k, where tau^2, the spread of the prompts' own rates,
 is the window's variance less its sampling noise: a score of 16 rollouts then outweighs one
 of 4 by less than 4x when prompts differ more than their samples do. Measured side by side
-in bench.prior_truth (variant ``count_weighted``, docs/prior.md item 10). A prompt's own
+in studies.prior_truth (variant ``count_weighted``, docs/prior.md item 10). A prompt's own
 history (history.py) counts its earlier scores by their rollouts.
 """
 from __future__ import annotations
