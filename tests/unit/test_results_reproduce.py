@@ -5,7 +5,10 @@ analysis changed without its results being recomputed, fails here.
 
 - bench.learning files: each study's ``summary`` (``summarise``), ``summary.controlled`` and
   ``summary.baselines``, from the study's ``runs`` (budget_learning.json's ``sweep`` block was
-  written by ``bench.learning.sweep``, retired with issue 44: its code is at commit 191e63b);
+  written by ``bench.learning.sweep``, retired with issue 44: its code is at commit 191e63b),
+  compared strictly: a key on one side only fails (issue 44, item 5); and the file's top level
+  is one of its studies (the latest controlled invocation, or for a baseline-only file its one
+  baseline study) with ``summary.controlled`` and ``summary.baselines`` gathered from them;
 - bench/results/learning_selection.json (``bench.learning --selection``): each setting's
   ``summary.settings.<name>`` (``per_rollout.setting_summary``), from ``studies.<name>.runs``,
   compared strictly (``strict_differences``): a key on one side only fails too (issue 44,
@@ -19,10 +22,11 @@ analysis changed without its results being recomputed, fails here.
   shape from the config (the bytes themselves needed Ray's serializer: ``bench.driver_bytes``,
   a one-off study retired with issue 44, measured them at commit 611055a).
 
-The older files' figures are compared on the keys both sides hold (``differences``): a key
-renamed since such a file was written is not in it (its old name is left alone, as that file's
-code wrote it). The per-rollout study's are compared key for key: rename or add a figure and
-the committed file must be summarised again.
+Every comparison is key for key (``strict_differences``): rename, add or drop a figure in the
+code and the committed files must be summarised again (``grad_norm_variance``, renamed
+``grad_norm_var_over_steps`` in 6141c28 with the same values, is renamed in the files).
+- bench/results/real_model.json: its prior figures name the ``studies.prior_truth`` run of the
+  real model's task that they come from.
 """
 from __future__ import annotations
 
@@ -80,16 +84,76 @@ def test_the_learning_results_hold_files():
 
 @pytest.mark.parametrize("name", LEARNING)
 def test_a_learning_result_is_what_its_runs_give(name):
+    """Each study's summary is what ``summarise``, ``controlled`` and ``baselines`` give from
+    its runs, key for key. A per-rollout study's summary holds ``final_accuracy`` and its
+    setting's figures (``settings``: checked key for key below)."""
     res = json.loads((RESULTS / name).read_text())
     for key, st in studies(res).items():
         s, runs, start = st["summary"], st["runs"], st["config"]["start"]
         own = {k: v for k, v in s.items() if k not in ("controlled", "baselines", "command",
-                                                       "date")}
-        assert differences(own, summarise(runs), 1e-9) == [], (name, key)
+                                                       "date", "settings")}
+        computed = summarise(runs)
+        if "settings" in s:  # bench.learning --selection: selection_report's summary
+            computed = {"final_accuracy": computed["final_accuracy"]}
+        diff = strict_differences(own, computed, 1e-9, f"studies.{key}.summary")
         if start in s.get("controlled", {}):
-            assert differences(s["controlled"][start], controlled(runs), 1e-9) == []
+            diff += strict_differences(s["controlled"][start], controlled(runs), 1e-9,
+                                       f"studies.{key}.summary.controlled.{start}")
         if start in s.get("baselines", {}):
-            assert differences(s["baselines"][start], baselines(runs), 1e-9) == []
+            diff += strict_differences(s["baselines"][start], baselines(runs), 1e-9,
+                                       f"studies.{key}.summary.baselines.{start}")
+        assert diff == [], f"{name}:\n  " + "\n  ".join(diff)
+
+
+@pytest.mark.parametrize("name", LEARNING)
+def test_a_learning_files_top_level_is_one_of_its_studies(name):
+    """One study a file: the top level is one of ``studies`` (not an earlier invocation left
+    under a later one's pinned figures), its ``summary.controlled`` / ``summary.baselines``
+    gathered from the studies; a per-rollout file's top level names its latest setting and
+    pins each setting's figures as its study holds them."""
+    res = json.loads((RESULTS / name).read_text())
+    held = res.get("studies")
+    if not held:
+        return
+    if "settings" in res["summary"]:  # bench.learning --selection (merge_settings)
+        assert (res["command"], res["date"]) in {(st["command"], st["date"])
+                                                 for st in held.values()}, name
+        assert res["summary"]["settings"] == {
+            k: st["summary"]["settings"][k] for k, st in held.items()}, name
+        return
+    # written onto the top level afterwards by their own commands (bench.learning.sweep,
+    # bench.learning.versus --write), or naming the versions a re-run replaced
+    later = ("studies", "superseded", "summary", "sweep", "versus")
+    top = {k: v for k, v in res.items() if k not in later}
+    pins = ("controlled", "baselines")
+    same = [k for k, st in held.items()
+            if top == {k2: v for k2, v in st.items() if k2 != "summary"}
+            and {k2: v for k2, v in res["summary"].items() if k2 not in pins}
+            == {k2: v for k2, v in st["summary"].items() if k2 not in pins}]
+    assert same, (f"{name}: the top level ({res.get('date')}) is none of its studies "
+                  f"({ {k: st.get('date') for k, st in held.items()} })")
+    for kind in pins:  # each pinned start's figures are a study's own
+        for start, figures in res["summary"].get(kind, {}).items():
+            assert any(st["summary"].get(kind, {}).get(start) == figures
+                       for st in held.values()), (name, kind, start)
+
+
+def test_the_real_models_prior_figures_name_the_prior_truth_run_of_its_task():
+    """real_model.json's prior figures are studies.prior_truth's snapshots of the run's task, and
+    its ``prior_truth.command`` is that task's run (prior_truth.json's ``runs.<task>``), not the
+    prior_truth file's latest invocation, which may be another task's."""
+    rm = json.loads((RESULTS / "real_model.json").read_text())
+    pt = json.loads((RESULTS / "prior_truth.json").read_text())
+    run = pt["runs"][rm["task"]]
+    assert (rm["prior_truth"]["command"], rm["prior_truth"].get("date")) == (run["command"],
+                                                                         run["date"])
+    snaps = [s for s in pt["snapshots"] if s["task"] == rm["task"]]
+    assert [s["snapshot"] for s in rm["prior_truth"]["snapshots"]] == [
+        s["snapshot"] for s in snaps]
+    for mine, theirs in zip(rm["prior_truth"]["snapshots"], snaps):
+        assert mine["error_sd_noise_removed"] == theirs["error_sd_noise_removed"]
+        assert mine["level_only"]["error_sd_noise_removed"] == \
+            theirs["level_mean_predictor"]["error_sd_noise_removed"]
 
 
 SELECTION = RESULTS / "learning_selection.json"
