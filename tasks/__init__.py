@@ -68,7 +68,8 @@ class TaskConfig(BaseModel):
         "stepwise, arithmetic and word_arithmetic: difficulty levels to draw problems from, "
         "spread evenly (1 = easiest). stepwise: the number of steps, 1: 1-2, 2: 3-4, 3: 5-10, "
         "4: 11-20; arithmetic: operand digits and operators (tasks/arithmetic.py LEVELS); "
-        "word_arithmetic: 1 addition, 2 multiplication, 3 subtraction, 4 story problems."))
+        "word_arithmetic: 1 addition, 2 multiplication, 3 subtraction, 4 story problems (one-digit "
+        "numbers), 5 addition and 6 subtraction of two-digit numbers."))
     path: str | None = Field(None, description=(
         "math: the dataset (train split): a .parquet, .jsonl or .json file (optionally "
         ".gz/.bz2/.xz/.zst), or a directory written by datasets' save_to_disk; local, never "

@@ -117,6 +117,7 @@ class GeneratedTask(Task):
     reference number (``is_correct``)."""
 
     levels: Mapping[int, object]
+    default_levels: tuple[int, ...] | None = None  # drawn when none are given; None: all
     default_n_train: int
     build_split: Callable[[int, int, Sequence[int], bool], list[Problem]]
 
@@ -129,7 +130,7 @@ class GeneratedTask(Task):
             raise ValueError(f"n_train and n_heldout must be >= 1, got {n_train}, {n_heldout}")
         self.seed, self.n_train, self.n_heldout = seed, n_train, n_heldout
         self.difficulties = self.check_difficulties(
-            tuple(self.levels) if difficulties is None else difficulties)
+            tuple(self.default_levels or self.levels) if difficulties is None else difficulties)
         self._splits: dict[bool, list[Problem]] = {}
 
     @classmethod

@@ -5,14 +5,22 @@ A prompt is one question a person might type, sent through the model's chat temp
     prompt       "What is the product of 7 and 6?"
     completion   "The product of 7 and 6 is 42."            (free text; graded: 42)
 
-Four families of question, each a difficulty level (numbered by family, not by measured
+Six families of question, each a difficulty level (numbered by family, not by measured
 difficulty; docs/task.md has the measured success rates):
 
 - level 1, addition of one-digit numbers ("What is 4 + 5?", "Add 4 and 5.");
 - level 2, multiplication of one-digit numbers ("What is 7 times 6?");
 - level 3, subtraction of one-digit numbers, never below zero ("Subtract 3 from 8.");
 - level 4, a story problem that adds two one-digit counts ("Mia has 4 pencils. She gets 5
-  more. How many pencils does she have now?").
+  more. How many pencils does she have now?");
+- level 5, addition of two-digit numbers ("What is 47 + 38?");
+- level 6, subtraction of two-digit numbers, never below zero ("Subtract 38 from 47.").
+
+Levels 5 and 6 are beyond a 135M model at the start (2% and 1% of its answers right, measured
+on 12 prompts each): in a mix with them many groups of 4 rollouts are all wrong, as many of a
+4B model's groups are all right or all wrong on DAPO-Math, the regime where choosing which
+prompts get rollouts can pay (configs/smollm2-135m.yaml draws all six; the task's default is
+levels 1-4).
 
 Every family has several phrasings, so a level holds prompts of different difficulty for the
 same arithmetic (a spread within the level, not only between levels).
@@ -37,6 +45,7 @@ from tasks import splits
 from tasks.base import GeneratedTask, Problem
 
 DIGITS = range(10)
+TWO_DIGITS = range(10, 100)
 
 ADD = ("What is {a} + {b}?", "What is {a} plus {b}?", "Add {a} and {b}.",
        "What is the sum of {a} and {b}?")
@@ -68,7 +77,14 @@ LEVELS: dict[int, Level] = {
              lambda a, b: a - b),
     4: Level("story addition", lambda: [(a, b) for a in range(1, 10) for b in range(1, 10)],
              lambda a, b: a + b),
+    5: Level("two-digit addition", lambda: [(a, b) for a in TWO_DIGITS for b in TWO_DIGITS],
+             lambda a, b: a + b),
+    6: Level("two-digit subtraction",
+             lambda: [(a, b) for a in TWO_DIGITS for b in TWO_DIGITS if a >= b],
+             lambda a, b: a - b),
 }
+PHRASINGS = {1: ADD, 2: MUL, 3: SUB, 5: ADD, 6: SUB}  # level 4: STORY, with names and things
+SUBTRACTIONS = (3, 6)
 HELDOUT_FRACTION = 0.2
 SPLIT_SALT = "v05rl-word-arithmetic-split-v1"
 # The last number written: an optional minus sign, digits with optional thousands commas,
@@ -80,8 +96,7 @@ def _questions(level: int) -> list[str]:
     """Every question of ``level``, in a fixed order."""
     pairs = LEVELS[level].pairs()
     if level != 4:
-        phrasings = {1: ADD, 2: MUL, 3: SUB}[level]
-        return [t.format(a=a, b=b) for t in phrasings for a, b in pairs]
+        return [t.format(a=a, b=b) for t in PHRASINGS[level] for a, b in pairs]
     return [t.format(a=a, b=b, name=name, they=they, them=them, things=things)
             for t, (name, they, them), things in itertools.product(STORY, NAMES, THINGS)
             for a, b in pairs]
@@ -92,7 +107,7 @@ _OPERANDS = re.compile(r"\d+")
 
 def make_problem(question: str, level: int) -> Problem:
     a, b = (int(x) for x in _OPERANDS.findall(question)[:2])
-    if level == 3 and question.startswith("Subtract"):
+    if level in SUBTRACTIONS and question.startswith("Subtract"):
         a, b = b, a  # "Subtract {b} from {a}." names the subtrahend first
     return Problem(id=f"word-arithmetic/{question}", prompt=question,
                    answer=str(LEVELS[level].value(a, b)), difficulty=level)
@@ -121,7 +136,7 @@ class WordArithmeticTask(GeneratedTask):
 
     name = "word_arithmetic"
     answer_format = "the last number written"
-    levels, default_n_train = LEVELS, 800
+    levels, default_levels, default_n_train = LEVELS, (1, 2, 3, 4), 800
     build_split = staticmethod(build_split)
 
     def extract(self, completion: str) -> str | None:

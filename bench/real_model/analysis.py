@@ -24,6 +24,24 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict, dict]:
     return rows, summary, config
 
 
+def uniform_groups(prompts: list[dict], k: int, parts: int = 3) -> dict:
+    """How many trained prompts' first ``k`` rollouts (k_init: what every admitted prompt
+    gets) all had the same reward, all right or all wrong: the groups that teach a
+    group-mean baseline nothing. Over the run and over its thirds in training order (the
+    level mix's share at the start, and how training moves it)."""
+    def share(group: list[dict], which=lambda first: len(set(first)) == 1) -> float | None:
+        return round(float(np.mean([which(p["rewards"][:k]) for p in group])), 3) \
+            if group else None
+
+    rewards = [r for p in prompts for r in p["rewards"]]
+    lo, hi = (min(rewards), max(rewards)) if rewards else (None, None)
+    cut = np.array_split(np.arange(len(prompts)), parts) if prompts else []
+    return {"k": k, "prompts": len(prompts), "uniform_share": share(prompts),
+            "all_wrong_share": share(prompts, lambda first: set(first) == {lo}),
+            "all_right_share": share(prompts, lambda first: set(first) == {hi}),
+            "uniform_share_by_part": [share([prompts[i] for i in idx]) for idx in cut]}
+
+
 def steady(rows: list[dict]) -> list[dict]:
     """Steps 2..N (all of them for a run of one step)."""
     return rows[1:] if len(rows) > 1 else rows
@@ -107,6 +125,7 @@ def analyse(run_dir: Path, params: int, matmul: dict, curve: list[dict],
     """Every figure of the real-model section. ``matmul``: GFLOP/s by thread count (str);
     ``curve``: the engine alone, [{batch, tokens_per_s}]; ``memory_mib``: peak RSS by role."""
     rows, summary, config = read_run(run_dir)
+    prompts = [json.loads(x) for x in (run_dir / "prompts.jsonl").read_text().splitlines() if x]
     gens, learner = config["generators"], config["learner"]
     gen = generator_rate(rows, gens["count"], gens["engine"]["max_num_seqs"])
     limit = engine_limit_at(curve, gen["batch_while_busy"])
@@ -122,7 +141,8 @@ def analyse(run_dir: Path, params: int, matmul: dict, curve: list[dict],
         "step_split_s": step_split(rows),
         "learner": learner_rate(rows, params, matmul[str(learner["threads"])]),
         "generators": gen, "engine_curve": curve, "memory_peak_mib": memory_mib,
-        "accuracy": acc,
+        "accuracy": acc, "difficulties": config["task"]["difficulties"],
+        "groups": uniform_groups(prompts, config["algo"]["k_init"]),
         # The pinned figures, at the top level.
         "start_accuracy": acc["start_accuracy"], "end_accuracy": acc["end_accuracy"],
         "heldout_gain_se": acc["heldout_gain_se"],

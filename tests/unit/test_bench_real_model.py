@@ -35,8 +35,16 @@ def run_dir(tmp_path):
                "rollouts": 120}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     config = {"generators": {"count": 2, "engine": {"max_num_seqs": 64}},
-              "learner": {"threads": 1}}
+              "learner": {"threads": 1}, "algo": {"k_init": 4},
+              "task": {"difficulties": [1, 2, 3, 4, 5, 6]}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    # six prompts in training order: all wrong, mixed, all right (its 5th rollout, an extra
+    # one, is wrong: only the first k_init count), mixed, all wrong, mixed
+    groups = [[-1] * 4, [1, -1, -1, -1], [1, 1, 1, 1, -1], [-1, 1, -1, 1], [-1] * 4,
+              [1, 1, -1, 1]]
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"uid": f"s{i}", "rewards": g, "k": len(g)}) + "\n"
+        for i, g in enumerate(groups)))
     return tmp_path
 
 
@@ -67,6 +75,10 @@ def test_figures_over_the_steady_state(run_dir):
     assert out["heldout_gain_se"] == pytest.approx(0.16 / math.hypot(0.03, 0.04), abs=0.01)
     assert out["accuracy"]["gain_over_end_se"] == pytest.approx(4.0)
     assert out["k_mean"] == 5.0 and out["startup_s"] == 46.0
+    assert out["difficulties"] == [1, 2, 3, 4, 5, 6]
+    assert out["groups"] == {"k": 4, "prompts": 6, "uniform_share": 0.5,
+                             "all_wrong_share": 0.333, "all_right_share": 0.167,
+                             "uniform_share_by_part": [0.5, 0.5, 0.5]}
 
 
 def test_the_engine_limit_is_clamped_beyond_the_measured_batches():

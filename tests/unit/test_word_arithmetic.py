@@ -36,11 +36,32 @@ def test_every_answer_matches_the_words(task):
         assert p.difficulty in wa.LEVELS
         if p.difficulty == 3:
             assert int(p.answer) >= 0
+    assert {p.difficulty for p in problems} == {1, 2, 3, 4}  # the default levels
+
+
+def test_the_two_digit_levels():
+    """Levels 5 and 6 (configs/smollm2-135m.yaml draws them beside 1-4): two two-digit
+    numbers added or subtracted, never below zero, in each level's several phrasings."""
+    t = make_task("word_arithmetic", difficulties=(5, 6), n_train=400, n_heldout=100)
+    problems = t.train() + t.heldout()
+    assert {p.difficulty for p in problems} == {5, 6}
+    for p in problems:
+        a, b = (int(x) for x in re.findall(r"\d+", p.prompt)[:2])
+        assert 10 <= a <= 99 and 10 <= b <= 99, p.prompt
+        assert int(p.answer) == reference_answer(p.prompt), p
+        assert (int(p.answer) >= 0) if p.difficulty == 6 else (int(p.answer) >= 20)
+    for lv in (5, 6):
+        assert len({re.sub(r"\d+", "N", p.prompt) for p in problems if p.difficulty == lv}) >= 3
+    # drawn beside the one-digit levels, evenly, each from its own side of the split
+    six = make_task("word_arithmetic", difficulties=(1, 2, 3, 4, 5, 6), n_train=600)
+    assert sorted(sum(p.difficulty == lv for p in six.train()) for lv in range(1, 7)) == [100] * 6
+    assert all(wa.is_heldout(p.prompt) for p in six.heldout())
+    assert not any(wa.is_heldout(p.prompt) for p in six.train())
 
 
 def test_levels_are_spread_evenly_and_phrased_in_several_ways(task):
     train = task.train()
-    by_level = {lv: [p for p in train if p.difficulty == lv] for lv in wa.LEVELS}
+    by_level = {lv: [p for p in train if p.difficulty == lv] for lv in task.difficulties}
     assert sorted(len(v) for v in by_level.values())[0] >= 150
     for lv, problems in by_level.items():
         # at least 2 distinct phrasings per level: the words around the numbers differ
@@ -89,5 +110,5 @@ def test_config_builds_it_and_checks_levels():
     t = make_task_from_config(TaskConfig(name="word_arithmetic", difficulties=[4], n_train=50,
                                          n_heldout=10))
     assert {p.difficulty for p in t.train() + t.heldout()} == {4}
-    with pytest.raises(ValueError, match=r"distinct levels from \[1, 2, 3, 4\]"):
-        TaskConfig(name="word_arithmetic", difficulties=[5])
+    with pytest.raises(ValueError, match=r"distinct levels from \[1, 2, 3, 4, 5, 6\]"):
+        TaskConfig(name="word_arithmetic", difficulties=[7])
