@@ -16,8 +16,9 @@ difficulty; docs/task.md has the measured success rates):
 - level 5, addition of two-digit numbers ("What is 47 + 38?");
 - level 6, subtraction of two-digit numbers, never below zero ("Subtract 38 from 47.").
 
-Levels 5 and 6 are beyond a 135M model at the start (2% and 1% of its answers right, measured
-on 12 prompts each): in a mix with them many groups of 4 rollouts are all wrong, as many of a
+Levels 5 and 6 are nearly beyond a 135M model at the start (``python -m bench.level_rates``
+measures each level's success rate: docs/benchmarks.md): in a mix with them many groups of 4
+rollouts are all wrong, as many of a
 4B model's groups are all right or all wrong on DAPO-Math, the regime where choosing which
 prompts get rollouts can pay (configs/smollm2-135m.yaml draws all six; the task's default is
 levels 1-4).
