@@ -89,11 +89,7 @@ def run(cfg, checked=None) -> dict:
         stop.install()  # after ray.init, whose own SIGTERM handler is a bare sys.exit
         print(f"placement: {p.describe()}", file=sys.stderr, flush=True)
         roles = start_roles(cfg, groups, model_path, t0=t0)
-        up = roles.startup
-        print(f"actors up in {time.perf_counter() - t0:.0f}s (learner {up['learner_s']:.0f}s, "
-              f"generators {up['generators_s']:.0f}s" + (f", prior {up['prior_s']:.0f}s"
-                                                         if "prior_s" in up else "") + ")",
-              file=sys.stderr, flush=True)
+        print(roles.startup.line(), file=sys.stderr, flush=True)
         return Trainer.start(cfg, roles, task, start=start).run()
     finally:
         if roles is not None:  # its placement groups too; a group whose roles never started

@@ -187,8 +187,8 @@ def run_modes(base: dict, modes: list[str], steps: int, repeats: int, batch: int
     runs: dict[str, list] = {m: [] for m in modes}
     group = None
     with shared_roles(mode_config(base, "async_v05", run_dir), run_dir) as shared:
-        startup = shared.roles.startup
-        print(f"actors up in {startup['total_s']:.0f}s", file=sys.stderr, flush=True)
+        startup = shared.roles.startup.to_json()
+        print(shared.roles.startup.line(), file=sys.stderr, flush=True)
         out = {"steps": steps, "warmup_steps": warmup, "startup": startup}
         mem = MemorySampler()
         try:

@@ -6,6 +6,7 @@ Everything here imports Ray lazily so that ``cluster.config.schema`` and ``--hel
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -32,6 +33,29 @@ def log_path(cfg, role: str) -> str | None:
 
 
 @dataclass
+class Startup:
+    """Seconds from the start (before placement) to each role's ready answer, written once by
+    ``start_roles`` and read by attribute: the launcher's "actors up" line, summary.json's
+    ``startup`` (``to_json``). A role the run does not have stays None."""
+
+    placement_s: float | None = None
+    generators_s: float | None = None
+    learner_s: float | None = None
+    prior_s: float | None = None
+    engines_s: list[float] = field(default_factory=list)  # each engine's own start
+    total_s: float | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def line(self) -> str:
+        """``actors up in Ns (learner Ns, generators Ns[, prior Ns])``."""
+        prior = "" if self.prior_s is None else f", prior {self.prior_s:.0f}s"
+        return (f"actors up in {self.total_s:.0f}s (learner {self.learner_s:.0f}s, "
+                f"generators {self.generators_s:.0f}s{prior})")
+
+
+@dataclass
 class Roles:
     """Handles of the running actors; the driver talks to the system only through these."""
 
@@ -49,7 +73,7 @@ class Roles:
     # update_weights), and nothing else in the product stores a version
     # (tests/unit/test_structure.py).
     published: int = 0
-    startup: dict = field(default_factory=dict)  # seconds from the start to each role's ready
+    startup: Startup = field(default_factory=Startup)
     # What the learner and the engines compute in (``run_dtypes_of``), resolved once before
     # they start: the start's line and summary.json read it here.
     dtypes: dict = field(default_factory=dict)
@@ -181,7 +205,7 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
     try:
         # Actor constructors run concurrently: engines, prior and DeepSpeed start together;
         # each role's time is measured to its ready answer (the split goes to summary.json).
-        roles.startup["placement_s"] = time.perf_counter() - t0
+        roles.startup.placement_s = time.perf_counter() - t0
         roles.generators = [start_generator(cfg, model_path, i, groups[key], names[key])
                             for i, key in enumerate(keys)]
         if "prior" in groups:
@@ -189,12 +213,12 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
         waits = {"generators": [h.ready.remote() for h in roles.generators]}
         if shares_gpus(cfg):  # vLLM profiles its memory at start: not while DeepSpeed loads
             ray.get(waits["generators"])
-            roles.startup["generators_s"] = time.perf_counter() - t0
+            roles.startup.generators_s = time.perf_counter() - t0
             waits["generators"] = []
         if roles.prior is not None:
             waits["prior"] = [roles.prior.ready.remote()]
         roles.learner = start_learner(cfg, model_path, groups["learner"])
-        roles.startup["learner_s"] = time.perf_counter() - t0
+        roles.startup.learner_s = time.perf_counter() - t0
         # Each role's own time to ready (whichever answers first), not the order we ask in.
         role_of = {ref: role for role, refs in waits.items() for ref in refs}
         left = {role: len(refs) for role, refs in waits.items() if refs}
@@ -204,8 +228,10 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
             ray.get(done)  # raises what a role's constructor raised
             role = role_of[done[0]]
             left[role] -= 1
-            if not left[role]:
-                roles.startup[f"{role}_s"] = time.perf_counter() - t0
+            if not left[role] and role == "generators":
+                roles.startup.generators_s = time.perf_counter() - t0
+            elif not left[role]:
+                roles.startup.prior_s = time.perf_counter() - t0
         # Every role loaded the same model: model.path resolves on each node
         check_same_model(
             [(f"generator {i}", *fp) for i, fp in
@@ -215,9 +241,9 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
         # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
         roles.learner.connect_weight_sync(cfg.cluster.weight_sync_config.model_dump(),
                                           roles.generators)
-        roles.startup["engines_s"] = [s["engine_start_s"] for s in
-                                      ray.get([g.stats.remote() for g in roles.generators])]
-        roles.startup["total_s"] = time.perf_counter() - t0
+        roles.startup.engines_s = [s["engine_start_s"] for s in
+                                   ray.get([g.stats.remote() for g in roles.generators])]
+        roles.startup.total_s = time.perf_counter() - t0
     except BaseException:
         roles.shutdown()
         raise

@@ -219,7 +219,7 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
     gen_end, st = generator_stats(run.roles.generators), run.state
     return {**generator_delta(gen0, gen_end), "t_start": t_start,
             "eval_initial_reused": initial_reused, "resumed_from": st.resumed_from,
-            "startup": dict(run.roles.startup), "skipped_checkpoints": st.skipped_checkpoints,
+            "startup": run.roles.startup.to_json(), "skipped_checkpoints": st.skipped_checkpoints,
             "generator_update_failed": run.update_failed,
             "role_nodes": run.nodes.at_start if run.nodes else {},
             "node_events": list(run.nodes.events) if run.nodes else [],

@@ -13,6 +13,7 @@ import pytest
 
 from bench import harness
 from bench.harness import config_for, round_robin, shared_roles, stamp, write_json
+from cluster.nodes.roles import Startup
 
 
 def test_round_robin_rotates_the_start_so_each_mode_takes_each_place():
@@ -84,7 +85,7 @@ class FakeRoles:
         self.calls = calls
         self.learner = SimpleNamespace(  # saving the initial state takes 3 s
             save_checkpoint=lambda d, meta: calls.append(("save", d, meta)) or clock.tick(3.0))
-        self.startup = {"total_s": 1.0}
+        self.startup = Startup(total_s=1.0)
 
     def shutdown(self):
         self.calls.append("roles.shutdown")

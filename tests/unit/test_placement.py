@@ -186,3 +186,18 @@ def test_nccl_is_refused_where_generators_and_learner_share_a_gpu():
     whole = load_config(ROOT / "configs" / "qwen3-4b-8gpu.yaml")
     assert plan(whole) and not shares_gpus(whole)
     assert not shares_gpus(load_config(ROOT / "v05.yaml"))  # CPUs: nothing to share
+
+
+def test_start_up_times_are_a_record_read_by_attribute():
+    """Issue 44: the start-up split was written under f-string keys and read by literal
+    name. ``Startup`` fields: the launcher's line and summary.json's ``startup`` from them."""
+    from cluster.nodes.roles import Roles, Startup
+
+    up = Startup(placement_s=0.4, generators_s=20.4, learner_s=12.2, engines_s=[3.5],
+                 total_s=20.5)
+    assert up.line() == "actors up in 20s (learner 12s, generators 20s)"
+    assert up.to_json() == {"placement_s": 0.4, "generators_s": 20.4, "learner_s": 12.2,
+                            "engines_s": [3.5], "total_s": 20.5}  # no prior: no prior_s
+    up.prior_s = 12.3
+    assert up.line().endswith(", prior 12s)") and up.to_json()["prior_s"] == 12.3
+    assert isinstance(Roles(generators=[], learner=None).startup, Startup)

@@ -216,3 +216,11 @@ def test_the_policy_version_is_stored_by_its_owner_and_the_told_copies_only():
     # and the check can fail: a write from outside the owner is found
     assert version_writes(ast.parse("def publish(roles, v):\n    roles.published = v\n")) \
         == {(None, "published")}
+
+
+def test_start_up_times_are_read_by_attribute():
+    """Issue 44: ``Roles.startup`` was a dict written under f-string keys (cluster.nodes.roles)
+    and read by literal name (cluster.launch); it is ``Startup``, indexed by no one."""
+    indexed = [(p.name, m) for p in modules(LAYERS).values()
+               for m in re.findall(r"startup\[[^\]]+\]", p.read_text())]
+    assert indexed == []

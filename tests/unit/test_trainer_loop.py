@@ -80,7 +80,9 @@ def fake_run(cfg, clock: Clock, totals: dict, step: int) -> tuple[Run, list, lis
         saves.append(step)
         run.ckpts.saved_step = step
 
-    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup={}, published=0,
+    from cluster.nodes.roles import Startup
+
+    run = Run(cfg, SimpleNamespace(learner=learner, generators=[], startup=Startup(), published=0,
                                   dtypes={"learner": "fp32", "engine": "float32"}),
               SimpleNamespace(rewards=(-1.0, 1.0)), RunState(version=0, step=step),
               FakeCoordinator(log, lambda: left.append(dog.time_left())),
