@@ -119,6 +119,20 @@ def run_roots_state() -> dict[str, tuple[int, int]]:
     return state
 
 
+@pytest.fixture(scope="module")
+def lent_roles(tmp_path_factory):
+    """v05.yaml's roles on a local cluster, started once per module and lent to the runs a
+    bench or an acceptance test starts in this process (``bench.harness.lend_roles``)."""
+    from bench.harness import lend_roles, shared_roles
+    from cluster.config.schema import load_config
+
+    tmp = tmp_path_factory.mktemp("roles")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "v05.yaml",
+                      ["cluster.address=local", f"run.output_dir={tmp}", "run.progress=false"])
+    with shared_roles(cfg, tmp) as shared, lend_roles(shared, cfg):
+        yield shared
+
+
 @pytest.fixture(autouse=True)
 def never_in_the_users_run_folders():
     """Fails the test (an error at teardown, naming what changed) that wrote into a user run

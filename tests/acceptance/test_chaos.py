@@ -15,29 +15,12 @@ hung verifier in tests/unit/test_scoring.py. Short traces (task.difficulties=[1]
 minutes.
 """
 import json
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.acceptance]
 
 pytest.importorskip("ray")
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def lent_roles(tmp_path_factory):
-    """v05.yaml's roles on a local cluster, lent to the chaos run."""
-    from bench.harness import lend_roles, shared_roles
-    from cluster.config.schema import load_config
-
-    tmp = tmp_path_factory.mktemp("roles")
-    cfg = load_config(REPO / "v05.yaml", ["cluster.address=local", f"run.output_dir={tmp}",
-                                          "run.progress=false"])
-    with shared_roles(cfg, tmp) as shared, lend_roles(shared, cfg):
-        yield shared
-
 
 ROW_KEYS = {"name", "survived", "prompts_lost", "prompts_trained_twice", "hung",
             "recovery_time_s", "recovery", "wall_s", "injected", "what_happened", "detail"}

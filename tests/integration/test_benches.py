@@ -8,29 +8,12 @@ every run evaluated at its start and its end; the result file has every pinned k
 The chaos and soak runs are the acceptance tier (tests/acceptance/, ``pytest -m acceptance``).
 """
 import json
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
 pytest.importorskip("ray")
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def lent_roles(tmp_path_factory):
-    """v05.yaml's roles on a local cluster, lent to every bench this module runs."""
-    from bench.harness import lend_roles, shared_roles
-    from cluster.config.schema import load_config
-
-    tmp = tmp_path_factory.mktemp("roles")
-    cfg = load_config(REPO / "v05.yaml", ["cluster.address=local", f"run.output_dir={tmp}",
-                                          "run.progress=false"])
-    with shared_roles(cfg, tmp) as shared, lend_roles(shared, cfg):
-        yield shared
-
 
 # -- python -m bench.learning --quick -------------------------------------------------------
 BUDGET_S = 6  # seconds of training per run: a few steps of each mode
