@@ -347,16 +347,33 @@ def merge(out: dict, path: Path) -> dict:
     """``out`` merged into the file at ``path``: every start's latest invocation of each study
     (the controlled one, the baseline one) kept under ``studies.<key>``, ``summary.controlled``
     and ``summary.baselines`` gathering each start's pinned figures. The warm and the weak start
-    run as separate invocations (each well under a session). The top level is the latest
-    controlled invocation (a baseline study lives under ``studies`` beside it)."""
+    run as separate invocations (each well under a session). The top level is ``out``, the
+    newest invocation of whichever study (so it is always one of ``studies``: an older top level
+    kept under a newer invocation's pinned figures would contradict them). An invocation that
+    replaces an earlier one of the same study appends that one's date, command and the commit
+    it ran at (``ran_at_commit``; None where its file did not record one) to
+    ``superseded.versions``; the file's ``superseded`` key is carried over, never dropped."""
     old = json.loads(path.read_text()) if path.is_file() else {}
-    kept = old.get("studies") or ({study_key(old): old} if old else {})  # an older file: one
-    studies = {**kept, study_key(out): {k: v for k, v in out.items() if k != "studies"}}
-    top = old if is_baselines(out) and old else out
-    merged = {**{k: v for k, v in top.items() if k != "studies"}, "studies": studies}
-    merged["summary"] = {**top["summary"],
+    later = ("studies", "superseded")  # the file's, not an invocation's
+    kept = old.get("studies") or ({study_key(old): {k: v for k, v in old.items()
+                                                    if k not in later}} if old else {})
+    key = study_key(out)
+    mine = {k: v for k, v in out.items() if k not in later}
+    studies = {**kept, key: mine}
+    merged = {**mine, "studies": studies}
+    merged["summary"] = {**out["summary"],
                          "controlled": pinned(studies, "controlled", baseline_studies=False),
                          "baselines": pinned(studies, "baselines", baseline_studies=True)}
+    superseded = old.get("superseded")
+    replaced = kept.get(key)
+    if replaced is not None and replaced != mine:
+        superseded = {**(superseded or {})}
+        superseded["versions"] = [*superseded.get("versions", []),
+                                  {"date": replaced.get("date"),
+                                   "command": replaced.get("command"),
+                                   "ran_at_commit": replaced.get("commit")}]
+    if superseded is not None:
+        merged["superseded"] = superseded
     return merged
 
 

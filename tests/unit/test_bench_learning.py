@@ -269,8 +269,8 @@ def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path)
     assert set(got["studies"]) == {"warm", "weak"}
     assert got["summary"]["controlled"] == {"warm": {"x": 1}, "weak": {"x": 2}}
     assert got["config"]["start"] == "weak"  # the top level is the latest invocation
-    # The baseline study of a start sits beside its controlled study, not over it, and the
-    # top level stays the latest controlled invocation.
+    # The baseline study of a start sits beside its controlled study, not over it; the top
+    # level is the newest invocation, whichever study it was.
     path.write_text(json.dumps(got))
     base = {"config": {"start": "warm"}, "runs": {"async_oracle4": []},
             "summary": {"controlled": {"warm": {"x": 3}}, "baselines": {"warm": {"y": 4}}}}
@@ -278,7 +278,42 @@ def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path)
     assert set(got["studies"]) == {"warm", "weak", "warm-baselines"}
     assert got["summary"]["controlled"] == {"warm": {"x": 1}, "weak": {"x": 2}}
     assert got["summary"]["baselines"] == {"warm": {"y": 4}}
-    assert got["config"]["start"] == "weak" and "async_oracle4" not in got["runs"]
+    assert got["config"]["start"] == "warm" and "async_oracle4" in got["runs"]
+    assert got["studies"]["weak"]["config"]["start"] == "weak"  # still there, pinned
+
+
+def test_merging_a_baseline_study_rerun_makes_it_the_top_level_and_keeps_superseded(tmp_path):
+    """A baseline study re-run into its file (--keep-runs-from, or --out onto an existing
+    file): the top level is the new invocation, as its ``studies`` entry and its
+    ``summary.baselines`` are (the file no longer contradicts itself, as 8a3867a found), and
+    the replaced invocation is appended to the file's ``superseded`` versions, which are kept."""
+    from bench.learning.__main__ import merge
+
+    def study(date, runs):
+        return {"command": f"python -m bench.learning --baselines --paired # {date}",
+                "date": date, "config": {"start": "warm"}, "runs": runs, "curves": {},
+                "summary": {"controlled": {"warm": {}}, "baselines": {"warm": {"d": date}}}}
+
+    path = tmp_path / "learning_baselines_paired.json"
+    first = study("2026-12-04", {"sync_drgrpo4": [1], "sync_v05": [1]})
+    written = merge(first, path)
+    assert "superseded" not in written  # nothing replaced yet
+    earlier = {"commit": "5e9e08a", "date": "2026-12-03", "command": "python -m ..."}
+    path.write_text(json.dumps({**written, "superseded": {"note": "n", "versions": [earlier]}}))
+    second = study("2026-12-05", {"sync_drgrpo4": [1], "sync_v05": [2]})
+    got = merge(second, path)
+    assert (got["command"], got["date"], got["runs"]) == (second["command"], "2026-12-05",
+                                                          second["runs"])
+    assert {k: v for k, v in got.items() if k not in ("studies", "superseded", "summary")} == {
+        k: v for k, v in got["studies"]["warm-baselines"].items() if k != "summary"}
+    assert got["summary"]["baselines"] == {"warm": {"d": "2026-12-05"}}
+    assert got["summary"]["controlled"] == {}
+    assert got["superseded"]["note"] == "n"
+    assert got["superseded"]["versions"] == [
+        earlier, {"date": "2026-12-04", "command": first["command"], "ran_at_commit": None}]
+    # merging the same invocation again replaces nothing
+    path.write_text(json.dumps(got))
+    assert merge(second, path) == got
 
 
 def test_merge_from_folds_a_separate_study_file_in_unchanged(tmp_path):
