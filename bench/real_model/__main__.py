@@ -26,7 +26,9 @@ Writes bench/results/real_model.json (with the command) and real_model.png.
 
 ``--prior-truth FILE`` adds to an existing real_model.json the prior against the truth on the
 run's task, from ``python -m studies.prior_truth --task word_arithmetic``'s result (a separate
-command: its 64-sample truth takes longer than the run), with that command beside it.
+command: its 64-sample truth takes longer than the run), with that command and its date
+beside it (``prior_truth.command``: the file's ``runs.<task>``, the run of this task, not the
+file's latest invocation, which may have measured another task).
 """
 from __future__ import annotations
 

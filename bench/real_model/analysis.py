@@ -172,15 +172,24 @@ PRIOR_KEYS = ("snapshot", "step", "n_prompts", "samples_per_prompt", "truth_mean
 
 def prior_figures(prior_truth: dict, task: str) -> dict:
     """The prior against the truth on the real model's task, from ``studies.prior_truth``'s
-    result: each snapshot of ``task`` side by side with the predictor told each level's true
-    mean, and the pinned pair (``prior_error_sd_noise_removed``,
+    result: each snapshot of ``task``'s run (``runs.<task>``: not its recurring setting's,
+    ``runs.<task>_recurring``) side by side with the predictor told each level's true mean,
+    and the pinned pair (``prior_error_sd_noise_removed``,
     ``level_only_error_sd_noise_removed``) at the last snapshot measured (the trained policy
-    when the end was measured)."""
-    snaps = [s for s in prior_truth["snapshots"] if s["task"] == task]
+    when the end was measured). ``prior_truth.command`` and ``.date`` are that run's
+    (``runs.<task>``), not the file's latest invocation, which may have measured another
+    task."""
+    snaps = [s for s in prior_truth["snapshots"]
+             if s["task"] == task and not s.get("recurring")]
     if not snaps:
         raise ValueError(f"studies.prior_truth's result has no snapshot of task {task!r} "
                          f"(it has {sorted({s['task'] for s in prior_truth['snapshots']})}); "
                          f"run python -m studies.prior_truth --task {task} first")
+    run = prior_truth.get("runs", {}).get(task, {})
+    if not run.get("command"):
+        raise ValueError(f"studies.prior_truth's result names no command for task {task!r} "
+                         f"(runs.{task}.command); run python -m studies.prior_truth "
+                         f"--task {task} again")
     order = {"start": 0, "middle": 1, "end": 2}
     snaps.sort(key=lambda s: order.get(s["snapshot"], 3))
     rows = [{**{k: s[k] for k in PRIOR_KEYS if k in s},
@@ -188,7 +197,8 @@ def prior_figures(prior_truth: dict, task: str) -> dict:
                             ("error_sd", "error_sd_noise_removed", "bias", "spearman")}}
             for s in snaps]
     last = rows[-1]
-    return {"prior_truth": {"command": prior_truth.get("command"), "snapshots": rows},
+    return {"prior_truth": {"command": run["command"], "date": run.get("date"),
+                            "snapshots": rows},
             "prior_error_sd_noise_removed": round(last["error_sd_noise_removed"], 4),
             "level_only_error_sd_noise_removed":
                 round(last["level_only"]["error_sd_noise_removed"], 4),

@@ -110,7 +110,9 @@ def test_prior_figures_take_the_tasks_last_snapshot_side_by_side_with_level_only
     result = {"command": "python -m studies.prior_truth --task word_arithmetic",
               "snapshots": [snapshot("word_arithmetic", "end", 0.12, 0.10),
                             snapshot("stepwise", "end", 0.5, 0.5),
-                            snapshot("word_arithmetic", "start", 0.15, 0.14)]}
+                            snapshot("word_arithmetic", "start", 0.15, 0.14)],
+              "runs": {"word_arithmetic": {"command": "python -m studies.prior_truth "
+                                                      "--task word_arithmetic", "date": "d"}}}
     out = analysis.prior_figures(result, "word_arithmetic")
     assert out["prior_snapshot"] == "end"
     assert out["prior_error_sd_noise_removed"] == 0.12
@@ -119,6 +121,59 @@ def test_prior_figures_take_the_tasks_last_snapshot_side_by_side_with_level_only
     assert [r["snapshot"] for r in rows] == ["start", "end"]
     assert rows[0]["level_only"]["error_sd_noise_removed"] == 0.14
     assert "points" not in rows[0]
+
+
+PT = "python -m studies.prior_truth"
+
+
+def prior_truth_file():
+    """A prior_truth result whose latest invocation measured another task (stepwise, where
+    prompts recur) after the word_arithmetic run: each run's command and date under
+    ``runs.<task>``, the latest at the top level."""
+    recurring = [{**snapshot("word_arithmetic", n, 0.9, 0.9), "recurring": True}
+                 for n in ("start", "end")]
+    return {"command": f"{PT} --task stepwise --recurring 64", "date": "2026-12-05T06:34",
+            "snapshots": [snapshot("word_arithmetic", "start", 0.15, 0.14),
+                          snapshot("word_arithmetic", "end", 0.12, 0.10), *recurring,
+                          {**snapshot("stepwise", "end", 0.5, 0.5), "recurring": True}],
+            "runs": {"word_arithmetic": {"command": f"{PT} --task word_arithmetic",
+                                         "date": "2026-12-04T22:44"},
+                     "word_arithmetic_recurring": {"command": f"{PT} --task word_arithmetic "
+                                                   "--recurring 64", "date": "2026-12-05T01:00"},
+                     "stepwise_recurring": {"command": f"{PT} --task stepwise --recurring 64",
+                                            "date": "2026-12-05T06:34"}}}
+
+
+def test_prior_figures_credit_the_run_of_their_own_task_not_the_files_latest_command():
+    """The figures are ``runs.<task>``'s: its command and date (the file's top-level command
+    measured another task), its snapshots (not the task's recurring setting's)."""
+    out = analysis.prior_figures(prior_truth_file(), "word_arithmetic")
+    assert out["prior_truth"]["command"] == f"{PT} --task word_arithmetic"
+    assert out["prior_truth"]["date"] == "2026-12-04T22:44"
+    assert [r["snapshot"] for r in out["prior_truth"]["snapshots"]] == ["start", "end"]
+    assert out["prior_error_sd_noise_removed"] == 0.12  # not the recurring run's 0.9
+    no_run = {**prior_truth_file(), "runs": {}}
+    with pytest.raises(ValueError, match="no command for task 'word_arithmetic'"):
+        analysis.prior_figures(no_run, "word_arithmetic")
+
+
+def test_add_prior_truth_writes_the_tasks_run_into_real_model_json(tmp_path):
+    """``python -m bench.real_model --prior-truth FILE``: real_model.json's ``prior_truth``
+    block names the run of its own task, as test_results_reproduce checks of the committed
+    file."""
+    from bench.real_model.__main__ import add_prior_truth
+
+    pt = tmp_path / "prior_truth.json"
+    pt.write_text(json.dumps(prior_truth_file()))
+    rm = tmp_path / "real_model.json"
+    rm.write_text(json.dumps({"config": "configs/smollm2-135m.yaml", "overrides": [],
+                              "task": "word_arithmetic"}))
+    assert add_prior_truth(rm, pt, ["--prior-truth", str(pt)]) == 0
+    got = json.loads(rm.read_text())
+    run = prior_truth_file()["runs"][got["task"]]
+    assert (got["prior_truth"]["command"], got["prior_truth"]["date"]) == (run["command"],
+                                                                         run["date"])
+    assert got["prior_error_sd_noise_removed"] == 0.12
 
 
 def test_prior_figures_name_a_missing_task():
