@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from studies.provenance import checkout_commit  # one owner: below bench/, for the studies too
 
 
 def config_for(base: dict, name: str, run_dir: str | Path, **sections):
@@ -148,30 +149,11 @@ def round_robin(modes: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def checkout_commit(root: str | Path, timeout_s: float = 5.0) -> str | None:
-    """The commit checked out at ``root`` (``git rev-parse HEAD``), ``+dirty`` appended when a
-    tracked file differs from it (``git status --porcelain --untracked-files=no``); None where
-    git is missing, ``root`` is not a git checkout or git does not answer in ``timeout_s``."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                  timeout=timeout_s)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
-    head = git("rev-parse", "--verify", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if head else None
-    if not head or status is None:
-        return None
-    return head.strip() + ("+dirty" if status.strip() else "")
-
-
 def stamp(prog: str, argv: Sequence[str]) -> dict:
     """What a result file says of where it came from: the command (``python -m prog
     argv...``), the date (UTC, to the second), the machine and the commit of this checkout
-    (``checkout_commit``: None outside a git checkout)."""
-    return {"command": f"python -m {prog} " + " ".join(argv),
+    (``checkout_commit``, studies.provenance's: None outside a git checkout)."""
+    return {"command": " ".join(["python", "-m", prog, *argv]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "commit": checkout_commit(REPO)}
