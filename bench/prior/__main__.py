@@ -9,7 +9,8 @@ never-seen prompts (the encoder's cost, short and long prompts).
 (b) AUC within step (bench/prior/proxy.py): each step's 64 queries are predicted from the
 window of the 256 newest observations of earlier steps, then observed. Reported per predictor:
 the mean over steps of the pairwise AUC between predicted p and observed success rates.
-Writes bench/results/prior.json and bench/results/prior.png.
+Writes bench/results/prior.json (with its command, date and commit: bench.harness.stamp) and
+bench/results/prior.png.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections import deque
 from pathlib import Path
+
+from bench.harness import stamp
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -189,6 +193,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="python -m bench.prior", description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=64)
@@ -209,10 +214,12 @@ def main(argv=None) -> int:
     encoder = MemoEncoder(threads=max(1, min(2, os.cpu_count() or 1)))
     auc = bench_auc(args.scenarios.split(","), list(range(args.seeds)), args.steps, args.batch,
                     args.window, encoder)
-    result = {"latency_ms": latency, "auc": auc,
+    made = stamp("bench.prior", argv)  # command, date, machine, commit: as the other benches
+    result = {**{k: made[k] for k in ("command", "date", "commit")},
+              "latency_ms": latency, "auc": auc,
               "config": {"steps": args.steps, "batch": args.batch, "window": args.window,
                          "seeds": args.seeds, "rollouts_per_prompt": 8},
-              "machine": {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}}
+              "machine": {**made["machine"], "loadavg_1m": round(os.getloadavg()[0], 2)}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prior.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out / "prior.png")

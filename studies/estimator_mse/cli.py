@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
 from studies.estimator_mse.scenarios import QUICK, BenchConfig, run_benchmark
+from studies.provenance import provenance
 from estimator.registry import EstimatorConfig
 
 
 def main(argv=None) -> dict:
+    """Run the study; ``<out>.json`` names its command, date and commit, as the benches' do."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(
         prog="python -m studies.estimator_mse",
         description="Baseline MSE against rollouts (GRPO-G vs V0.5, per prior quality) and the "
@@ -28,6 +32,7 @@ def main(argv=None) -> dict:
     if args.prompts:
         cfg = replace(cfg, n_prompts=args.prompts)
     EstimatorConfig(rewards=rewards)  # validates the range with a clear error
-    result = run_benchmark(cfg, args.out, plot=not args.no_plot)
+    result = run_benchmark(cfg, args.out, plot=not args.no_plot,
+                           made_by=provenance("studies.estimator_mse", argv))
     print(f"wrote {args.out}.json ({result['timing']['total_s']:.1f}s)")
     return result

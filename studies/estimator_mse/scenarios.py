@@ -269,8 +269,11 @@ def _timed(timing: dict, key: str, fn, *args):
 
 
 def run_benchmark(cfg: BenchConfig, out: str | Path | None = None, plot: bool = True,
-                  log=print) -> dict:
-    """Run every scenario; write ``<out>.json`` (and ``<out>.png``) when ``out`` is given."""
+                  log=print, made_by: dict | None = None) -> dict:
+    """Run every scenario; write ``<out>.json`` (and ``<out>.png``) when ``out`` is given.
+    ``made_by``: the invocation's ``command``, ``date`` and ``commit``
+    (``studies.provenance.provenance``, as the CLI passes it), written first; without it, the
+    date alone (a call from Python has no command)."""
     t_start, timing = time.perf_counter(), {}
     rng = np.random.default_rng(cfg.seed)
     pop = mc.draw_population(cfg.n_prompts, cfg.k_max, rng, cfg.beta_ab, cfg.rewards)
@@ -299,9 +302,11 @@ def run_benchmark(cfg: BenchConfig, out: str | Path | None = None, plot: bool = 
     loses = [{key: r[key] for key in ("estimator", "lookahead", "noise", "prior", "mean_k", "mse",
                                       "mse_ratio_vs_grpo_same_k")}
              for r in rows if r["mse_ratio_vs_grpo_same_k"] > 1.0]
-    result = {"config": {**asdict(cfg), "cost": cfg.cost,
-                         "prior_qualities": {q: mc.PRIOR_QUALITIES[q] for q in cfg.priors}},
-              "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(),
+    stamp = made_by or {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    result = {**stamp, "config": {**asdict(cfg), "cost": cfg.cost,
+                                  "prior_qualities": {q: mc.PRIOR_QUALITIES[q]
+                                                      for q in cfg.priors}},
+              "machine": machine(),
               "population_var_reward": var_r, "grpo": grpo, "v05": rows, "bias_vs_k": bias,
               "convention_check": conv, "timing": timing,
               "v05_loses": loses, "batched_vs_sequential": versus,

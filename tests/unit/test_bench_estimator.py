@@ -129,6 +129,27 @@ def test_cli_rejects_bad_rewards(argv, message, tmp_path):
         main(argv + ["--quick", "--out", str(tmp_path / "x")])
 
 
+def test_the_cli_writes_its_command_date_and_commit_into_the_results_file(tmp_path,
+                                                                         monkeypatch):
+    """``python -m studies.estimator_mse``'s file says where it came from, as a bench's does
+    (estimator_mse.json's command and commit were added by hand in 6c7a7e0)."""
+    from datetime import datetime
+
+    from studies import provenance
+    from studies.estimator_mse import cli
+
+    monkeypatch.setattr(cli, "QUICK", TINY)  # --quick at the tiny sizes
+    monkeypatch.setattr(provenance, "checkout_commit", lambda root: f"commit of {root}")
+    argv = ["--quick", "--no-plot", "--out", str(tmp_path / "e")]
+    main(argv)
+    on_disk = json.loads((tmp_path / "e.json").read_text())
+    assert on_disk["command"] == "python -m studies.estimator_mse " + " ".join(argv)
+    assert on_disk["commit"] == f"commit of {provenance.REPO}"
+    assert (provenance.REPO / "studies" / "estimator_mse").is_dir()
+    assert datetime.fromisoformat(on_disk["date"]).utcoffset().total_seconds() == 0
+    assert on_disk["config"]["n_prompts"] == TINY.n_prompts
+
+
 def test_unknown_prior_quality_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown prior quality"):
         mc.prior_probs("oracle", np.array([0.5]), np.random.default_rng(0))
