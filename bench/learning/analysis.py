@@ -264,8 +264,15 @@ def controlled(runs: dict[str, list[dict]], v05: str = "async_v05") -> dict:
 
     ``best_grpo_G``: the async GRPO-G with the highest mean accuracy at the rollouts every
     compared mode reached (equal rollouts), the baseline to beat;
-    ``v05_minus_best_grpo_at_equal_rollouts`` and ``..._at_equal_train_s``: V0.5 minus it,
-    paired by seed, at that common point; ``v05_rollouts_to_reach_grpo16_final``: V0.5's
+    ``v05_minus_best_grpo_at_equal_rollouts``: V0.5 minus that GRPO-``best_grpo_G``, paired
+    by seed, at those common rollouts; ``v05_minus_best_grpo_at_equal_train_s``: V0.5 minus
+    the SAME GRPO-``best_grpo_G`` (the best at equal rollouts, not the best at equal
+    wall-clock), paired by seed at the training seconds every compared mode reached. In each
+    block ``best_grpo_G_on_this_axis`` names the GRPO-G with the highest mean accuracy on that
+    block's own axis: in the ``train_s`` block it may be another G than the one the difference
+    is taken against (learning.json's warm start: the difference is against GRPO-4, the best
+    at equal train_s is GRPO-16); V0.5 against that G is in no pinned key (its mean accuracy
+    is ``grpo_accuracy_at_equal_train_s``). ``v05_rollouts_to_reach_grpo16_final``: V0.5's
     rollouts to first reach the stronger GRPO-16's (sync or async) final accuracy, as a
     fraction of that GRPO-16's rollouts; per mode: the variance over steps of the pre-clip
     gradient norm (not the noise of the gradient: ``baselines`` has that), updates and
