@@ -7,8 +7,8 @@ analysis changed without its results being recomputed, fails here.
   ``summary.baselines``, from the study's ``runs`` (budget_learning.json's ``sweep`` block was
   written by ``bench.learning.sweep``, retired with issue 44: its code is at commit 191e63b),
   compared strictly: a key on one side only fails (issue 44, item 5); and the file's top level
-  is one of its studies (the latest controlled invocation, or for a baseline-only file its one
-  baseline study) with ``summary.controlled`` and ``summary.baselines`` gathered from them;
+  is one of its studies (its newest invocation, as ``bench.learning``'s ``merge`` writes it)
+  with ``summary.controlled`` and ``summary.baselines`` gathered from them;
 - bench/results/learning_selection.json (``bench.learning --selection``): each setting's
   ``summary.settings.<name>`` (``per_rollout.setting_summary``), from ``studies.<name>.runs``,
   compared strictly (``strict_differences``): a key on one side only fails too (issue 44,
