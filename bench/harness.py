@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from studies.provenance import checkout_commit  # one owner: below bench/, for the studies too
+# checkout_commit's one owner sits below bench/, so that the studies stamp their files too
+from studies.provenance import checkout_commit
 
 
 def config_for(base: dict, name: str, run_dir: str | Path, **sections):
