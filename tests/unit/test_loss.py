@@ -346,11 +346,13 @@ def test_learner_config_rejects_bad_values(kw, field):
         LearnerConfig(**kw)
 
 
-def test_learner_config_auto_resolution():
+def test_learner_config_auto_resolution(monkeypatch):
     from learner.config import LearnerConfig
 
     cfg = LearnerConfig()
-    assert (cfg.resolved_dtype(False, "m"), cfg.resolved_backend(False)) == ("fp32", "gloo")
+    for forced in ("fp32", "bf16"):  # auto on a CPU: the probe's answer, forced either way
+        monkeypatch.setenv("V05_CPU_DTYPE", forced)
+        assert (cfg.resolved_dtype(False, "m"), cfg.resolved_backend(False)) == (forced, "gloo")
     assert (cfg.resolved_dtype(True, "m"), cfg.resolved_backend(True)) == ("bf16", "nccl")
     with pytest.raises(ValueError, match="nccl"):
         LearnerConfig(backend="nccl").resolved_backend(False)

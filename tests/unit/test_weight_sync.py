@@ -350,8 +350,11 @@ def test_cpu_engine_env_errors():
 # ---------------------------------------------------------------- generator config/requests
 
 
-def test_generator_config_and_dtype():
-    assert resolve_dtype("auto", on_cpu=True, model_path="m") == "float32"
+def test_generator_config_and_dtype(monkeypatch):
+    # auto on a CPU follows the probe's answer (common.cpu_dtype), forced either way here
+    for forced, engine in (("fp32", "float32"), ("bf16", "bfloat16")):
+        monkeypatch.setenv("V05_CPU_DTYPE", forced)
+        assert resolve_dtype("auto", on_cpu=True, model_path="m") == engine
     assert resolve_dtype("auto", on_cpu=False, model_path="m") == "bfloat16"
     assert resolve_dtype("float16", on_cpu=True, model_path="m") == "float16"
     with pytest.raises(ValueError):
