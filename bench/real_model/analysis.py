@@ -24,7 +24,8 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict, dict]:
     return rows, summary, config
 
 
-def uniform_groups(prompts: list[dict], k: int, parts: int = 3) -> dict:
+def uniform_groups(prompts: list[dict], k: int, rewards: tuple[float, float] = (-1.0, 1.0),
+                   parts: int = 3) -> dict:
     """How many trained prompts' first ``k`` rollouts (k_init: what every admitted prompt
     gets) all had the same reward, all right or all wrong: the groups that teach a
     group-mean baseline nothing. Over the run and over its thirds in training order (the
@@ -33,8 +34,7 @@ def uniform_groups(prompts: list[dict], k: int, parts: int = 3) -> dict:
         return round(float(np.mean([which(p["rewards"][:k]) for p in group])), 3) \
             if group else None
 
-    rewards = [r for p in prompts for r in p["rewards"]]
-    lo, hi = (min(rewards), max(rewards)) if rewards else (None, None)
+    lo, hi = rewards  # the task's range: a run never right still has all-wrong groups only
     cut = np.array_split(np.arange(len(prompts)), parts) if prompts else []
     return {"k": k, "prompts": len(prompts), "uniform_share": share(prompts),
             "all_wrong_share": share(prompts, lambda first: set(first) == {lo}),
@@ -142,7 +142,9 @@ def analyse(run_dir: Path, params: int, matmul: dict, curve: list[dict],
         "learner": learner_rate(rows, params, matmul[str(learner["threads"])]),
         "generators": gen, "engine_curve": curve, "memory_peak_mib": memory_mib,
         "accuracy": acc, "difficulties": config["task"]["difficulties"],
-        "groups": uniform_groups(prompts, config["algo"]["k_init"]),
+        "groups": uniform_groups(prompts, config["algo"]["k_init"],
+                                 (config["task"].get("reward_low", -1.0),
+                                  config["task"].get("reward_high", 1.0))),
         # The pinned figures, at the top level.
         "start_accuracy": acc["start_accuracy"], "end_accuracy": acc["end_accuracy"],
         "heldout_gain_se": acc["heldout_gain_se"],
