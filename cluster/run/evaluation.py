@@ -12,7 +12,8 @@ Sampling seeds: sample i of held-out problem x is drawn with seed ``eval_seed_ba
 x.id) + i`` (the generator adds i to a request's seed), so no two prompts share a seed and
 their outcomes are independent (one seed for every prompt made sample i of each draw the same
 random numbers: measured, the accuracy's spread over evaluation seeds was about 3x its
-reported SE). ``seed_spread_check`` is the test of that on outcomes from several seeds.
+reported SE; the check that measured it, ``seed_spread_check``, left with its study at commit
+6196e7a).
 
 Faults: a generator whose call raises (dead, restarting, an engine error) or does not answer
 within ``timeout_s`` is not used again in this evaluation, and its requests go to the
@@ -99,47 +100,6 @@ def eval_requests(problems: list, max_tokens: int, samples: int, temperature: fl
                            seed=eval_seed_base(seed, p.id)), messages=p.messages))
             for p in problems]
     return out
-
-
-def _chi2_quantile(q: float, dof: int) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (a few % off at dof >= 3)."""
-    z = {0.025: -1.959964, 0.975: 1.959964}[q]
-    a = 2.0 / (9.0 * dof)
-    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
-
-
-def seed_spread_check(outcomes) -> dict:
-    """Do the evaluation's standard errors hold? ``outcomes``: (S, P, n) scores in [0, 1] of
-    the same P prompts, n samples each, under S independent evaluation seeds.
-
-    Compares the spread over seeds of the mean accuracy (its sd, ddof=1, with a 95% interval
-    for S - 1 degrees of freedom) with what binomial sampling within prompts predicts for
-    these prompts, sqrt(sum_j q_j (1 - q_j) N / (N - 1) / n) / P with q_j prompt j's success
-    rate over all N = S * n of its samples; and with the reported SE (``accuracy_stats``, the
-    mean over seeds), which also counts the spread between prompts, so it is larger when
-    samples are independent. Samples that share random numbers across prompts make the spread
-    exceed the prediction: ``ratio_to_predicted`` >> 1."""
-    x = np.asarray(outcomes, dtype=np.float64)
-    if x.ndim != 3 or x.shape[0] < 2 or x.shape[1] < 2 or x.shape[2] < 1:
-        raise ValueError(f"outcomes must be (seeds >= 2, prompts >= 2, samples >= 1), got {x.shape}")
-    s, p, n = x.shape
-    per_prompt = x.mean(axis=2)                          # (S, P)
-    acc = per_prompt.mean(axis=1)                        # (S,)
-    reported = [accuracy_stats(row)[1] for row in per_prompt]
-    spread_sd = float(acc.std(ddof=1))
-    q = x.mean(axis=(0, 2))                              # (P,) over all S * n samples
-    big_n = s * n
-    within = q * (1.0 - q) * big_n / (big_n - 1) if big_n > 1 else q * (1.0 - q)
-    predicted = float(math.sqrt(within.sum() / n) / p)
-    dof = s - 1
-    lo = spread_sd * math.sqrt(dof / _chi2_quantile(0.975, dof))
-    hi = spread_sd * math.sqrt(dof / _chi2_quantile(0.025, dof)) if dof > 1 else math.inf
-    reported_se = float(np.mean(reported))
-    return {"seeds": s, "prompts": p, "samples": n, "accuracy_by_seed": acc.tolist(),
-            "accuracy_mean": float(acc.mean()), "spread_sd": spread_sd,
-            "spread_sd_ci95": [lo, hi], "predicted_se": predicted, "reported_se": reported_se,
-            "ratio_to_predicted": spread_sd / predicted if predicted > 0 else math.nan,
-            "ratio_to_reported": spread_sd / reported_se if reported_se > 0 else math.nan}
 
 
 def spread(n_requests: int, n_generators: int, send, wait, get, timeout_s: float,
