@@ -33,16 +33,16 @@ no_auto_init()
 _status: list[int] = []
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
 _ACCEPTANCE = Path(__file__).resolve().parent / "acceptance"
+_STANDIN = Path(__file__).resolve().parent / "standin"
 
 
 def pytest_ignore_collect(collection_path, config):
-    # The fast tier (-m "not integration") does not even import tests/integration/ or
-    # tests/acceptance/, whose modules import Ray and the cluster stack at collection: every
-    # test there is marked integration (module-level pytestmark), so nothing it would select
-    # is lost.
+    # The fast tier (-m "not integration") does not even import tests/integration/,
+    # tests/acceptance/ or tests/standin/, whose modules import Ray and the cluster stack at
+    # collection or start a Ray cluster: the fast tier is tests/unit/, no Ray.
     if " ".join(config.getoption("markexpr").split()) == "not integration":
         path = Path(collection_path).resolve()
-        if any(path == d or d in path.parents for d in (_INTEGRATION, _ACCEPTANCE)):
+        if any(path == d or d in path.parents for d in (_INTEGRATION, _ACCEPTANCE, _STANDIN)):
             return True
     return None
 

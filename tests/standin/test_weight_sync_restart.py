@@ -17,6 +17,10 @@ that fails, so it exits too);
 ``restart_fallback`` lets a restarted generator load at once. (Until 2026-12-06 the survivor
 kept its half-loaded model and took the version in a rebuilt epoch of the same publish.)
 Synchronisation: Ray calls, the group's timeouts and ``wait_ready``; no sleeps.
+
+Marked ``standin``, not ``integration`` (where nothing is faked): the engine is a stand-in,
+because a real one cannot be told to die or hang mid-receive. The real vLLM engine's side of the
+same transport (receive, reload, restart, reconnect) is tests/integration/test_weight_sync_vllm.py.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import pytest
 from actors.generator import Generator
 from common.weight_sync.worker_ext import WeightSyncWorkerExtension
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.standin
 
 TIMEOUT_S = 5.0  # the group's step timeout and the probe timeout
 CFG = {"type": "gloo", "master_address": "127.0.0.1", "timeout_s": TIMEOUT_S,
