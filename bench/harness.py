@@ -2,7 +2,7 @@
 
 Engine start dominates on a CPU, so a bench starts the roles once (``shared_roles``) and runs
 every mode on them, each from the same state (``Shared.reset``: the learner's initial
-weights, served by every generator, and an empty prior; ``cluster.nodes.roles.reset_roles``).
+weights, served by every generator, and an empty prior; ``reset_roles``).
 ``lend_roles`` goes one further: inside it, every bench of the process runs on roles already
 started (the test suite runs two benches on one start: tests/integration/test_benches.py).
 ``round_robin`` interleaves the modes so that drift in the machine's load spreads over them;
@@ -55,8 +55,6 @@ class Shared:
 
     def reset(self, cfg) -> None:
         """Back to the initial weights (learner and every generator) and an empty prior."""
-        from cluster.nodes.roles import reset_roles
-
         reset_roles(cfg, self.roles, self.init_dir)
 
     def trainer(self, cfg, **kw):
@@ -66,6 +64,41 @@ class Shared:
         from cluster.run.trainer import Trainer
 
         return Trainer.start(cfg, self.roles, self.task, start_on_running_roles(cfg), **kw)
+
+
+def reset_roles(cfg, roles, init_dir: str) -> None:
+    """The same starting point for another run on ``roles`` (``cluster.nodes.roles.Roles``;
+    every run of a bench, tests): the learner back at the state saved in ``init_dir``, every
+    generator serving it (as a new version from the version's owner), and a fresh prior with an empty context and ``cfg``'s prior options (reset in
+    place, or a new actor when the old one is dead or busy)."""
+    import ray
+
+    from cluster.nodes.roles import start_prior, wait_ready
+    from common.names import actor_name
+
+    roles.learner.load_checkpoint(init_dir)
+    wait_ready(roles.generators)  # one Ray restarted is up again
+    served = max(ray.get([g.version.remote() for g in roles.generators]))
+    version = roles.advance(max(served, roles.published) + 1)
+    _, refs = roles.learner.publish_weights(roles.generators, version)
+    ray.get(refs)
+    if roles.prior is not None and not reset_prior_in_place(roles.prior, cfg.prior.options):
+        ray.kill(roles.prior)
+        roles.prior = start_prior(cfg, roles.placement_groups["prior"],
+                                  actor_name(cfg.run.name, "prior"))
+        ray.get(roles.prior.ready.remote())
+
+
+def reset_prior_in_place(prior, options: dict | None = None, timeout_s: float = 60.0) -> bool:
+    """The prior back to its just-started state in its own process, with ``options`` (None:
+    its own; ``PriorServer.reset``); False when it cannot be (dead, hung, or a call past its
+    budget still running)."""
+    import ray
+
+    try:
+        return bool(ray.get(prior.reset.remote(options), timeout=timeout_s))
+    except (ray.exceptions.RayError, TimeoutError):
+        return False
 
 
 def role_shape(cfg) -> dict:

@@ -39,6 +39,12 @@ RESULTS = REPO / "bench" / "results"
 PROMPT, RESPONSE, BATCH = 40, 48, 16
 
 
+def trainable_count(model) -> tuple[int, int]:
+    """(parameters that train, parameters in all)."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
 def log(msg: str) -> None:
     print(f"[lora {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -56,7 +62,6 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
 
     from cluster.config.schema import load_config
     from common.types import TrainSample
-    from learner.lora import trainable_count
     from learner.ranks import free_port
     from learner.worker import LearnerWorker
 

@@ -60,9 +60,3 @@ def merged_state_dict(model) -> dict:
                 key = f"{name}.weight"
                 out[key] = out[key] + mod.get_delta_weight(ADAPTER).to(out[key].dtype)
     return {k: v.detach() for k, v in out.items()}
-
-
-def trainable_count(model) -> tuple[int, int]:
-    """(parameters that train, parameters in all)."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

@@ -81,7 +81,7 @@ def system(tmp_path_factory):
 @pytest.fixture
 def fresh(system):
     """Every test starts from the initial weights, served by every generator, a new prior."""
-    from cluster.nodes.roles import reset_roles
+    from bench.harness import reset_roles
 
     reset_roles(system["cfg"], system["roles"], system["init"])
     return system
@@ -141,7 +141,7 @@ def test_seeded_rollouts_give_every_algorithm_the_same_first_responses(fresh):
     same weights, Dr.GRPO-4 and the oracle (which also draws 12 rollouts it does not train
     on) train the same responses to the same prompts in their first update; unseeded, a
     second Dr.GRPO-4 run draws others."""
-    from cluster.nodes.roles import reset_roles
+    from bench.harness import reset_roles
     from learner.replay import read_records
 
     def first_update(name, algo, seeded):

@@ -91,11 +91,11 @@ def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior
 
 
 def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
-    """cluster.nodes.roles.reset_roles resets a live prior in its own process; one that Ray
+    """bench.harness.reset_roles resets a live prior in its own process; one that Ray
     restarted has spent its restart, refuses, and reset_roles starts a new actor instead."""
     import os
 
-    from cluster.nodes.roles import _reset_in_place
+    from bench.harness import reset_prior_in_place
 
     class Crashable(PriorServer):  # local: pickled by value for the worker
         def crash(self):
@@ -103,7 +103,7 @@ def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
 
     actor = ray.remote(num_cpus=0.2, max_restarts=1)(Crashable).remote("constant", {}, 8)
     assert ray.get(actor.observe.remote([Obs("a", 1.0, 0), Obs("b", 0.0, 3)])) == 2
-    assert _reset_in_place(actor) is True
+    assert reset_prior_in_place(actor) is True
     stats = ray.get(actor.stats.remote())
     assert stats["n_context"] == 0 and stats["n_observed"] == 0 and stats["latest_version"] == 0
     with pytest.raises(ray.exceptions.RayActorError):
@@ -116,6 +116,6 @@ def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
             import time
 
             time.sleep(0.5)
-    assert _reset_in_place(actor) is False
+    assert reset_prior_in_place(actor) is False
     ray.kill(actor)
-    assert _reset_in_place(actor, timeout_s=30) is False  # dead: refused, not raised
+    assert reset_prior_in_place(actor, timeout_s=30) is False  # dead: refused, not raised

@@ -114,7 +114,7 @@ def fake_cluster(monkeypatch):
     monkeypatch.setattr(cluster.nodes.roles, "start_roles",
                         lambda cfg, groups, path: calls.append(("start", groups, path))
                         or FakeRoles(calls, clock))
-    monkeypatch.setattr(cluster.nodes.roles, "reset_roles",
+    monkeypatch.setattr(harness, "reset_roles",
                         lambda cfg, roles, init: calls.append(("reset", cfg, init))
                         or clock.tick(10.0))
     monkeypatch.setattr(tasks, "make_task_from_config", lambda t: ("task", t))
