@@ -29,7 +29,6 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ from studies.prior_truth.analysis import (context_at, error_stats, in_sample_fit
                                         repeats_block)
 from studies.prior_truth.bounds import cross_validated_bound, generator_variables
 from studies.prior_truth.variants import VARIANTS
+from studies.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -306,22 +306,22 @@ def main(argv=None) -> int:
     run_dir = run_dirs[0]
     from cluster.config.schema import load_config
 
-    command = "python -m studies.prior_truth " + " ".join(argv or sys.argv[1:])
-    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    made = provenance("studies.prior_truth", list(argv or sys.argv[1:]))
+    command, date, commit = made["command"], made["date"], made["commit"]
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     recurring = bool(snaps and snaps[0]["recurring"])
     kept = [s for s in old.get("snapshots", [])  # this task's entries of the same setting go
             if (s["task"], bool(s.get("recurring"))) != (args.task, recurring)]
     key = args.task + ("_recurring" if recurring else "")
     runs = runs_with_commands(old)
-    res = {"command": command, "date": date,
+    res = {"command": command, "date": date, "commit": commit,
            "units": "probabilities: p the prior's, t the share of correct sampled answers "
                     "(at the task run's rollout.temperature: runs.<task>.temperature) among "
                     "samples_per_prompt; error = p - t over n_prompts prompts",
            "snapshots": kept + snaps,
            "runs": {**runs, key: {
                "run_dir": str(run_dir), "wall_s": round(time.time() - t0), "command": command,
-               "date": date, **made_by(runs.get(key, {}), run_dir),
+               "date": date, "commit": commit, **made_by(runs.get(key, {}), run_dir),
                **({"repeat_run_dirs": [str(d) for d in run_dirs[1:]]} if run_dirs[1:] else {}),
                "temperature": load_config(run_dir / "config.yaml", []).rollout.temperature}}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
