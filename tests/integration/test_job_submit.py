@@ -43,6 +43,7 @@ from chromium import NO_CHROMIUM, Browser, chromium_binary, evaluate, open_page,
 from cluster.records.checkpoints import RUN_STATE, Checkpoints
 from cluster.records.files import prompt_fates, read_lines
 from learner.ranks import free_port
+from tests.acceptance.chaos.faults import wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,15 +148,6 @@ def steps_done(run_dir: Path) -> int:
     return len(f.read_text().splitlines()) if f.exists() else 0
 
 
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(1)
-    return False
-
-
 def launch_running(url: str, submission_id: str) -> bool:
     """Whether that cluster.launch job is RUNNING now (Ray's job API)."""
     return job_status(url, submission_id) == "RUNNING"
@@ -222,15 +214,16 @@ def stop_twin(url: str, env: dict, twin: Twin, main_proc) -> None:
     has a step behind it, and its end (its log's lines, its status)."""
     both = lambda: all(named_actors(url, ray_job_id(url, j)).get(n, ("", ""))[1] == "ALIVE"  # noqa: E731
                        for j in ("main", "twin") for n in NAMES)
-    if wait_for(lambda: main_proc.poll() is not None or both(), 300) and main_proc.poll() is None:
+    if wait_for(lambda: main_proc.poll() is not None or both(), 300, 1.0, ()) \
+            and main_proc.poll() is None:
         twin.actors = [a for a in all_actors(url) if a["state"] == "ALIVE"]
         twin.job_ids = {j: ray_job_id(url, j) for j in ("main", "twin")}
-    wait_for(lambda: steps_done(twin.run_dir) >= 1, 300)
+    wait_for(lambda: steps_done(twin.run_dir) >= 1, 300, 1.0, ())
     twin.main_running_at_stop = main_proc.poll() is None
     subprocess.run(["ray", "job", "stop", "--address", url, "twin"], env=env,
                    capture_output=True, timeout=120)
     twin.steps_at_stop = steps_done(twin.run_dir)
-    wait_for(lambda: job_status(url, "twin") in ("STOPPED", "FAILED", "SUCCEEDED"), 120)
+    wait_for(lambda: job_status(url, "twin") in ("STOPPED", "FAILED", "SUCCEEDED"), 120, 1.0, ())
     twin.status = job_status(url, "twin")
     twin.logs = subprocess.run(["ray", "job", "logs", "--address", url, "twin"], env=env,
                                capture_output=True, text=True, timeout=60).stdout

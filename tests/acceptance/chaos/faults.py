@@ -12,14 +12,17 @@ import threading
 import time
 
 
-def wait_for(pred, timeout_s: float, every_s: float = 0.1) -> bool:
-    """Poll ``pred()`` until it is true or ``timeout_s`` passed; a raising ``pred`` is false."""
+def wait_for(pred, timeout_s: float, every_s: float = 0.1,
+             not_yet: tuple[type[BaseException], ...] = (Exception,)) -> bool:
+    """Poll ``pred()`` every ``every_s`` until it is true or ``timeout_s`` passed. A ``pred``
+    that raises one of ``not_yet`` counts as false (an actor restarting); ``not_yet=()``: its
+    error goes to the caller (a job-status call that fails fails the scenario)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             if pred():
                 return True
-        except Exception:  # noqa: BLE001 - an actor restarting: not yet
+        except not_yet:
             pass
         if time.monotonic() > deadline:
             return False

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.acceptance.chaos.faults import wait_for
 from tests.acceptance.chaos.outcome import Outcome, judge, read_jsonl, summary_of
 
 REPO = Path(__file__).resolve().parents[3]
@@ -75,12 +76,7 @@ class Head:
         return str(JobSubmissionClient(self.url).get_job_status(job).value)
 
     def wait(self, pred, timeout_s: float) -> bool:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if pred():
-                return True
-            time.sleep(1)
-        return False
+        return wait_for(pred, timeout_s, every_s=1.0, not_yet=())
 
     def actors(self) -> list[dict]:
         from ray.util.state import list_actors
