@@ -152,12 +152,13 @@ def save_model(shape: dict, out: Path, seed: int = 0) -> dict:
     return info
 
 
-def matmul_peak(n: int, iters: int) -> dict:
-    """FLOP/s of ``iters`` n x n matmuls (bf16 on CUDA, fp32 on the CPU), after warm-up."""
+def matmul_peak(n: int, iters: int, dtype: str) -> dict:
+    """FLOP/s of ``iters`` n x n matmuls in the learner's compute dtype (``bf16``: on CUDA,
+    and on a CPU whose dtype probe chose it; ``fp32``), after warm-up: the peak its MFU reads."""
     import torch
 
     cuda = torch.cuda.is_available()
-    dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    dev, dt = ("cuda" if cuda else "cpu"), (torch.bfloat16 if dtype == "bf16" else torch.float32)
     g = torch.Generator(device=dev).manual_seed(0)
     a = torch.randn(n, n, generator=g, device=dev).to(dt)
     b = torch.randn(n, n, generator=g, device=dev).to(dt)
@@ -480,7 +481,6 @@ def child(mode: str, tmp: str, deadline: float) -> dict:
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # the learner's (LearnerWorker's num_threads)
     run = part("run_config", run_settings)
-    part("matmul", matmul_peak, z["matmul_n"], z["matmul_iters"])
     model = part("model", save_model, z["shape"], Path(tmp) / "model")
     if run is None or model is None:
         return out
@@ -500,6 +500,7 @@ def child(mode: str, tmp: str, deadline: float) -> dict:
                "memory": "cuda allocator" if w.cuda else "process resident set",
                "runs": []}
     out["learner"] = learner
+    part("matmul", matmul_peak, z["matmul_n"], z["matmul_iters"], w.dtype_name)
     try:
         part("weight_sync", weight_sync, w, z["sync_timeout_s"])
         if w.cuda:

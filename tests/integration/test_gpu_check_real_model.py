@@ -1,6 +1,6 @@
 """``python -m bench.gpu_check --real-model`` on the CPU: the code path a lent GPU machine runs,
-up to the CUDA calls, on the carried SmolLM2-135M config shrunk to 2 layers (fp32, gloo,
-one learner rank): every part ran, the JSON has every figure with sane values, and the
+up to the CUDA calls, on the carried SmolLM2-135M config shrunk to 2 layers (the suite's CPU
+dtype, suite_dtype.py; gloo, one learner rank): every part ran, the JSON has every figure with sane values, and the
 weight-sync payload is what the learner's state dict holds (in its dtype, the tied
 embedding twice). About 30-40 s on 2 cores, most of it imports.
 """
@@ -10,6 +10,8 @@ import json
 import math
 
 import pytest
+
+from suite_dtype import DTYPE, by_dtype
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +56,7 @@ def test_every_part_ran(result):
     assert result["total_s"] > 0
     assert result["shared_gpu"].startswith("skipped: needs CUDA")  # one device, two processes
     lr = result["learner"]
-    assert (lr["device"], lr["dtype"], lr["backend"]) == ("cpu", "fp32", "gloo")
+    assert (lr["device"], lr["dtype"], lr["backend"]) == ("cpu", DTYPE, "gloo")
     assert lr["init_s"] > 0 and lr["init_gib"] > 0
 
 
@@ -78,7 +80,8 @@ def test_the_runs_have_the_run_configs_shape_and_consistent_figures(result):
     assert run_cfg["max_tokens"] == cfg.rollout.max_tokens
     budget = cfg.optim.micro_batch_tokens
     peak = result["matmul"]["flops_per_s"]
-    assert peak > 1e8 and result["matmul"]["dtype"] == "float32"
+    # the peak in the learner's compute dtype: bf16 autocast on a CPU that chose it
+    assert peak > 1e8 and result["matmul"]["dtype"] == by_dtype("float32", "bfloat16")
     runs = {r["name"]: r for r in result["learner"]["runs"]}
     assert list(runs) == ["k_init", "k_max", "large", "large_micro4096", "large_micro16384"]
     assert runs["k_init"]["per_prompt"] == run_cfg["k_init"]
@@ -111,7 +114,8 @@ def test_the_weight_sync_payload_is_the_learners_state_dict(result, tiny_state_d
     sd, params = tiny_state_dict
     ws = result["weight_sync"]
     published = [k for k in sd if not k.endswith("rotary_emb.inv_freq")]
-    assert ws["transport"] == "gloo" and ws["dtypes"] == ["float32"]  # the training dtype
+    # the learner's weights: float32 on the CPU in either dtype (bf16 is autocast's compute)
+    assert ws["transport"] == "gloo" and ws["dtypes"] == ["float32"]
     assert ws["tensors"] == len(published)
     assert ws["bytes"] == sum(sd[k].numel() * 4 for k in published)
     # the tied embedding is published twice: once as itself, once as the LM head
