@@ -15,10 +15,15 @@ import numpy as np
 import pytest
 
 from common.types import TrainSample
+from suite_dtype import DTYPE, by_dtype
 
 pytestmark = pytest.mark.integration
 
 ARCH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+METRICS = ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl")
+# ZeRO-3 against one rank under bf16 autocast (V05_CPU_DTYPE=bf16; suite_dtype.py): measured
+# on AMD EPYC (avx512_bf16), 2026-12-06: PLACEHOLDER
+BF16_REL, BF16_ABS, BF16_FLIPPED = 2e-3, 1e-5, 0.01
 CPUS_PER_RANK = 0.25
 
 
@@ -241,9 +246,21 @@ def test_zero3_two_ranks_equal_one_rank(learners, cfg):
     assert max_diff(w0, z3.get_weights()) == 0.0  # same initial weights, gathered
     m3, m1 = z3.train_step(batch), one.train_step(batch)
     assert not m3.skipped and m3.n_tokens == m1.n_tokens
-    for k in ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl"):
-        assert getattr(m3, k) == pytest.approx(getattr(m1, k), rel=1e-5, abs=1e-7), k
+    print({k: (getattr(m3, k), getattr(m1, k)) for k in METRICS})
+    for k in METRICS:
+        assert getattr(m3, k) == pytest.approx(getattr(m1, k), rel=by_dtype(1e-5, BF16_REL),
+                                               abs=by_dtype(1e-7, BF16_ABS)), k
     w3, w1 = z3.get_weights(), one.get_weights()
+    if DTYPE == "bf16":
+        # Under bf16 autocast the gradient is rounded to 8 bits of mantissa on its way, so the
+        # float32 analysis below does not apply: Adam's first step (lr * sign-like) agrees in
+        # sign on all but the weights whose gradient is within bf16's rounding of zero, while
+        # a sample missing or counted twice turns the gradient of most weights.
+        flipped = sum(int((np.abs(w3[k].astype(np.float64) - w1[k]) > m1.lr).sum()) for k in w1)
+        size = sum(w.size for w in w1.values())
+        print(f"bf16: {flipped} of {size} weights took the other side of Adam's first step")
+        assert flipped < BF16_FLIPPED * size
+        return
     # Adam's first step is lr * g / (|g| + eps): sign-like, so it amplifies the float32
     # rounding of gradients that nearly cancel; each weight gets the tolerance that rounding
     # allows it (adam_first_step_tolerance). A single max over all weights (once < 0.02 lr)

@@ -23,9 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from suite_dtype import DTYPE
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 LOGPROB_ATOL = 2e-3  # tests/integration/test_generator.py: float32 engine vs transformers
+# The engine in bf16 (V05_CPU_DTYPE=bf16: suite_dtype.py) against transformers in float32, a
+# sample's mean over its tokens: measured PLACEHOLDER
+BF16_MEAN_ATOL = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -113,19 +118,31 @@ def test_generators_sample_from_the_learners_weights(run_dir):
     assert cfg.generators.engine.logprobs_mode == "processed_logprobs" and T == \
         cfg.rollout.temperature
     weights = {0: summary_model_path(run_dir), 1: str(run_dir / "snapshots" / "step1")}
-    worst, moved = {}, 0.0
+    worst, mean_err, moved, mean_moved = {}, {}, 0.0, 0.0
     models = {v: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
               for v, p in weights.items()}
     for v, samples in by_version.items():
-        errs = []
+        errs, means = [], []
         for s in samples[:4]:
             own = _logprobs(models[v], s.prompt_token_ids, s.token_ids, T)
-            errs.append(float(np.max(np.abs(np.asarray(s.logprobs) - own))))
+            diff = np.abs(np.asarray(s.logprobs) - own)
+            errs.append(float(diff.max()))
+            means.append(float(diff.mean()))
             if v == 1:  # the same sequence under the weights before the update
                 old = _logprobs(models[0], s.prompt_token_ids, s.token_ids, T)
                 moved = max(moved, float(np.max(np.abs(own - old))))
-        worst[v] = max(errs)
-    print(f"largest |generator - learner| log-prob difference by version: {worst}; "
-          f"largest change of a log-prob from version 0 to 1: {moved:.4f}")
-    assert all(e < LOGPROB_ATOL for e in worst.values()), worst
-    assert moved > 10 * LOGPROB_ATOL, moved
+                mean_moved = max(mean_moved, float(np.mean(np.abs(own - old))))
+        worst[v], mean_err[v] = max(errs), max(means)
+    print(f"dtype {run_config(run_dir).generators.engine.dtype}: largest |generator - "
+          f"learner| log-prob difference by version: {worst} (largest mean over a sample's "
+          f"tokens: {mean_err}); largest change of a log-prob from version 0 to 1: "
+          f"{moved:.4f} (of a sample's mean: {mean_moved:.4f})")
+    if DTYPE == "fp32":
+        assert all(e < LOGPROB_ATOL for e in worst.values()), worst
+        assert moved > 10 * LOGPROB_ATOL, moved
+    else:
+        # A bf16 engine against the learner's float32 weights: a token's log-prob is off by
+        # bf16's rounding, which a near-tie between two tokens makes large for a few tokens
+        # (0.60 at most in a run); a sample's mean is what says which weights it came from.
+        assert all(e < BF16_MEAN_ATOL for e in mean_err.values()), mean_err
+        assert mean_moved > 3 * BF16_MEAN_ATOL, mean_moved
