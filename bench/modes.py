@@ -65,6 +65,10 @@ MODES = {
                                                   "select_floor": 0.03}),
                           ("v05_k4_sel_floor30", {"name": "v05", "select": "prior",
                                                   "select_floor": 0.3}),
+                          # the sharper rule: admitted where U < 0.3, else at the floor
+                          # (studies.selection_limits: 0.60 of the uniform share, 48% admitted)
+                          ("v05_k4_sel_t03", {"name": "v05", "select": "prior",
+                                              "select_threshold": 0.3}),
                           ("drgrpo4_sel", {"name": "dr_grpo", "select": "prior"}),
                           ("greso4", {"name": "dr_grpo", "select": "history"}))},
     # V0.5 with the prior of 2026-12-03 (no surface view, every score weighed alike), beside

@@ -10,7 +10,8 @@ finished before it was admitted); each admission rule is then read off these pro
 weighting each with the probability that rule would have admitted it: the share of rollouts
 in uniform groups among what it admits, and the share of candidates it admits (the rest
 deferred: no rollouts spent). Rules: the shipped ``max(floor, 1 - U)``, sharper powers
-``max(floor, (1 - U)^g)``, and thresholds (``U < t`` admitted, the rest at the floor). And the
+``max(floor, (1 - U)^g)``, and thresholds (``algo.select_threshold``: ``U < t`` admitted, the
+rest at the floor). And the
 prior's ranking of uniform groups (AUC of U against whether the group was uniform).
 
 An offline reading: the runs' policy is V0.5's, not the selecting run's; a rule that defers
@@ -99,6 +100,10 @@ def auc(prompts: list[Scored]) -> float:
 
 
 def readings(prompts: list[Scored], floor: float = FLOOR) -> dict:
+    """Each rule's reading on ``prompts``: the shipped one, powers of it, and thresholds
+    (``algo.select_threshold``), with the prior's AUC."""
+    from actors.scheduler.selection import admit_given_u
+
     every = sum(s.uniform for s in prompts) / len(prompts)
 
     every_exact = sum(s.u_exact for s in prompts) / len(prompts)
@@ -113,9 +118,9 @@ def readings(prompts: list[Scored], floor: float = FLOOR) -> dict:
             "uniform_chance_mean": sum(s.u for s in prompts) / len(prompts),
             "uniform_share_admitting_all_if_prior_exact": every_exact,
             "auc_uniform_chance": auc(prompts), "floor": floor,
-            "shipped": row(lambda u: max(floor, 1.0 - u)),
+            "shipped": row(lambda u: admit_given_u(u, floor)),
             "power": [row(lambda u, g=g: max(floor, (1.0 - u) ** g), g=g) for g in POWERS],
-            "threshold": [row(lambda u, t=t: 1.0 if u < t else floor, t=t)
+            "threshold": [row(lambda u, t=t: admit_given_u(u, floor, t), t=t)
                           for t in THRESHOLDS]}
 
 

@@ -16,7 +16,8 @@ admitted with probability
     a = max(floor, 1 - U)
 
 (the exploration ``floor`` keeps every kind of prompt coming, so that the prior keeps seeing
-the whole distribution), decided by a coin that depends only on the run's seed and the
+the whole distribution), or, with a ``threshold`` t, a = 1 where U < t and ``floor`` elsewhere
+(sharper: studies.selection_limits reads how far each rule cuts the uniform groups), decided by a coin that depends only on the run's seed and the
 prompt's uid: runs of one seed and different algorithms take the same decision on the same
 prompt at the same p (common random numbers, as ``rollout.seeded`` does for the rollouts).
 
@@ -58,12 +59,16 @@ class SelectionConfig:
     k: int = 4              # the group whose uniformity is predicted: the estimator's k_init
     seed: int = 0           # the admission coins' (the run's seed)
     error_window: int = 256  # finished prompts the prior's error variance is measured over
+    threshold: float | None = None  # admit where U < threshold, else at the floor (None: 1 - U)
 
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"selection source must be one of {SOURCES}, got {self.source!r}")
         if not (isinstance(self.floor, (int, float)) and 0 < self.floor <= 1):
             raise ValueError(f"selection floor must lie in (0, 1], got {self.floor!r}")
+        if self.threshold is not None and not (isinstance(self.threshold, (int, float))
+                                               and 0 < self.threshold <= 1):
+            raise ValueError(f"selection threshold must lie in (0, 1], got {self.threshold!r}")
         if self.window < 1 or self.k < 1 or self.error_window < 1:
             raise ValueError(f"selection window, k and error_window must be >= 1, got "
                              f"{self.window}, {self.k}, {self.error_window}")
@@ -98,9 +103,19 @@ def uniform_chance(p: float, var: float, k: int) -> float:
     return beta_moment(p * size, (1 - p) * size, k) + beta_moment((1 - p) * size, p * size, k)
 
 
-def admission_probability(p: float, var: float, k: int, floor: float) -> float:
-    """max(floor, 1 - U): the chance that a group of k is informative, never below ``floor``."""
-    return max(floor, 1.0 - uniform_chance(p, var, k))
+def admit_given_u(u: float, floor: float, threshold: float | None = None) -> float:
+    """The admission probability of a prompt whose group would be uniform with chance ``u``:
+    max(floor, 1 - u), the chance that its group is informative, never below ``floor``; with a
+    ``threshold``, 1 where u < threshold and ``floor`` elsewhere."""
+    if threshold is None:
+        return max(floor, 1.0 - u)
+    return 1.0 if u < threshold else floor
+
+
+def admission_probability(p: float, var: float, k: int, floor: float,
+                          threshold: float | None = None) -> float:
+    """``admit_given_u`` of the uniform chance of k rollouts at ``p`` (uncertain by ``var``)."""
+    return admit_given_u(uniform_chance(p, var, k), floor, threshold)
 
 
 def coin(seed: int, uid: str) -> float:
@@ -171,10 +186,10 @@ class Selector:
             s, n = seen
             a, b = s + 0.5, n - s + 0.5
             u = beta_moment(a, b, cfg.k) + beta_moment(b, a, cfg.k)
-            return max(cfg.floor, 1.0 - u)
+            return admit_given_u(u, cfg.floor, cfg.threshold)
         if c.p is None:
             return None
-        return admission_probability(c.p, self.error.var, cfg.k, cfg.floor)
+        return admission_probability(c.p, self.error.var, cfg.k, cfg.floor, cfg.threshold)
 
     def choose(self, n: int) -> tuple[list[Candidate], list[Candidate]]:
         """Walk the window in draw order until ``n`` are admitted: (admitted, deferred); the

@@ -136,7 +136,7 @@ class Config(Section):
             return None
         return SelectionConfig(source=a.select, floor=a.select_floor, k=a.k_init,
                                window=a.select_window or 4 * self.scheduler_batch_prompts(),
-                               seed=self.run.seed)
+                               seed=self.run.seed, threshold=a.select_threshold)
 
     @property
     def max_staleness(self) -> int:

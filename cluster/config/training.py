@@ -148,6 +148,11 @@ class AlgoConfig(Section):
     select_floor: float = Field(0.1, gt=0, le=1, description=(
         "The least admission probability under selection (exploration: every kind of "
         "prompt keeps coming, so the prior keeps seeing the whole distribution)."))
+    select_threshold: float | None = Field(None, gt=0, le=1, description=(
+        "The admission rule under selection: None admits each candidate with the chance "
+        "that its group is informative, max(select_floor, 1 - U) (U: the chance that its "
+        "first k_init rollouts are all equal); a number t admits where U < t and at "
+        "select_floor elsewhere (sharper; studies.selection_limits)."))
     select_window: int | None = Field(None, ge=1, description=(
         "Candidates drawn ahead of need and scored by the prior in one call (at least one "
         "batch of prompts); None: four batches."))

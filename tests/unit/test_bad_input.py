@@ -247,6 +247,7 @@ CONFIG_VALUES = [
     # admission by selection (issue 41): the floor, the window, a prior that can score
     ("algo.select_floor=0", r"algo\.select_floor: Input should be greater than 0; got 0"),
     ("algo.select_floor=1.5", r"algo\.select_floor: Input should be less than or equal to 1"),
+    ("algo.select_threshold=0", r"algo\.select_threshold: Input should be greater than 0; got 0"),
     ("algo.select=prior algo.select_window=4",
      r"algo\.select_window \(4\) must hold at least one batch \(16 prompts\)"),
     ("algo.select=prior prior.backend=constant",

@@ -40,6 +40,25 @@ def test_admission_falls_with_the_chance_of_a_uniform_group_and_never_below_the_
         assert uniform_chance(p, 0.01, 4) > uniform_chance(p, 0.0, 4)
 
 
+def test_a_threshold_admits_below_it_and_at_the_floor_above_it():
+    from actors.scheduler.selection import admit_given_u
+
+    assert [admit_given_u(u, 0.1, 0.3) for u in (0.0, 0.29, 0.3, 0.9)] == [1.0, 1.0, 0.1, 0.1]
+    assert admit_given_u(0.25, 0.1) == 0.75  # the shipped rule: 1 - U
+    # from p: at p = 0.5 four rollouts are uniform with chance 1/8 (admitted); at 0.9, 0.66
+    assert admission_probability(0.5, 0.0, 4, 0.1, threshold=0.3) == 1.0
+    assert admission_probability(0.9, 0.0, 4, 0.1, threshold=0.3) == 0.1
+    # the selector applies it, for the prior's p and for a prompt's own history alike
+    sel = Selector(SelectionConfig(window=8, threshold=0.3))
+    assert sel.probability(Candidate("s1", "x", p=0.9)) == 0.1
+    assert sel.probability(Candidate("s2", "y", p=0.5)) == 1.0
+    hist = Selector(SelectionConfig(window=8, source="history", threshold=0.3))
+    hist.observe("z", None, 1.0, 16)
+    assert hist.probability(Candidate("s3", "z")) == 0.1
+    with pytest.raises(ValueError, match="threshold"):
+        SelectionConfig(threshold=0.0)
+
+
 def test_coins_are_fixed_by_seed_and_uid_and_uniform():
     assert coin(3, "s17") == coin(3, "s17")
     assert coin(3, "s17") != coin(4, "s17")
