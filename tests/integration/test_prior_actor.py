@@ -60,9 +60,9 @@ def test_actor_observes_and_ranks_a_separable_context(fresh):
 
 def test_actor_window_and_validation_errors_cross_the_actor_boundary(fresh):
     prior = fresh
-    before = ray.get(prior.stats.remote())["n_observed"]
+    before = ray.get(prior.stats.remote()).n_observed
     ray.get(prior.observe.remote([Obs(p, 0.5, 2) for p in EASY + HARD + EASY]))
-    assert ray.get(prior.stats.remote())["n_context"] == 64      # bounded by window=64
+    assert ray.get(prior.stats.remote()).n_context == 64        # bounded by window=64
     with pytest.raises(ValueError, match="observe item 1: score 2.0 is outside"):
         ray.get(prior.observe.remote([Obs("w", 0.5, 3), Obs("x", 2.0, 3)]))
     with pytest.raises(ValueError, match="observe item 0: expected a PriorObservation"):
