@@ -43,11 +43,13 @@ import asyncio
 import itertools
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from actors.engine import build_engine, prepare_env
 from actors.engine_config import GeneratorConfig
+from common.records import GeneratorCounts, GeneratorStats
 from common.types import Rollout, RolloutRequest
 
 
@@ -162,8 +164,7 @@ class Generator:
         # Sequence-seconds of engine requests in flight (capped at max_num_seqs: more wait in
         # vLLM's queue), integrated at every change: slot occupancy = seq_s / (t * max_num_seqs).
         self._seqs, self._seq_s, self._seq_t = 0, 0.0, time.time()
-        self._counts = dict(requests=0, rollouts=0, tokens=0, updates=0, update_s=0.0,
-                            cancelled=0, cancelled_tokens=0)
+        self._counts = GeneratorCounts()
         self._live: dict[tuple[str, int], str] = {}  # (request_id, position) -> engine id
         # Cancels that arrived before their completion started (calls race on the event
         # loop): applied when it starts. Bounded, oldest forgotten first.
@@ -236,7 +237,7 @@ class Generator:
             return await gather_or_cancel([self._one(req, i, v0) for i in range(req.n)])
         finally:
             self._leave()
-            self._counts["requests"] += 1
+            self._counts.requests += 1
 
     async def cancel(self, request_id: str, positions: list[int]) -> int:
         """Abort completions ``positions`` of request ``request_id`` in the engine; they come
@@ -289,8 +290,8 @@ class Generator:
             if hasattr(eng, "release_free_memory"):  # in-process engine: see its docstring
                 await eng.release_free_memory()
             dt = time.perf_counter() - t0
-            self._counts["updates"] += 1
-            self._counts["update_s"] += dt
+            self._counts.updates += 1
+            self._counts.update_s += dt
             return dt
 
     async def _half_loaded(self) -> bool:
@@ -320,17 +321,16 @@ class Generator:
             self._receivers[transport] = make_receiver(transport)
         return self._receivers[transport]
 
-    def stats(self) -> dict:
+    def stats(self) -> GeneratorStats:
+        """Where this generator stands now, and its counters since its actor (re)started."""
         now = time.time()
         busy = self._busy_s + (now - self._busy_since if self._in_flight else 0.0)
         self._integrate_seqs(now)
-        uptime = now - self._t0
-        return dict(index=self.index, version=self._version, in_flight=self._in_flight,
-                    sequences=self._seqs, seq_s=self._seq_s, max_num_seqs=self.cfg.max_num_seqs,
-                    **self._counts, busy_s=busy, uptime_s=uptime,
-                    busy_fraction=busy / uptime if uptime > 0 else 0.0,
-                    engine_start_s=self.start_s, env=dict(self._env),
-                    engine_core=self.engine_core)
+        return GeneratorStats(index=self.index, version=self._version, in_flight=self._in_flight,
+                              sequences=self._seqs, seq_s=self._seq_s,
+                              max_num_seqs=self.cfg.max_num_seqs, counts=replace(self._counts),
+                              busy_s=busy, uptime_s=now - self._t0, engine_start_s=self.start_s,
+                              env=dict(self._env), engine_core=self.engine_core)
 
     async def measure_peak(self, prompts: str | list[str] = "0", max_tokens: int = 32) -> float:
         """Decode tokens/s with a fixed batch: one completion of ``max_tokens`` tokens (EOS
@@ -362,7 +362,7 @@ class Generator:
         t_start = time.time()
         if (req.request_id, i) in self._early_cancels:
             del self._early_cancels[(req.request_id, i)]
-            self._counts["cancelled"] += 1  # cancelled before it started: no engine work
+            self._counts.cancelled += 1  # cancelled before it started: no engine work
             return Rollout(request_id=req.request_id, prompt_id=req.prompt_id,
                            prompt_token_ids=[], token_ids=[], logprobs=[], text="",
                            finish_reason="abort", version=v0, version_end=self._version,
@@ -396,9 +396,12 @@ class Generator:
         else:
             token_ids = list(c.token_ids)
             logprobs = [c.logprobs[t][tok].logprob for t, tok in enumerate(token_ids)]
-        key = "cancelled" if cancelled else "rollouts"
-        self._counts[key] += 1
-        self._counts["cancelled_tokens" if cancelled else "tokens"] += len(token_ids)
+        if cancelled:
+            self._counts.cancelled += 1
+            self._counts.cancelled_tokens += len(token_ids)
+        else:
+            self._counts.rollouts += 1
+            self._counts.tokens += len(token_ids)
         return Rollout(request_id=req.request_id, prompt_id=req.prompt_id,
                        prompt_token_ids=list(final.prompt_token_ids), token_ids=token_ids,
                        logprobs=logprobs, text=c.text, finish_reason=str(c.finish_reason),

@@ -1,6 +1,7 @@
 """Records the roles hand the driver, each defined once and passed on unchanged: the learner's
-``StepResult`` (one optimiser step) and the coordinator's ``Accounting`` (every admitted
-prompt's fate, the rollouts and the faults). Pure dataclasses: no Ray, torch or vLLM import.
+``StepResult`` (one optimiser step), the coordinator's ``Accounting`` (every admitted prompt's
+fate, the rollouts and the faults) and a generator's ``GeneratorStats`` (its counters and
+clocks). Pure dataclasses: no Ray, torch or vLLM import.
 """
 from __future__ import annotations
 
@@ -66,6 +67,49 @@ class SchedulerCounts:
         """From a dict with these names (a checkpoint's, summary.json); others ignored."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class GeneratorCounts:
+    """A generator's counters since its actor (re)started: each written by ``Generator`` where
+    its event happens, read by attribute (``GeneratorStats.counts``)."""
+
+    requests: int = 0           # generate calls ended (each asks for n completions)
+    rollouts: int = 0           # completions finished
+    tokens: int = 0             # their sampled tokens
+    cancelled: int = 0          # completions cancelled, before they started or while running
+    cancelled_tokens: int = 0   # tokens the cancelled ones had sampled: spent, never trained
+    updates: int = 0            # weight updates loaded
+    update_s: float = 0.0       # seconds they took
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Every token it sampled: the finished completions' and the cancelled ones'."""
+        return self.tokens + self.cancelled_tokens
+
+
+@dataclass(frozen=True)
+class GeneratorStats:
+    """One generator's ``stats()``: where it stands now and its counters since its actor
+    (re)started. The driver reads two samples' differences (``cluster.records.metrics``:
+    busy fraction, slot occupancy, decode tokens/s) and the engine's start-up time."""
+
+    index: int
+    version: int                # the weights it serves
+    in_flight: int              # generate calls in progress
+    sequences: int              # engine requests in progress (completions)
+    seq_s: float                # sequence-seconds in the engine, each capped at max_num_seqs
+    max_num_seqs: int           # the engine's sequence slots
+    counts: GeneratorCounts
+    busy_s: float               # seconds with at least one generate call in progress
+    uptime_s: float             # seconds since the actor (re)started
+    engine_start_s: float       # seconds its engine took to start
+    env: dict[str, str]         # the environment it set for its engine (threads, binding)
+    engine_core: str            # "in_process" or "own_process"
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_s / self.uptime_s if self.uptime_s > 0 else 0.0
 
 
 # Accounting's lists of uids: to dropped.jsonl, deferred.jsonl and inflight_at_end.json

@@ -9,7 +9,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import numpy as np
@@ -59,6 +59,38 @@ class PriorTraits:
     fallible: bool = True
 
 
+@dataclass(frozen=True)
+class CacheStats:
+    """An ``EmbeddingCache``'s counters (``EmbeddingCache.stats``, ``BackendStats.cache``)."""
+
+    entries: int          # texts held
+    hits: int             # texts looked up and found
+    misses: int           # texts looked up and encoded
+    encode_s: float       # seconds spent encoding them
+
+
+@dataclass(frozen=True)
+class BackendStats:
+    """What a backend reports of itself (``PriorBackend.stats``; the server's
+    ``PriorStats.backend_stats``): its embeddings' cache and its context fits. A backend with
+    more to say declares a record that extends this one (``EmbeddedStats``, ``V0Stats``); one
+    with nothing to say (the constant prior) reports None.
+
+    ``to_dict``: flat, under the names a results file has carried (bench.prior's prior.json:
+    ``cache_entries``, ``cache_hits``, ``cache_misses``, ``encode_s``, then the other fields).
+    """
+
+    cache: CacheStats
+    fit_s: float          # seconds spent fitting contexts
+    n_fits: int           # contexts fitted
+
+    def to_dict(self) -> dict:
+        c = self.cache
+        return {"cache_entries": c.entries, "cache_hits": c.hits, "cache_misses": c.misses,
+                "encode_s": c.encode_s,
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "cache"}}
+
+
 class PriorBackend(ABC):
     """Predicts p(x) = P(current policy solves x) for a batch of prompts from a ``Context``.
 
@@ -77,9 +109,9 @@ class PriorBackend(ABC):
     def predict(self, prompts: Sequence[str]) -> np.ndarray:
         """Success probabilities (len(prompts),), float; the server validates and clips them."""
 
-    def stats(self) -> dict:
-        """Backend-specific counters for the server's ``stats()``."""
-        return {}
+    def stats(self) -> BackendStats | None:
+        """This backend's own counters for the server's ``stats()`` (None: it keeps none)."""
+        return None
 
 
 def check_prob(name: str, value: float) -> float:
@@ -148,10 +180,10 @@ class EmbeddingCache:
         self.misses = 0
         self.encode_s = 0.0
 
-    def stats(self) -> dict:
+    def stats(self) -> CacheStats:
         """The counters a backend's ``stats()`` reports for its embeddings."""
-        return {"cache_entries": len(self), "cache_hits": self.hits,
-                "cache_misses": self.misses, "encode_s": round(self.encode_s, 4)}
+        return CacheStats(entries=len(self), hits=self.hits, misses=self.misses,
+                          encode_s=round(self.encode_s, 4))
 
     def __len__(self) -> int:
         return len(self._store)

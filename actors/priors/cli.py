@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         out.write(json.dumps({"prompt": q["prompt"], "p": p}, ensure_ascii=False) + "\n")
     out.flush()
     stats = server.stats()
-    if any(stats["fallbacks"].values()):
-        print(f"note: answered by the fallback {stats['fallback']!r} ({stats['last_fallback']})",
+    if stats.fallbacks.total:
+        print(f"note: answered by the fallback {stats.fallback!r} ({stats.last_fallback})",
               file=sys.stderr)
     return 0
 

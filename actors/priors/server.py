@@ -11,7 +11,7 @@ class: the launcher wraps it, e.g.
 The fallback chain, innermost first: a backend that raises, answers garbage or takes longer than
 ``budget_s`` is answered for by the ``fallback`` backend (by default the embedded prior, for a
 backend whose traits say it may fail, the embedded one itself aside: ``PriorTraits``), counted
-in ``stats()["fallbacks"]`` by reason; a server that does not answer at all within the
+in ``stats().fallbacks`` by reason; a server that does not answer at all within the
 coordinator's ``prior.timeout_s`` makes the coordinator use the empirical mean
 (``actors/coordinator.py``).
 
@@ -31,11 +31,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from common.types import PriorObservation
 
-FALLBACK_REASONS = ("timeout", "error")
+if TYPE_CHECKING:
+    from actors.priors.base import BackendStats
+
 DEFAULT_BUDGET_S = 5.0
 AUTO_FALLBACK = "embedded"      # what ``fallback="auto"`` builds, for a backend that may fail
 
@@ -121,6 +124,49 @@ class BackendSpec:
     cpu_threads: int
 
 
+@dataclass
+class FallbackCounts:
+    """The server's calls answered by its fallback, by reason: ``timeout`` (no answer within
+    the budget, or an earlier call still running past it), ``error`` (raised, or garbage)."""
+
+    timeout: int = 0
+    error: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.timeout + self.error
+
+
+@dataclass(frozen=True)
+class PriorStats:
+    """The server's ``stats()``: its window, its predictions, its fallback, and its backend's
+    own counters (``backend_stats``: None for a backend that keeps none, and while a call past
+    its budget still runs: a stuck backend is not asked). ``to_dict``: flat, the backend's
+    fields beside the server's, as bench.prior's prior.json carries them."""
+
+    backend: str                    # the primary backend's name
+    window: int
+    n_context: int                  # observations in the window
+    n_observed: int                 # observations taken since the start (or the last reset)
+    latest_version: int             # the newest policy version they named
+    predict_calls: int
+    n_predicted: int                # prompts predicted
+    mean_latency_ms: float          # per predict call
+    last_latency_ms: float
+    fallback: str | None            # the fallback backend's name (None: none)
+    budget_s: float | None
+    fallbacks: FallbackCounts
+    n_fallback_predicted: int       # prompts the fallback answered
+    last_fallback: str              # why the latest fallback answered ("": never)
+    fallback_unavailable: str       # why "auto" has none here ("": it has one, or needs none)
+    backend_stats: BackendStats | None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "backend_stats"}
+        out["fallbacks"] = asdict(self.fallbacks)
+        return {**out, **(self.backend_stats.to_dict() if self.backend_stats else {})}
+
+
 class PriorServer:
     """Window of recent observations + a backend (+ a fallback backend). Methods are synchronous
     and cheap to call through a Ray handle; ``ready()`` returns once the backends are loaded.
@@ -171,7 +217,7 @@ class PriorServer:
         self._n_predicted = 0
         self._latency_s = 0.0
         self._last_latency_s = 0.0
-        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.fallbacks = FallbackCounts()
         self._n_fallback_predicted = 0
         self.last_fallback = ""
 
@@ -278,7 +324,11 @@ class PriorServer:
             return self._fall_back(prompts, "error", f"{type(e).__name__}: {e}")
 
     def _fall_back(self, prompts: list[str], reason: str, detail: str):
-        self.fallbacks[reason] += 1
+        """The fallback's answer, counted under ``reason`` ("timeout" or "error")."""
+        if reason == "timeout":
+            self.fallbacks.timeout += 1
+        else:
+            self.fallbacks.error += 1
         self._n_fallback_predicted += len(prompts)
         self.last_fallback = f"{reason}: {self.backend_name}: {detail}"[:500]
         if self._fallback_dirty:
@@ -286,22 +336,19 @@ class PriorServer:
             self._fallback_dirty = False
         return _checked(self.fallback_name, self.fallback.predict(prompts), len(prompts))
 
-    def stats(self) -> dict:
+    def stats(self) -> PriorStats:
         calls = self._n_calls
-        out = {"backend": self.backend_name, "window": self.window,
-               "n_context": len(self._items), "n_observed": self._n_observed,
-               "latest_version": self._latest_version, "predict_calls": calls,
-               "n_predicted": self._n_predicted,
-               "mean_latency_ms": 1e3 * self._latency_s / calls if calls else 0.0,
-               "last_latency_ms": 1e3 * self._last_latency_s,
-               "fallback": self.fallback_name, "budget_s": self.budget_s,
-               "fallbacks": dict(self.fallbacks),
-               "n_fallback_predicted": self._n_fallback_predicted,
-               "last_fallback": self.last_fallback,
-               "fallback_unavailable": self.fallback_unavailable}
-        if self._job is None or self._job.done():     # a stuck backend is not asked
-            out.update(self.backend.stats())
-        return out
+        idle = self._job is None or self._job.done()  # a stuck backend is not asked
+        return PriorStats(
+            backend=self.backend_name, window=self.window, n_context=len(self._items),
+            n_observed=self._n_observed, latest_version=self._latest_version,
+            predict_calls=calls, n_predicted=self._n_predicted,
+            mean_latency_ms=1e3 * self._latency_s / calls if calls else 0.0,
+            last_latency_ms=1e3 * self._last_latency_s, fallback=self.fallback_name,
+            budget_s=self.budget_s, fallbacks=replace(self.fallbacks),
+            n_fallback_predicted=self._n_fallback_predicted, last_fallback=self.last_fallback,
+            fallback_unavailable=self.fallback_unavailable,
+            backend_stats=self.backend.stats() if idle else None)
 
 
 def _restarted_actor() -> bool:

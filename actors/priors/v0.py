@@ -25,12 +25,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
-                                PriorTraits, check_prob)
+from actors.priors.base import (DEFAULT_PRIOR_MEAN, BackendStats, Context, EmbeddingCache,
+                                PriorBackend, PriorTraits, check_prob)
 
 CHECKPOINT = "v_0_for_grpo_training.pt"
 TABPFN_HEAD = "pretrained/tabpfn-v2.5-classifier-v2.5_default.ckpt"
@@ -146,6 +147,15 @@ def missing_v0_files(files: dict[str, Path]) -> list[str]:
     return missing
 
 
+@dataclass(frozen=True)
+class V0Stats(BackendStats):
+    """The V0 prior's ``stats()``: its cache and fits, and where and how it runs."""
+
+    device: str     # "cpu", "cuda", "cuda:1"
+    dtype: str      # the backbone's
+    head: str       # the in-context classifier's name
+
+
 class V0Prior(PriorBackend):
     """V0 as published: embed prompts, fit TabPFN in context on (embedding, score >= threshold),
     read P(class 1) for the queries. Context scores are binarized like V0's training labels.
@@ -236,6 +246,6 @@ class V0Prior(PriorBackend):
                                f"({len(prompts)}, 2)")
         return proba[:, 1]
 
-    def stats(self) -> dict:
-        return {"device": self.device, "dtype": self.dtype, "head": self.head_name,
-                **self.cache.stats(), "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits}
+    def stats(self) -> V0Stats:
+        return V0Stats(cache=self.cache.stats(), fit_s=round(self.fit_s, 4), n_fits=self.n_fits,
+                       device=self.device, dtype=self.dtype, head=self.head_name)

@@ -420,10 +420,11 @@ class Scheduler:
     def accounting(self) -> Accounting:
         """The scheduler's part of the run's ``Accounting``: its counters, its drops, and the
         selection's draws; the coordinator adds its own (``Coordinator.accounting``)."""
-        sel = self.selector
-        drawn = ({"prompts_drawn": self.counts.prompts_admitted} if sel is None else
-                 {k: v for k, v in sel.stats().items() if k != "prior_error_var"})
-        return Accounting(scheduler=replace(self.counts), **drawn,
+        sel = self.selector  # without one, every prompt drawn was admitted
+        return Accounting(scheduler=replace(self.counts),
+                          prompts_drawn=sel.drawn if sel else self.counts.prompts_admitted,
+                          prompts_deferred=sel.deferred if sel else 0,
+                          prompts_waiting_at_end=len(sel.waiting) if sel else 0,
                           prompts_dropped=sum(self.drops.values()), drop_reasons=dict(self.drops))
 
     # -- checkpoints (``actors.scheduler.checkpoint``: snapshot, restore) ------------------

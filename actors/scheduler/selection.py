@@ -144,10 +144,10 @@ class PriorError:
 
 
 class Selector:
-    """The candidate window and the admission rule (module docstring). Counters:
-    ``drawn``, ``deferred``, ``fallbacks`` (admitted for want of a score: with the
-    coordinator's, summary.json's ``prior_fallbacks``); ``admitted`` is the scheduler's
-    ``prompts_admitted``."""
+    """The candidate window and the admission rule (module docstring). Counters, read by
+    attribute (``Scheduler.accounting``): ``drawn``, ``deferred``, ``fallbacks`` (admitted for
+    want of a score: with the coordinator's, summary.json's ``prior_fallbacks``); the waiting
+    are ``waiting``; ``admitted`` is the scheduler's ``prompts_admitted``."""
 
     def __init__(self, cfg: SelectionConfig):
         self.cfg = cfg
@@ -218,11 +218,6 @@ class Selector:
             self.error.add(prior_p, rate, n)
         if self.cfg.source == "history" and n:
             self.history[_key(problem)] = (min(max(rate, 0.0), 1.0) * n, n)
-
-    def stats(self) -> dict:
-        return {"prompts_drawn": self.drawn, "prompts_deferred": self.deferred,
-                "prompts_waiting_at_end": len(self.waiting),
-                "prior_error_var": self.error.var}
 
     # -- checkpoints --------------------------------------------------------------------------
     def snapshot(self, encode_problem) -> dict:

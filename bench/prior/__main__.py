@@ -91,7 +91,7 @@ def bench_latency(batch: int, window: int, repeats: int, options: dict | None = 
             "cached_refit_ms": round(cached_refit, 2),
             "fresh_word_problems_ms": round(fresh_long, 1),
             "fresh_arithmetic_ms": round(fresh_short, 1),
-            "backend_stats": server.stats()}
+            "backend_stats": server.stats().to_dict()}
 
 
 def proxy_runs(scenario: str, steps: int, batch: int, seed: int):

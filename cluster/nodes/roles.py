@@ -241,7 +241,7 @@ def start_roles(cfg, groups: dict, model_path: str, t0: float | None = None) -> 
         # The sender lives on learner rank 0, beside the weights (NCCL needs its GPU).
         roles.learner.connect_weight_sync(cfg.cluster.weight_sync_config.model_dump(),
                                           roles.generators)
-        roles.startup.engines_s = [s["engine_start_s"] for s in
+        roles.startup.engines_s = [s.engine_start_s for s in
                                    ray.get([g.stats.remote() for g in roles.generators])]
         roles.startup.total_s = time.perf_counter() - t0
     except BaseException:

@@ -13,7 +13,7 @@ import numpy as np
 
 from cluster.records.step import HeldOut, StepMetrics
 from cluster.records.summary import RunSummary, Totals
-from common.records import Accounting, StepResult, mean_extras
+from common.records import Accounting, GeneratorStats, StepResult, mean_extras
 from common.types import PromptRecord, TrainBatch
 from estimator.core import reward_to_prob
 
@@ -42,7 +42,7 @@ def rates(totals) -> dict:
             "tokens_per_s": totals.tokens_generated / wall}
 
 
-def per_generator(before: list[dict | None], after: list[dict | None],
+def per_generator(before: list[GeneratorStats | None], after: list[GeneratorStats | None],
                   peaks: list[float] | None = None) -> list[dict]:
     """Each generator's busy fraction, slot occupancy and decode tokens/s between two
     ``Generator.stats()`` samples, and that rate over the generator's measured peak."""
@@ -62,21 +62,21 @@ def per_generator(before: list[dict | None], after: list[dict | None],
     return out
 
 
-def generator_delta(before: list[dict | None], after: list[dict | None]) -> dict:
+def generator_delta(before: list[GeneratorStats | None],
+                    after: list[GeneratorStats | None]) -> dict:
     """Busy fraction, slot occupancy and decode tokens/s of the generators between two
     ``Generator.stats()`` samples (a generator that restarted in between counts from 0)."""
     busy = seq = tokens = span = slots = 0.0
     for a, b in zip(before, after):
         if b is None:
             continue
-        a = a if a is not None and a["uptime_s"] <= b["uptime_s"] else None
-        dt = b["uptime_s"] - (a["uptime_s"] if a else 0.0)
-        busy += b["busy_s"] - (a["busy_s"] if a else 0.0)
-        seq += b["seq_s"] - (a["seq_s"] if a else 0.0)
-        tokens += (b["tokens"] + b["cancelled_tokens"]) - \
-            ((a["tokens"] + a["cancelled_tokens"]) if a else 0)
+        a = a if a is not None and a.uptime_s <= b.uptime_s else None
+        dt = b.uptime_s - (a.uptime_s if a else 0.0)
+        busy += b.busy_s - (a.busy_s if a else 0.0)
+        seq += b.seq_s - (a.seq_s if a else 0.0)
+        tokens += b.counts.sampled_tokens - (a.counts.sampled_tokens if a else 0)
         span += dt
-        slots += dt * b["max_num_seqs"]
+        slots += dt * b.max_num_seqs
     return {"generator_busy_fraction": min(1.0, busy / span) if span > 0 else 0.0,
             "generator_slot_occupancy": min(1.0, seq / slots) if slots > 0 else 0.0,
             "decode_tokens_per_s": tokens / (span / max(1, sum(b is not None for b in after)))

@@ -187,8 +187,9 @@ def in_service(run: Run) -> list[int]:
 
 
 def generator_stats(generators: list, serving: list[int] | None = None) -> list:
-    """Each generator's ``stats()`` (None while it is dead or restarting), waited for at most
-    ``STATS_WAIT_S``; ``serving``: only those (by index) are asked, the others are None."""
+    """Each generator's ``stats()`` (a ``GeneratorStats``; None while it is dead or
+    restarting), waited for at most ``STATS_WAIT_S``; ``serving``: only those (by index) are
+    asked, the others are None."""
     import ray
 
     if serving is not None:

@@ -148,10 +148,10 @@ def test_rollouts_shape_and_concurrency(gen, sampled, model_dir):
     # Seeded completions of one request differ from each other (seed + i per completion).
     assert len({tuple(r.token_ids) for r in results[0]}) > 1
     stats = ray.get(gen.stats.remote())
-    assert stats["rollouts"] >= sum(q.n for q in reqs)
-    assert stats["tokens"] >= sum(len(r.token_ids) for rs in results for r in rs)
-    assert 0.0 < stats["busy_fraction"] <= 1.0
-    assert stats["env"]["OMP_PLACES"] == "{0}"  # generator 0, 1 thread -> core 0
+    assert stats.counts.rollouts >= sum(q.n for q in reqs)
+    assert stats.counts.tokens >= sum(len(r.token_ids) for rs in results for r in rs)
+    assert 0.0 < stats.busy_fraction <= 1.0
+    assert stats.env["OMP_PLACES"] == "{0}"  # generator 0, 1 thread -> core 0
 
 
 def test_a_rollout_seed_draws_the_same_completion_in_any_request(gen, sampled):
@@ -260,7 +260,7 @@ def test_cancel_aborts_in_the_engine_whenever_it_arrives(gen):
     assert all(len(r.token_ids) < 200 and not r.logprobs for r in rs if r.cancelled)
     assert [r.cancelled for r in ry] == [True, False] and ry[0].token_ids == []
     stats = ray.get(gen.stats.remote())
-    assert stats["cancelled"] >= 3 and stats["sequences"] == 0
+    assert stats.counts.cancelled >= 3 and stats.sequences == 0
 
 
 def test_priority_runs_lower_values_first_when_slots_are_short(gen):
@@ -287,7 +287,7 @@ def test_the_engine_core_runs_inside_the_actor_on_cpus(gen):
     import ray
 
     stats = ray.get(gen.stats.remote())
-    assert stats["engine_core"] == "in_process"
+    assert stats.engine_core == "in_process"
     procs = ray.get(gen.engine_pids.remote())
     assert not any("EngineCor" in n for n in procs["names"]), procs  # comm is 15 chars
     assert procs["engine_thread_cpus"] == [0]  # generator 0's core, not every core

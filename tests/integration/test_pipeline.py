@@ -233,7 +233,7 @@ def test_async_run_survives_a_generator_kill(fresh):
 
     def kill_after_step_2(step, metrics):
         if step == 2:
-            seen["in_flight"] = ray.get(victim.stats.remote())["in_flight"]
+            seen["in_flight"] = ray.get(victim.stats.remote()).in_flight
             ray.kill(victim, no_restart=False)  # Ray restarts it (max_restarts)
 
     summary = run(fresh, cfg, after_step=kill_after_step_2)

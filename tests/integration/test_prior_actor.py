@@ -6,7 +6,7 @@ import pytest
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
-from actors.priors.server import PriorServer  # noqa: E402
+from actors.priors.server import FallbackCounts, PriorServer  # noqa: E402
 from common.types import PriorObservation as Obs  # noqa: E402
 
 # Two clearly separated families: short sums the policy solves, olympiad proofs it does not.
@@ -53,22 +53,22 @@ def test_actor_observes_and_ranks_a_separable_context(fresh):
     assert np.mean(pairs) > 0.5
     assert p[:8].mean() > p[8:].mean() + 0.2
     stats = ray.get(prior.stats.remote())
-    assert stats["n_context"] == 32 and stats["predict_calls"] == 1
-    assert stats["n_predicted"] == 16 and stats["mean_latency_ms"] > 0
-    assert stats["latest_version"] == 1
+    assert stats.n_context == 32 and stats.predict_calls == 1
+    assert stats.n_predicted == 16 and stats.mean_latency_ms > 0
+    assert stats.latest_version == 1
 
 
 def test_actor_window_and_validation_errors_cross_the_actor_boundary(fresh):
     prior = fresh
-    before = ray.get(prior.stats.remote())["n_observed"]
+    before = ray.get(prior.stats.remote()).n_observed
     ray.get(prior.observe.remote([Obs(p, 0.5, 2) for p in EASY + HARD + EASY]))
-    assert ray.get(prior.stats.remote())["n_context"] == 64      # bounded by window=64
+    assert ray.get(prior.stats.remote()).n_context == 64        # bounded by window=64
     with pytest.raises(ValueError, match="observe item 1: score 2.0 is outside"):
         ray.get(prior.observe.remote([Obs("w", 0.5, 3), Obs("x", 2.0, 3)]))
     with pytest.raises(ValueError, match="observe item 0: expected a PriorObservation"):
         ray.get(prior.observe.remote([("x", 0.5, 3)]))            # the old tuple form
     stats = ray.get(prior.stats.remote())                         # nothing half-added
-    assert stats["n_observed"] == before + 72 and stats["latest_version"] == 2
+    assert stats.n_observed == before + 72 and stats.latest_version == 2
 
 
 def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior, tmp_path):
@@ -84,9 +84,10 @@ def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior
     p = np.array(ray.get(actor.predict.remote(EASY[16:] + HARD[16:]), timeout=300))
     assert p.shape == (16,) and p[:8].mean() > p[8:].mean() + 0.2   # the embedded prior's ranking
     stats = ray.get(actor.stats.remote())
-    assert (stats["device"], stats["dtype"], stats["fallback"]) == ("cpu", "float32", "embedded")
-    assert stats["fallbacks"] == {"timeout": 0, "error": 1}
-    assert "non-finite" in stats["last_fallback"]
+    own = stats.backend_stats                     # the v0 backend's: not stuck, so asked
+    assert (own.device, own.dtype, stats.fallback) == ("cpu", "float32", "embedded")
+    assert stats.fallbacks == FallbackCounts(timeout=0, error=1)
+    assert "non-finite" in stats.last_fallback
     ray.kill(actor)
 
 
@@ -105,7 +106,7 @@ def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
     assert ray.get(actor.observe.remote([Obs("a", 1.0, 0), Obs("b", 0.0, 3)])) == 2
     assert reset_prior_in_place(actor) is True
     stats = ray.get(actor.stats.remote())
-    assert stats["n_context"] == 0 and stats["n_observed"] == 0 and stats["latest_version"] == 0
+    assert stats.n_context == 0 and stats.n_observed == 0 and stats.latest_version == 0
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.crash.remote())  # the process is gone before this call returns
     for _ in range(240):  # calls while Ray restarts it fail, until the new process answers

@@ -75,7 +75,7 @@ def gen(tmp_path_factory):
     actor = ray.remote(num_cpus=0.5, max_concurrency=64, max_restarts=1)(Generator).remote(
         str(path), 0, GeneratorConfig(max_num_seqs=4, engine_core="own_process"), 1, None)
     assert ray.get(actor.ready.remote())
-    assert ray.get(actor.stats.remote())["engine_core"] == "own_process"
+    assert ray.get(actor.stats.remote()).engine_core == "own_process"
     names: list[str] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # once (2026-12-05) not yet named when asked, under load

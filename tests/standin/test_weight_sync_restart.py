@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 from actors.generator import Generator
+from common.records import GeneratorCounts
 from common.weight_sync.worker_ext import WeightSyncWorkerExtension
 
 pytestmark = pytest.mark.standin
@@ -98,7 +99,7 @@ class EngineFreeGenerator(Generator):
         self._version = 0
         self._update_lock = asyncio.Lock()
         self._receivers = {}
-        self._counts = {"updates": 0, "update_s": 0.0}
+        self._counts = GeneratorCounts()
         self._incarnation = f"g{index}-{os.getpid()}-{time.time_ns()}"
 
     async def ready(self) -> bool:

@@ -9,17 +9,20 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from actors.priors.server import PriorOutputError, PriorServer, make_prior, prior_names
+from actors.priors.server import (FallbackCounts, PriorOutputError, PriorServer, PriorStats,
+                                  make_prior, prior_names)
 from actors.priors import backend_traits, register_prior, takes_threads
-from actors.priors.base import (Context, EmbeddingCache, PriorBackend, PriorTraits,
+from actors.priors.base import (CacheStats, Context, EmbeddingCache, PriorBackend, PriorTraits,
                                 recency_weights)
 from actors.priors.embedded.kernel import (LAMBDA_GRID, LENGTH_WEIGHTS, FitSettings, fit_context,
                                            log_length, loo_candidates, predict_fitted)
+from actors.priors.embedded.prior import EmbeddedStats
 from common.types import PriorObservation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,15 +138,13 @@ def test_embedding_cache_times_its_encodes_only():
         time.sleep(0.05)
         return np.ones((len(texts), 2))
     cache = EmbeddingCache(slow)
-    assert cache.stats() == {"cache_entries": 0, "cache_hits": 0, "cache_misses": 0,
-                             "encode_s": 0.0}
+    assert cache.stats() == CacheStats(entries=0, hits=0, misses=0, encode_s=0.0)
     cache.get(["a", "b"])
     spent = cache.encode_s
     assert spent >= 0.05
     cache.get(["a", "b"])                                    # all hits: nothing encoded
     assert cache.encode_s == spent
-    assert cache.stats() == {"cache_entries": 2, "cache_hits": 2, "cache_misses": 2,
-                             "encode_s": round(spent, 4)}
+    assert cache.stats() == CacheStats(entries=2, hits=2, misses=2, encode_s=round(spent, 4))
 
 
 def test_registry_names_and_errors():
@@ -182,12 +183,12 @@ def test_server_validates_observations_atomically_and_bounds_the_window():
             s.observe([ok, bad])                             # the bad one is named by index
         with pytest.raises(ValueError, match=rf"^observe item 0: {msg}"):
             s.observe([bad, ok])
-    assert s.stats()["n_context"] == 0 and s.stats()["n_observed"] == 0   # nothing half-added
+    assert s.stats().n_context == 0 and s.stats().n_observed == 0   # nothing half-added
     s.observe([PriorObservation(f"p{i}", i / 4, i) for i in range(5)])
     st = s.stats()
-    assert st["n_context"] == 3 and st["n_observed"] == 5 and st["latest_version"] == 4
+    assert st.n_context == 3 and st.n_observed == 5 and st.latest_version == 4
     assert s.predict(["q"]) == [pytest.approx(np.mean([0.5, 0.75, 1.0]))]
-    assert s.predict([]) == [] and s.stats()["predict_calls"] == 1
+    assert s.predict([]) == [] and s.stats().predict_calls == 1
     with pytest.raises(ValueError, match="single string"):
         s.predict("q")
     with pytest.raises(ValueError, match="window"):
@@ -256,20 +257,45 @@ def test_a_backend_past_its_budget_is_answered_by_the_fallback_and_counted():
     try:
         assert s.predict(["q1", "q2"]) == [pytest.approx(2 / 3)] * 2
         st = s.stats()
-        assert st["fallback"] == "constant" and st["fallbacks"] == {"timeout": 1, "error": 0}
-        assert "test-stuck: no answer within 0.05 s" in st["last_fallback"]
+        assert st.fallback == "constant" and st.fallbacks == FallbackCounts(timeout=1, error=0)
+        assert "test-stuck: no answer within 0.05 s" in st.last_fallback
         # Still stuck: answered by the fallback at once, the backend is not called again.
         assert s.predict(["q3"]) == [pytest.approx(2 / 3)]
-        assert s.stats()["fallbacks"]["timeout"] == 2 and s.backend.calls == 1
-        assert "still running" in s.stats()["last_fallback"]
-        assert s.stats()["n_fallback_predicted"] == 3 and s.stats()["predict_calls"] == 2
+        assert s.stats().fallbacks.timeout == 2 and s.backend.calls == 1
+        assert "still running" in s.stats().last_fallback
+        assert s.stats().n_fallback_predicted == 3 and s.stats().predict_calls == 2
     finally:
         s.backend.release.set()
     s._job.result(timeout=60)                                # the late call ends; its answer is dropped
     s.budget_s = 60.0                                        # no timing in what follows
     assert s.predict(["q4"]) == [pytest.approx(0.9)]         # the backend answers again...
     assert s.backend.contexts == 2                           # ...after a refit (its last one may not have landed)
-    assert s.stats()["fallbacks"] == {"timeout": 2, "error": 0}
+    assert s.stats().fallbacks == FallbackCounts(timeout=2, error=0)
+
+
+def test_the_servers_stats_are_a_record_and_flat_under_the_old_names_in_a_file():
+    """Issue 44: ``stats()`` is a ``PriorStats`` read by attribute (its fallbacks a
+    ``FallbackCounts``, its backend's own counters a ``BackendStats`` or None); bench.prior
+    writes ``to_dict()``: the server's names, then the backend's, flat as before."""
+    s = PriorServer("test-raises", {}, fallback="constant", budget_s=60.0)
+    s.observe(CONTEXT)
+    s.predict(["q"])
+    st = s.stats()
+    assert isinstance(st, PriorStats) and st.backend_stats is None   # it keeps no counters
+    assert st.fallbacks == FallbackCounts(error=1) and st.fallbacks.total == 1
+    server_names = ["backend", "window", "n_context", "n_observed", "latest_version",
+                    "predict_calls", "n_predicted", "mean_latency_ms", "last_latency_ms",
+                    "fallback", "budget_s", "fallbacks", "n_fallback_predicted",
+                    "last_fallback", "fallback_unavailable"]
+    assert list(st.to_dict()) == server_names
+    assert st.to_dict()["fallbacks"] == {"timeout": 0, "error": 1}
+    own = EmbeddedStats(cache=CacheStats(entries=3, hits=1, misses=3, encode_s=0.5), fit_s=0.1,
+                        n_fits=1, n_view_searches=1, model="m", loo_mse=None, const_loo_mse=0.2)
+    flat = replace(st, backend_stats=own).to_dict()
+    assert list(flat) == server_names + ["cache_entries", "cache_hits", "cache_misses",
+                                         "encode_s", "fit_s", "n_fits", "n_view_searches",
+                                         "model", "loo_mse", "const_loo_mse"]
+    assert json.loads(json.dumps(flat))["cache_misses"] == 3
 
 
 def test_reset_is_a_server_just_started_unless_a_late_call_still_runs():
@@ -280,7 +306,7 @@ def test_reset_is_a_server_just_started_unless_a_late_call_still_runs():
     try:
         s.predict(["q"])                                     # past its budget: still running
         assert s.reset() is False                            # refused, nothing changed
-        assert s.backend is old and s.stats()["n_context"] == 3
+        assert s.backend is old and s.stats().n_context == 3
     finally:
         old.release.set()
     s._job.result(timeout=60)
@@ -306,23 +332,23 @@ def test_a_failing_or_garbage_backend_is_answered_by_the_fallback_and_counted():
     s.observe(CONTEXT)
     assert s.predict(["q"]) == [pytest.approx(2 / 3)]
     st = s.stats()
-    assert st["fallbacks"] == {"timeout": 0, "error": 1}
-    assert "RuntimeError: CUDA out of memory (simulated)" in st["last_fallback"]
+    assert st.fallbacks == FallbackCounts(timeout=0, error=1)
+    assert "RuntimeError: CUDA out of memory (simulated)" in st.last_fallback
     g = PriorServer("test-garbage", {}, fallback="constant", budget_s=60.0)
     g.observe(CONTEXT)
     assert g.predict(["a", "b"]) == [pytest.approx(2 / 3)] * 2
-    assert g.stats()["fallbacks"]["error"] == 1 and "non-finite" in g.stats()["last_fallback"]
+    assert g.stats().fallbacks.error == 1 and "non-finite" in g.stats().last_fallback
     # No budget: the primary runs in the caller's thread, errors still fall back.
     n = PriorServer("test-raises", {}, fallback="constant", budget_s=None)
-    assert n.predict(["q"]) == [0.5] and n.stats()["fallbacks"]["error"] == 1
+    assert n.predict(["q"]) == [0.5] and n.stats().fallbacks.error == 1
 
 
 def test_without_a_fallback_errors_reach_the_caller_and_options_are_checked():
     s = PriorServer("test-raises", {}, fallback=None)
     with pytest.raises(RuntimeError, match="simulated"):
         s.predict(["q"])
-    assert s.stats()["fallback"] is None and s.stats()["fallbacks"] == {"timeout": 0, "error": 0}
-    assert PriorServer("constant", {}).stats()["fallback"] is None     # "auto": none needed
+    assert s.stats().fallback is None and s.stats().fallbacks == FallbackCounts()
+    assert PriorServer("constant", {}).stats().fallback is None     # "auto": none needed
     with pytest.raises(ValueError, match="must differ"):
         PriorServer("constant", {}, fallback="constant")
     with pytest.raises(ValueError, match="budget_s"):
@@ -362,10 +388,10 @@ def test_the_server_reads_each_backends_traits_from_the_backend():
         [True, True, False, True]
     # "auto" gives a backend that may fail the embedded prior, and one that cannot none.
     sure = PriorServer("test-sure", {}, cpu_threads=3)
-    assert sure.stats()["fallback"] is None and sure.backend.threads == 3
+    assert sure.stats().fallback is None and sure.backend.threads == 3
     assert PriorServer("test-sure", {"threads": 2}, cpu_threads=3).backend.threads == 2
     raises = PriorServer("test-raises", {}, fallback_options={"model_dir": "/nonexistent"})
-    assert "embedded: FileNotFoundError" in raises.stats()["fallback_unavailable"]
+    assert "embedded: FileNotFoundError" in raises.stats().fallback_unavailable
 
 
 # -- the embedded backend (real MiniLM) -------------------------------------------------------
@@ -383,11 +409,11 @@ def test_embedded_ranks_a_separable_context_and_caches(encoder):
     p = s.predict(queries)
     assert auc(p, [1] * 4 + [0] * 4) == 1.0
     assert all(0.01 <= x <= 0.99 for x in p)
-    misses = s.stats()["cache_misses"]
-    assert s.predict(queries) == p and s.stats()["cache_misses"] == misses
+    misses = s.stats().backend_stats.cache.misses
+    assert s.predict(queries) == p and s.stats().backend_stats.cache.misses == misses
     st = s.backend.stats()                                   # the backend's own counters
-    assert st["cache_misses"] == misses and st["encode_s"] > 0 and st["n_fits"] == 1
-    assert st["cache_entries"] == len(s.backend.cache) == misses
+    assert st.cache.misses == misses and st.cache.encode_s > 0 and st.n_fits == 1
+    assert st.cache.entries == len(s.backend.cache) == misses
 
 
 def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
@@ -400,7 +426,7 @@ def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
     assert p_easy > p_hard                                   # the version-12 profile wins
     flat = PriorServer("embedded", {"encoder": encoder, "halflife": None}, window=len(new))
     flat.observe(old + new)                                  # the window drops the old items
-    assert flat.stats()["n_context"] == len(new)
+    assert flat.stats().n_context == len(new)
     assert flat.predict([EASY[0]])[0] > flat.predict([HARD[0]])[0]
     # No recency: the two profiles cancel out in the sentence embedding (the n-gram view
     # would match hard_q to its near-copy HARD[0] letter by letter instead).
@@ -413,15 +439,15 @@ def test_embedded_follows_the_policy_through_recency_and_the_window(encoder):
 
 def test_auto_fallback_is_the_embedded_prior_when_it_can_be_built(encoder):
     s = PriorServer("test-raises", {}, fallback_options={"encoder": encoder}, budget_s=60.0)
-    assert s.stats()["fallback"] == "embedded"
+    assert s.stats().fallback == "embedded"
     s.observe(observed(EASY[:-4], 0.9) + observed(HARD[:-4], 0.1))
     p = s.predict(EASY[-4:] + HARD[-4:])
     assert auc(p, [1] * 4 + [0] * 4) == 1.0                 # the embedded prior's ranking
-    assert s.stats()["fallbacks"] == {"timeout": 0, "error": 1}
+    assert s.stats().fallbacks == FallbackCounts(timeout=0, error=1)
     # Not buildable here (e.g. the 'prior' extra missing): no fallback, and stats say why.
     u = PriorServer("test-raises", {}, fallback_options={"model_dir": "/nonexistent/minilm"})
     st = u.stats()
-    assert st["fallback"] is None and "encoder model directory not found" in st["fallback_unavailable"]
+    assert st.fallback is None and "encoder model directory not found" in st.fallback_unavailable
     with pytest.raises(RuntimeError, match="simulated"):
         u.predict(["q"])
 
@@ -431,13 +457,13 @@ def test_a_backend_past_its_budget_is_answered_by_the_embedded_prior(encoder):
     budget: with the default fallback the embedded prior answers, counted as a timeout."""
     s = PriorServer("test-stuck", {}, fallback_options={"encoder": encoder}, budget_s=0.2)
     try:
-        assert s.stats()["fallback"] == "embedded"
+        assert s.stats().fallback == "embedded"
         s.observe(observed(EASY[:-4], 0.9) + observed(HARD[:-4], 0.1))
         p = s.predict(EASY[-4:] + HARD[-4:])
         assert auc(p, [1] * 4 + [0] * 4) == 1.0             # the embedded prior's ranking
         st = s.stats()
-        assert st["fallbacks"] == {"timeout": 1, "error": 0}
-        assert "test-stuck: no answer within 0.2 s" in st["last_fallback"]
+        assert st.fallbacks == FallbackCounts(timeout=1, error=0)
+        assert "test-stuck: no answer within 0.2 s" in st.last_fallback
     finally:
         s.backend.release.set()
     s._job.result(timeout=60)
@@ -585,7 +611,7 @@ def test_the_ngram_view_is_chosen_where_only_the_prompts_literal_tokens_carry_th
                           views=("embedding", "ngram", "both"))
     prior.set_context(Context(tuple(prompts[:100]), y[:100], np.zeros(100)))
     p = prior.predict(prompts[100:])
-    assert prior.stats()["model"].split(":")[0] in ("ngram", "both")
+    assert prior.stats().model.split(":")[0] in ("ngram", "both")
     assert np.corrcoef(p, y[100:])[0, 1] > 0.8
     blind = EmbeddedPrior(encoder=NoiseEncoder(), halflife=None, drift=False,
                           views=("embedding",))
@@ -606,7 +632,7 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
     def fit_on(lo, hi):
         prior.set_context(Context(tuple(prompts[lo:hi]), y[lo:hi], np.zeros(hi - lo)))
         p = prior.predict(prompts[400:])
-        seen.append((prior.stats()["n_view_searches"], prior.stats()["model"].split(":")[0]))
+        seen.append((prior.stats().n_view_searches, prior.stats().model.split(":")[0]))
         return p
 
     fit_on(0, 200)
@@ -618,14 +644,14 @@ def test_a_refit_searches_the_chosen_view_alone_until_a_quarter_of_the_window_is
                          link="identity")
     full.set_context(Context(tuple(prompts[20:220]), y[20:220], np.zeros(200)))
     p_full = full.predict(prompts[400:])
-    if full.stats()["model"].split(":")[0] == chosen:   # the same choice: the same fit
+    if full.stats().model.split(":")[0] == chosen:   # the same choice: the same fit
         assert p == pytest.approx(p_full)
     fit_on(60, 260)                       # 30% new since the search: every view again
     assert seen[-1][0] == 2
     fit_on(60, 60 + FULL_SEARCH_BELOW - 1)  # a small window: every view at every fit
     fit_on(61, 60 + FULL_SEARCH_BELOW)
     assert seen[-1][0] == 4
-    assert full.stats()["n_view_searches"] == full.stats()["n_fits"] == 1
+    assert full.stats().n_view_searches == full.stats().n_fits == 1
     with pytest.raises(ValueError, match="reselect"):
         EmbeddedPrior(encoder=NoiseEncoder(), reselect=1.5)
 
@@ -647,7 +673,7 @@ def test_a_constant_chosen_at_a_full_search_is_kept_like_a_view():
         prior.set_context(Context(tuple(prompts[lo:lo + 200]), y[lo:lo + 200], np.zeros(200),
                                   np.full(200, 4.0)))
         p = prior.predict(prompts[400:])
-        models.append((prior.stats()["n_view_searches"], prior.stats()["model"]))
+        models.append((prior.stats().n_view_searches, prior.stats().model))
     assert models[:2] == [(1, "constant"), (1, "constant")]   # 10% new: no view fitted
     assert p == pytest.approx(np.full(20, p[0])) or models[2][1] != "constant"
     assert models[2][0] == 2                                 # 30% new: every view again
@@ -743,7 +769,7 @@ def test_the_surface_view_ranks_a_step_count_it_never_saw_where_ngrams_cannot():
         return prior, prior.predict(queries)
 
     prior, p = fitted(("embedding", "ngram", "both", "surface"))
-    assert prior.stats()["model"].startswith("surface:")
+    assert prior.stats().model.startswith("surface:")
     assert np.abs(p - 0.9 ** 7).mean() < 0.05            # between x6's and x8's, unseen
     _, p_ngram = fitted(("ngram",))
     assert np.abs(p_ngram - 0.9 ** 7).mean() > 2 * np.abs(p - 0.9 ** 7).mean()
@@ -932,13 +958,13 @@ def test_observe_takes_the_rollouts_behind_a_score_and_names_a_bad_count():
             server.observe([PriorObservation("c", 0.5, 1), PriorObservation("c", 0.5, 1, bad)])
     with pytest.raises(ValueError, match="item 0: expected a PriorObservation"):
         server.observe([("c", 0.5, 1, 4)])                   # the old tuple form is refused
-    assert server.stats()["n_context"] == 2 and server.stats()["n_observed"] == 2
+    assert server.stats().n_context == 2 and server.stats().n_observed == 2
     # NumPy numbers from a caller's arithmetic are kept as plain float and int.
     server.observe([PriorObservation("d", np.float32(0.75), np.int64(2), np.int32(8))])
     kept = server._items[-1]
     assert kept == PriorObservation("d", 0.75, 2, 8)
     assert [type(v) for v in (kept.score, kept.version, kept.rollouts)] == [float, int, int]
-    assert server.stats()["latest_version"] == 2
+    assert server.stats().latest_version == 2
 
 
 def test_a_window_with_too_few_repeats_to_choose_kappa_uses_no_history():

@@ -91,7 +91,7 @@ def test_average_predicts_the_mean_of_both_scales_fits():
         prior = surface_prior(link)
         prior.set_context(ctx)
         preds[link] = prior.predict(queries)
-        model = prior.stats()["model"]
+        model = prior.stats().model
         assert ("(logit)" in model) == (link != "identity"), model
         assert (" | " in model) == (link == "average"), model
     assert preds["average"] == pytest.approx((preds["identity"] + preds["logit"]) / 2)

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from actors.priors.server import PriorOutputError, PriorServer, make_prior
+from actors.priors.server import FallbackCounts, PriorOutputError, PriorServer, make_prior
 from actors.priors.v0 import (EMBEDDING_MODEL, V0FilesMissing, V0Prior, default_dtype,
                               placement_device, register_v0_head)
 from actors.priors.v0_tiny import SIMILARITY_HEAD, write_tiny_v0
@@ -86,7 +86,8 @@ def test_bad_head_or_dtype_options_are_named(tiny):
     with pytest.raises(ValueError, match="already registered"):
         register_v0_head("tabpfn", SIMILARITY_HEAD)
     register_v0_head("test-similarity", SIMILARITY_HEAD)         # by name, as from a config
-    assert tiny_server(tiny, head="test-similarity").stats()["head"] == "test-similarity"
+    assert tiny_server(tiny, head="test-similarity").stats().backend_stats.head == \
+        "test-similarity"
 
 
 # -- load and predict -------------------------------------------------------------------------
@@ -95,7 +96,8 @@ def test_tiny_v0_loads_through_the_real_loader_and_predicts(tiny):
     s = tiny_server(tiny)
     b = s.backend
     st = s.stats()
-    assert (st["device"], st["dtype"], st["head"]) == ("cpu", "float32", SIMILARITY_HEAD)
+    own = st.backend_stats                                   # the backend's own counters
+    assert (own.device, own.dtype, own.head) == ("cpu", "float32", SIMILARITY_HEAD)
     # The adapter is the checkpoint's (DDP prefix stripped, shape read from it).
     saved = torch.load(tiny / "v_0_for_grpo_training.pt", weights_only=False)["model_state_dict"]
     assert torch.equal(b.embedder.adapter_layer.static_queries,
@@ -111,7 +113,8 @@ def test_tiny_v0_loads_through_the_real_loader_and_predicts(tiny):
     p = np.array(s.predict(QUERIES))
     assert p.shape == (5,) and np.isfinite(p).all() and ((p >= 0) & (p <= 1)).all()
     assert len(set(p.round(9).tolist())) > 1                 # not a constant
-    assert s.stats()["n_fits"] == 1 and s.stats()["cache_misses"] == len(CONTEXT) + len(QUERIES)
+    own = s.stats().backend_stats
+    assert own.n_fits == 1 and own.cache.misses == len(CONTEXT) + len(QUERIES)
     # Deterministic: again on this server (cached), and on a second one loaded from the files.
     assert s.predict(QUERIES) == p.tolist()
     again = tiny_server(tiny)
@@ -145,7 +148,7 @@ def test_garbage_from_corrupt_weights_is_rejected_or_answered_by_the_fallback(tm
                     budget_s=60.0)
     f.observe(CONTEXT)
     assert f.predict(QUERIES[:3]) == [pytest.approx(np.mean([o.score for o in CONTEXT]))] * 3
-    assert f.stats()["fallbacks"] == {"timeout": 0, "error": 1}
+    assert f.stats().fallbacks == FallbackCounts(timeout=0, error=1)
 
 
 def test_tiny_v0_with_a_random_tabpfn_head(tmp_path):
@@ -154,7 +157,7 @@ def test_tiny_v0_with_a_random_tabpfn_head(tmp_path):
     pytest.importorskip("tabpfn")
     root = write_tiny_v0(tmp_path, head="tabpfn")
     s = PriorServer("v0", {"path": str(root), "n_estimators": 1}, fallback=None)
-    assert s.stats()["head"] == "tabpfn"
+    assert s.stats().backend_stats.head == "tabpfn"
     s.observe(CONTEXT)
     p = s.predict(QUERIES)
     assert len(p) == 5 and all(0.0 <= x <= 1.0 for x in p)

@@ -165,7 +165,7 @@ def test_a_finished_prompt_is_told_to_the_prior_as_a_checked_record():
     assert o == PriorObservation("What is 2 plus 2?", 0.75, 7, 4)
     assert check_observation(o, "here") == o
     server = PriorServer("constant", {}, window=4)
-    assert server.observe([o]) == 1 and server.stats()["latest_version"] == 7
+    assert server.observe([o]) == 1 and server.stats().latest_version == 7
 
 
 # -- the hand-over and the age bound ------------------------------------------------------------

@@ -224,3 +224,71 @@ def test_start_up_times_are_read_by_attribute():
     indexed = [(p.name, m) for p in modules(LAYERS).values()
                for m in re.findall(r"startup\[[^\]]+\]", p.read_text())]
     assert indexed == []
+
+
+# A role's report of itself is a record read by attribute (issue 44: string-keyed stats dicts
+# crossed from the generators, the prior server and the selector to their readers, each key
+# spelled again by every reader). Named so, it returns no dict; serialisers (``to_dict``,
+# ``to_json``), checkpoints (``snapshot``) and test hooks (``sizes``, ``waiting_on``,
+# ``state_size``) are other names.
+REPORT_NAMES = {"stats", "counts", "counters", "metrics"}
+DICT_TYPES = {"dict", "Dict"}
+
+
+def _is_dict_type(node: ast.AST | None) -> bool:
+    """Whether an annotation says dict: ``dict``, ``dict[...]``, ``typing.Dict``,
+    ``dict | None``."""
+    if node is None:
+        return False
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        return _is_dict_type(ast.parse(node.value, mode="eval").body)
+    if isinstance(node, ast.Subscript):
+        return _is_dict_type(node.value)
+    if isinstance(node, ast.BinOp):  # X | Y
+        return _is_dict_type(node.left) or _is_dict_type(node.right)
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return name in DICT_TYPES
+
+
+def _is_dict_value(node: ast.AST | None, dict_names: set[str]) -> bool:
+    """Whether an expression makes a dict: ``{...}``, a dict comprehension, ``dict(...)``, or
+    a local name assigned one of those."""
+    if isinstance(node, (ast.Dict, ast.DictComp)):
+        return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id in DICT_TYPES
+    return isinstance(node, ast.Name) and node.id in dict_names
+
+
+def dict_reports(tree: ast.AST) -> list[str]:
+    """Functions and methods named like a report of counters (``REPORT_NAMES``, leading
+    underscores aside) that say they return a dict or return one; their names and lines."""
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
+                fn.name.lstrip("_") not in REPORT_NAMES:
+            continue
+        body = list(ast.walk(fn))
+        dict_names = {t.id for n in body if isinstance(n, ast.Assign)
+                      and _is_dict_value(n.value, set())
+                      for t in n.targets if isinstance(t, ast.Name)}
+        returns = [n.value for n in body if isinstance(n, ast.Return)]
+        if _is_dict_type(fn.returns) or any(_is_dict_value(r, dict_names) for r in returns):
+            out.append(f"{fn.name}:{fn.lineno}")
+    return out
+
+
+def test_no_stats_or_counts_report_returns_a_dict():
+    found = sorted(f"{name}.{d}" for name, path in modules(PRODUCT).items()
+                   for d in dict_reports(ast.parse(path.read_text())))
+    assert found == [], f"a stats/counts report returns a dict, not a record: {found}"
+    # and the check can fail: each way of returning a dict is found
+    planted = ["def stats(self) -> dict:\n    return {}\n",
+               "class G:\n    def stats(self):\n        return {'busy_s': 1.0}\n",
+               "def counts(self) -> 'dict[str, int] | None':\n    return None\n",
+               "async def _metrics(self):\n    return dict(loss=1.0)\n",
+               "def stats(self):\n    out = {}\n    out['n'] = 1\n    return out\n",
+               "def stats(self):\n    return {k: 0 for k in 'ab'}\n"]
+    assert [len(dict_reports(ast.parse(src))) for src in planted] == [1] * len(planted)
+    assert dict_reports(ast.parse("def stats(self) -> Rec:\n    return Rec(n=1)\n"
+                                  "def to_dict(self) -> dict:\n    return {}\n")) == []

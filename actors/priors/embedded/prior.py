@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from actors.priors.base import (DEFAULT_PRIOR_MEAN, Context, EmbeddingCache, PriorBackend,
-                                PriorTraits, check_halflife, check_prob)
+from actors.priors.base import (DEFAULT_PRIOR_MEAN, BackendStats, Context, EmbeddingCache,
+                                PriorBackend, PriorTraits, check_halflife, check_prob)
 from actors.priors.embedded.encoder import SentenceEncoder
 from actors.priors.embedded.history import FORMS
 from actors.priors.embedded.kernel import (FitSettings, Fitted, fit_context, log_length,
@@ -23,6 +24,16 @@ from actors.priors.embedded.views import SURFACE_NUMBERS, VIEWS, hashed_ngrams, 
 # eigendecompositions are cheap (N^3), and a small window's best view moves most.
 FULL_SEARCH_BELOW = 128
 NO_VIEW = ""  # a full search chose the constant model: until the reselect, no view is fitted
+
+
+@dataclass(frozen=True)
+class EmbeddedStats(BackendStats):
+    """The embedded prior's ``stats()``: its cache and fits, and the model it predicts with."""
+
+    n_view_searches: int        # fits that searched every view (the others fit the chosen one)
+    model: str | None           # each link's fitted model, " | "-joined (None before a fit)
+    loo_mse: float | None       # the first link's leave-one-out error (None: none, or not finite)
+    const_loo_mse: float | None  # the constant model's, on the same window
 
 
 class EmbeddedPrior(PriorBackend):
@@ -213,14 +224,15 @@ class EmbeddedPrior(PriorBackend):
             out.append(np.clip(predict_fitted(fit, Q, loglen, ids), self.eps, 1.0 - self.eps))
         return np.mean(out, axis=0)
 
-    def stats(self) -> dict:
+    def stats(self) -> EmbeddedStats:
         fit = self._fits.get(self.links[0])
-        return {**self.cache.stats(), "fit_s": round(self.fit_s, 4), "n_fits": self.n_fits,
-                "n_view_searches": self.n_view_searches,
-                "model": " | ".join(f.label() + ("" if k == "identity" else f" ({k})")
-                                    for k, f in self._fits.items()) if fit else None,
-                "loo_mse": _finite(fit.loo_mse) if fit else None,
-                "const_loo_mse": _finite(fit.const_loo_mse) if fit else None}
+        return EmbeddedStats(
+            cache=self.cache.stats(), fit_s=round(self.fit_s, 4), n_fits=self.n_fits,
+            n_view_searches=self.n_view_searches,
+            model=" | ".join(f.label() + ("" if k == "identity" else f" ({k})")
+                             for k, f in self._fits.items()) if fit else None,
+            loo_mse=_finite(fit.loo_mse) if fit else None,
+            const_loo_mse=_finite(fit.const_loo_mse) if fit else None)
 
 
 def _finite(x: float) -> float | None:

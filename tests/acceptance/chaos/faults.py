@@ -148,9 +148,9 @@ class GeneratorKill:
 
         g = self.trainer.roles.generators[self.index]
         if wait_for_work:  # mid-generation: the victim holds rollouts (a few seconds at most)
-            wait_for(lambda: ray.get(g.stats.remote(), timeout=5)["in_flight"] > 0, 5.0, 0.02)
+            wait_for(lambda: ray.get(g.stats.remote(), timeout=5).in_flight > 0, 5.0, 0.02)
         try:
-            self.in_flight_at_kill = ray.get(g.stats.remote(), timeout=5)["in_flight"]
+            self.in_flight_at_kill = ray.get(g.stats.remote(), timeout=5).in_flight
         except Exception:  # noqa: BLE001 - counted as unknown
             self.in_flight_at_kill = None
         self.t_kill = time.time()
