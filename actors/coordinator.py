@@ -220,7 +220,7 @@ class Coordinator:
         return replace(s.accounting(), prompts_in_flight_at_end=s.in_flight(),
                           # prompts run without a prior: admitted as the prior failed (a
                           # selector admits unscored candidates in data order: its fallbacks)
-                          prior_fallbacks=self.faults.counts["prior_fallbacks"]
+                          prior_fallbacks=self.faults.counts.prior_fallbacks
                           + (s.selector.fallbacks if s.selector else 0),
                           requests_per_generator=list(self.pool.served),
                           data_pos=self.admitted_pos, generator_events=list(self.faults.events),
