@@ -224,7 +224,7 @@ class Coordinator:
                           + (s.selector.fallbacks if s.selector else 0),
                           requests_per_generator=list(self.pool.served),
                           data_pos=self.admitted_pos, generator_events=list(self.faults.events),
-                          scoring=dict(self.scorer.counts),
+                          scoring=replace(self.scorer.counts),
                           inflight_uids=sorted(s.inflight),
                           dropped_since_last_batch=list(s.dropped),
                           deferred_since_last_batch=list(s.deferred),

@@ -6,7 +6,8 @@ many worker processes, each answer with a deadline (counted from when a started 
 it: a worker's start-up is not any answer's time). math-verify's own timeouts work only in a
 process's main thread, and one pathological answer must not stall dispatch: a worker that
 misses the deadline is killed and replaced, and the answer gets the low reward, counted as
-``timeout``. A verifier that raises gives the low reward too, counted as ``error``.
+``score_timeout``. A verifier that raises gives the low reward too, counted as ``score_error``
+(``Scorer.counts``: a ``ScoringCounts``).
 
 DAPO's overlong shaping (``overlong_buffer`` tokens before ``max_tokens``): a response whose
 length L falls in the last ``buffer`` tokens loses ``penalty * (L - (max_tokens - buffer)) /
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-from collections import Counter
 from dataclasses import dataclass
 
+from common.records import ScoringCounts
 from tasks.base import Verdict
 
 
@@ -128,7 +129,7 @@ class Scorer:
         self.task, self.factory, self.timeout_s = task, factory, timeout_s
         self.fault, self.fault_every, self._n_seen = fault, fault_every, 0
         self.overlong = overlong or Overlong(max_tokens=1)
-        self.counts: Counter = Counter()
+        self.counts = ScoringCounts()
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no Ray or asyncio state
         self._free: asyncio.Queue | None = None
         self._n = workers
@@ -147,20 +148,20 @@ class Scorer:
         fault = self.fault if self.fault_every and self._n_seen % self.fault_every == 0 \
             else "none"
         if fault != "none":
-            self.counts["faults_injected"] += 1
+            self.counts.faults_injected += 1
         v = await (self._pooled(problem, text, fault) if self._n
                    else self._inline(problem, text, fault))
-        self.counts["scored"] += 1
+        self.counts.scored += 1
         shaped = v.reward + self.overlong(n_tokens)
         if shaped != v.reward:
-            self.counts["overlong_shaped"] += 1
+            self.counts.overlong_shaped += 1
         return Verdict(shaped, v.parsed, v.extracted, v.extras)
 
     async def _inline(self, problem, text: str, fault: str) -> Verdict:
         try:
             return _verify(self.task, problem, text, fault)
         except Exception:  # noqa: BLE001 - a broken verifier costs the answer, not the run
-            return self._failed("error")
+            return self._failed(timed_out=False)
 
     async def _pooled(self, problem, text: str, fault: str) -> Verdict:
         worker = await self._pool().get()
@@ -174,7 +175,7 @@ class Scorer:
             self._put_back(worker, status == "timeout" or (status == "error" and value is None))
         if status == "ok":
             return value
-        return self._failed(status)
+        return self._failed(timed_out=status == "timeout")
 
     def _put_back(self, worker: _Worker, replace: bool) -> None:
         """Every worker taken from the pool goes back, whatever happened (one left out for
@@ -191,8 +192,13 @@ class Scorer:
         finally:  # a failed replacement leaves the killed one: replaced at its next use
             self._free.put_nowait(worker)
 
-    def _failed(self, why: str) -> Verdict:
-        self.counts[f"score_{why}"] += 1
+    def _failed(self, timed_out: bool) -> Verdict:
+        """The low reward for an answer its verifier did not judge: it timed out, or it raised
+        (or its worker died or never started)."""
+        if timed_out:
+            self.counts.score_timeout += 1
+        else:
+            self.counts.score_error += 1
         return Verdict(self.task.rewards[0], False, None)
 
     def close(self) -> None:

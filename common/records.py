@@ -1,7 +1,7 @@
 """Records the roles hand the driver, each defined once and passed on unchanged: the learner's
 ``StepResult`` (one optimiser step), the coordinator's ``Accounting`` (every admitted prompt's
-fate, the rollouts and the faults) and a generator's ``GeneratorStats`` (its counters and
-clocks). Pure dataclasses: no Ray, torch or vLLM import.
+fate, the rollouts, the faults and the scorer's ``ScoringCounts``) and a generator's
+``GeneratorStats`` (its counters and clocks). Pure dataclasses: no Ray, torch or vLLM import.
 """
 from __future__ import annotations
 
@@ -112,6 +112,24 @@ class GeneratorStats:
         return self.busy_s / self.uptime_s if self.uptime_s > 0 else 0.0
 
 
+@dataclass
+class ScoringCounts:
+    """The scorer's counters (``actors.scoring.Scorer.counts``), each written where its event
+    happens, read by attribute; summary.json's ``scoring`` carries them under these names."""
+
+    scored: int = 0            # answers scored
+    faults_injected: int = 0   # answers given an injected verifier fault (reward.inject_fault)
+    overlong_shaped: int = 0   # rewards the overlong term changed
+    score_error: int = 0       # verifier raised (or its worker died): the low reward
+    score_timeout: int = 0     # verifier missed its deadline (its worker killed): the low reward
+
+    @classmethod
+    def of(cls, d: dict) -> "ScoringCounts":
+        """From summary.json's ``scoring`` (its names; others ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
 # Accounting's lists of uids: to dropped.jsonl, deferred.jsonl and inflight_at_end.json
 UID_LISTS = ("inflight_uids", "dropped_since_last_batch", "deferred_since_last_batch",
              "waiting_uids")
@@ -139,7 +157,7 @@ class Accounting:
     requests_per_generator: list = field(default_factory=list)
     data_pos: int = 0             # the sampler's stream position up to which prompts were admitted
     generator_events: list = field(default_factory=list)
-    scoring: dict = field(default_factory=dict)
+    scoring: ScoringCounts = field(default_factory=ScoringCounts)
     inflight_uids: list = field(default_factory=list)
     dropped_since_last_batch: list = field(default_factory=list)  # (uid, reason)
     deferred_since_last_batch: list = field(default_factory=list)  # (uid, p, probability)
@@ -147,16 +165,17 @@ class Accounting:
 
     def summary(self) -> dict:
         """summary.json's fields: the scheduler's counters flat, then the others (the uid
-        lists left out)."""
+        lists left out; ``scoring`` an object of its counters' names)."""
         own = {f.name: getattr(self, f.name) for f in fields(self)
                if f.name not in UID_LISTS and f.name != "scheduler"}
-        return {**asdict(self.scheduler), **own}
+        return {**asdict(self.scheduler), **own, "scoring": asdict(self.scoring)}
 
     @classmethod
     def of(cls, d: dict) -> "Accounting":
         """From summary.json's flat object (unknown keys ignored)."""
-        names = {f.name for f in fields(cls)} - {"scheduler"}
+        names = {f.name for f in fields(cls)} - {"scheduler", "scoring"}
         return cls(scheduler=SchedulerCounts.of(d),
+                   scoring=ScoringCounts.of(d.get("scoring") or {}),
                    **{k: v for k, v in d.items() if k in names})
 
 

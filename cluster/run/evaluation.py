@@ -30,13 +30,13 @@ import functools
 import itertools
 import math
 import time
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 
 from actors.scoring import Scorer
 from cluster.records.step import HeldOut
+from common.records import ScoringCounts
 from common.seeds import SEEDS_PER_PROMPT, eval_seed_base
 from common.types import RolloutRequest, SamplingConfig
 
@@ -69,7 +69,7 @@ class AnswerScorer:
         return [v.reward == self.high for v in self.loop.run_until_complete(score_all())]
 
     @property
-    def counts(self) -> Counter:
+    def counts(self) -> ScoringCounts:
         return self.scorer.counts
 
     def close(self) -> None:
@@ -189,7 +189,7 @@ def score_answers(problems: list, requests: list[tuple], results: dict,
     answers in ``results`` (request index -> rollouts); a problem whose request was skipped
     is left out of its kind. Plus this scoring's verifier timeouts and errors. The keys are
     ``HeldOut``'s fields."""
-    before = Counter(scorer.counts)
+    before = replace(scorer.counts)
     answers = [(i, r) for i in sorted(results) for r in results[i]]
     correct = scorer.correct([(requests[i][0], r.text) for i, r in answers])
     per_request: dict[int, list[bool]] = {}
@@ -211,8 +211,8 @@ def score_answers(problems: list, requests: list[tuple], results: dict,
             by.setdefault(p.difficulty, []).append(v)
         out[f"{kind}_by_difficulty"] = {str(d): float(np.mean(v)) for d, v in sorted(by.items())}
     after = scorer.counts
-    out["score_timeouts"] = after["score_timeout"] - before["score_timeout"]
-    out["score_errors"] = after["score_error"] - before["score_error"]
+    out["score_timeouts"] = after.score_timeout - before.score_timeout
+    out["score_errors"] = after.score_error - before.score_error
     return out
 
 

@@ -10,6 +10,7 @@ import asyncio
 
 from actors.coordinator import Coordinator, CoordinatorConfig
 from actors.scheduler import SchedulerConfig
+from common.records import ScoringCounts
 from common.types import Rollout
 from estimator import make_estimator
 from tasks import TaskConfig
@@ -52,7 +53,7 @@ class FirstAnswerGenerator:
 
 
 class RaisingScorer:
-    counts: dict = {}
+    counts = ScoringCounts()
 
     async def score(self, problem, text, n_tokens):
         raise RuntimeError("scorer bug")

@@ -46,7 +46,7 @@ def test_inline_scoring_and_a_raising_verifier():
     assert run(s.score(P, "3", 1)).reward == 1.0
     assert run(s.score(P, "4", 1)).reward == -1.0
     v = run(s.score(P, "boom", 1))
-    assert v.reward == -1.0 and not v.parsed and s.counts["score_error"] == 1
+    assert v.reward == -1.0 and not v.parsed and s.counts.score_error == 1
 
 
 def test_a_hung_answer_times_out_in_its_worker_and_the_pool_recovers():
@@ -61,9 +61,9 @@ def test_a_hung_answer_times_out_in_its_worker_and_the_pool_recovers():
         return s, hung, ok, boom, after
 
     s, hung, ok, boom, after = run(go())
-    assert hung.reward == -1.0 and s.counts["score_timeout"] == 1
+    assert hung.reward == -1.0 and s.counts.score_timeout == 1
     assert ok.reward == 1.0 and after.reward == 1.0
-    assert boom.reward == -1.0 and s.counts["score_error"] == 1
+    assert boom.reward == -1.0 and s.counts.score_error == 1
 
 
 class Unpicklable(Problem):
@@ -101,7 +101,7 @@ def test_a_workers_start_up_does_not_count_against_the_answers_deadline():
             s.close()
 
     s, got = run(go())
-    assert got == [1.0, -1.0, 1.0] and s.counts["score_timeout"] == 0
+    assert got == [1.0, -1.0, 1.0] and s.counts.score_timeout == 0
 
 
 def test_overlong_shaping_is_linear_in_the_buffer():
@@ -111,7 +111,7 @@ def test_overlong_shaping_is_linear_in_the_buffer():
     assert shaped_range((-1.0, 1.0), o) == (-2.0, 1.0)
     s = Scorer(ArithmeticTask(), overlong=o)
     assert run(s.score(P, "3", 90)).reward == pytest.approx(0.5)
-    assert s.counts["overlong_shaped"] == 1
+    assert s.counts.overlong_shaped == 1
 
 
 def test_workers_need_a_factory():
@@ -123,7 +123,7 @@ def test_injected_faults_every_nth_answer():
     s = Scorer(ArithmeticTask(), fault="raise", fault_every=2)
     rewards = [run(s.score(P, "3", 1)).reward for _ in range(4)]
     assert rewards == [1.0, -1.0, 1.0, -1.0]
-    assert s.counts["faults_injected"] == 2 == s.counts["score_error"]
+    assert s.counts.faults_injected == 2 == s.counts.score_error
     with pytest.raises(ValueError, match="needs scoring workers"):
         Scorer(ArithmeticTask(), fault="hang", fault_every=1)
 
@@ -136,4 +136,4 @@ def test_injected_faults_every_nth_answer():
             h.close()
 
     h, got = run(go())
-    assert got == [1.0, -1.0, 1.0] and h.counts["score_timeout"] == 1
+    assert got == [1.0, -1.0, 1.0] and h.counts.score_timeout == 1

@@ -131,6 +131,25 @@ def test_the_summary_rates_a_resumed_run_over_its_whole_training_time():
     assert written["prompts_admitted"] == 320 and "inflight_uids" not in written  # uids: files
 
 
+def test_the_scorers_counts_are_summary_jsons_scoring_object_and_read_back():
+    """``Accounting.scoring`` is a ``ScoringCounts``; summary.json's ``scoring`` an object of
+    its counters' names, as the Counter it replaced wrote them (that one left out a zero: an
+    older summary.json reads back as well)."""
+    import json
+
+    from cluster.records.summary import RunSummary, Totals
+    from common.records import Accounting, ScoringCounts
+
+    acct = Accounting(scoring=ScoringCounts(scored=466, faults_injected=66, score_error=66))
+    written = json.loads(json.dumps(RunSummary(1, 1, Totals(), accounting=acct).to_json()))
+    assert written["scoring"] == {"scored": 466, "faults_injected": 66, "overlong_shaped": 0,
+                                  "score_error": 66, "score_timeout": 0}
+    assert RunSummary.from_json(written).accounting.scoring == acct.scoring
+    older = {"prompts_admitted": 3, "scoring": {"scored": 339, "score_timeout": 19}}
+    assert RunSummary.from_json(older).accounting.scoring == ScoringCounts(scored=339,
+                                                                           score_timeout=19)
+
+
 def test_the_last_step_is_checkpointed_once_by_the_end_of_the_run():
     from cluster.run.trainer import checkpoint_due
 
