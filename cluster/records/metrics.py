@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -42,6 +42,20 @@ def rates(totals) -> dict:
             "tokens_per_s": totals.tokens_generated / wall}
 
 
+@dataclass(frozen=True)
+class GeneratorActivity:
+    """What the generators did between two ``Generator.stats()`` samples (``generator_delta``):
+    busy fraction, slot occupancy and decode tokens/s, named as metrics.jsonl and summary.json
+    carry them (``to_dict``)."""
+
+    generator_busy_fraction: float = 0.0   # of engine-time with a generate call in progress
+    generator_slot_occupancy: float = 0.0  # sequence-seconds over slot-seconds
+    decode_tokens_per_s: float = 0.0       # tokens sampled per second, summed over generators
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def per_generator(before: list[GeneratorStats | None], after: list[GeneratorStats | None],
                   peaks: list[float] | None = None) -> list[dict]:
     """Each generator's busy fraction, slot occupancy and decode tokens/s between two
@@ -52,18 +66,18 @@ def per_generator(before: list[GeneratorStats | None], after: list[GeneratorStat
             out.append({"index": i, "alive": False})
             continue
         d = generator_delta([a], [b])
-        row = {"index": i, "alive": True, "busy_fraction": d["generator_busy_fraction"],
-               "slot_occupancy": d["generator_slot_occupancy"],
-               "decode_tokens_per_s": d["decode_tokens_per_s"]}
+        row = {"index": i, "alive": True, "busy_fraction": d.generator_busy_fraction,
+               "slot_occupancy": d.generator_slot_occupancy,
+               "decode_tokens_per_s": d.decode_tokens_per_s}
         if peaks:
             row["peak_decode_tokens_per_s"] = peaks[i]
-            row["fraction_of_peak"] = d["decode_tokens_per_s"] / peaks[i] if peaks[i] else None
+            row["fraction_of_peak"] = d.decode_tokens_per_s / peaks[i] if peaks[i] else None
         out.append(row)
     return out
 
 
 def generator_delta(before: list[GeneratorStats | None],
-                    after: list[GeneratorStats | None]) -> dict:
+                    after: list[GeneratorStats | None]) -> GeneratorActivity:
     """Busy fraction, slot occupancy and decode tokens/s of the generators between two
     ``Generator.stats()`` samples (a generator that restarted in between counts from 0)."""
     busy = seq = tokens = span = slots = 0.0
@@ -77,10 +91,11 @@ def generator_delta(before: list[GeneratorStats | None],
         tokens += b.counts.sampled_tokens - (a.counts.sampled_tokens if a else 0)
         span += dt
         slots += dt * b.max_num_seqs
-    return {"generator_busy_fraction": min(1.0, busy / span) if span > 0 else 0.0,
-            "generator_slot_occupancy": min(1.0, seq / slots) if slots > 0 else 0.0,
-            "decode_tokens_per_s": tokens / (span / max(1, sum(b is not None for b in after)))
-            if span > 0 else 0.0}
+    live = max(1, sum(b is not None for b in after))
+    return GeneratorActivity(
+        generator_busy_fraction=min(1.0, busy / span) if span > 0 else 0.0,
+        generator_slot_occupancy=min(1.0, seq / slots) if slots > 0 else 0.0,
+        decode_tokens_per_s=tokens / (span / live) if span > 0 else 0.0)
 
 
 def pair_auc(score, label) -> float:
@@ -237,10 +252,11 @@ LEARNER_FIELDS = {
 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
-                 generators: dict, k_init: int, rewards: tuple[float, float], tally: Tally,
+                 generators: GeneratorActivity, k_init: int, rewards: tuple[float, float], tally: Tally,
                  held_out: HeldOut | None, nodes_alive: int | None = None) -> StepMetrics:
     """One step's record, counted in ``tally`` (``rewards``: the task's range, see
-    ``batch_metrics``; ``held_out``: the evaluation that ended the step, if any)."""
+    ``batch_metrics``; ``generators``: what they did during the step; ``held_out``: the
+    evaluation that ended the step, if any)."""
     staleness = np.array([batch.version - v for v in batch.sample_versions()] or [0])
     tokens = batch.sample_tokens()
     step_s = t.published - t.start
@@ -255,7 +271,7 @@ def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult
         "step_time_s": step_s, "learner_wait_s": t.got_batch - t.start,
         "train_time_s": t.trained - t.got_batch, "sync_time_s": t.published - t.trained,
         "learner_idle_fraction": (t.got_batch - t.start) / step_s if step_s > 0 else 0.0,
-        "inflight_prompts": batch.inflight_prompts, **generators,
+        "inflight_prompts": batch.inflight_prompts, **generators.to_dict(),
         "t_start": t.start, "t_train_start": t.got_batch, "t_train_end": t.trained,
         "t_step_end": t.published, "eval_time_s": t.eval_s}
     running = tally.step(len(batch.records), learner.skipped, figures)

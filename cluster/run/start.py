@@ -218,7 +218,7 @@ def run_extras(run: Run, t_start: float, gen0: list, peaks: list | None,
     from cluster.records.metrics import generator_delta, per_generator
 
     gen_end, st = generator_stats(run.roles.generators), run.state
-    return {**generator_delta(gen0, gen_end), "t_start": t_start,
+    return {**generator_delta(gen0, gen_end).to_dict(), "t_start": t_start,
             "eval_initial_reused": initial_reused, "resumed_from": st.resumed_from,
             "startup": run.roles.startup.to_json(), "skipped_checkpoints": st.skipped_checkpoints,
             "generator_update_failed": run.update_failed,

@@ -88,7 +88,8 @@ def test_every_field_of_the_learners_result_reaches_the_step_record_and_its_line
     counts, ...). A field added to StepResult and carried nowhere fails here."""
     from dataclasses import fields
 
-    from cluster.records.metrics import LEARNER_FIELDS, StepTimes, Tally, step_metrics
+    from cluster.records.metrics import (LEARNER_FIELDS, GeneratorActivity, StepTimes, Tally,
+                                         step_metrics)
     from cluster.records.step import StepMetrics
     from common.records import StepResult
     from common.types import TrainBatch
@@ -103,8 +104,8 @@ def test_every_field_of_the_learners_result_reaches_the_step_record_and_its_line
                           i + 1 if f.type in ("int", int) else i + 0.25)
     result = StepResult(**values)
     batch = TrainBatch(records=[], samples=[], version=0, inflight_prompts=0)
-    m = step_metrics(1, 1, batch, result, StepTimes(0.0, 1.0, 2.0, 3.0, 4.0), {}, 4,
-                     (-1.0, 1.0), Tally(), None)
+    m = step_metrics(1, 1, batch, result, StepTimes(0.0, 1.0, 2.0, 3.0, 4.0),
+                     GeneratorActivity(), 4, (-1.0, 1.0), Tally(), None)
     line = m.to_json()
     for theirs, ours in LEARNER_FIELDS.items():
         assert line[ours] == values[theirs], (theirs, ours)

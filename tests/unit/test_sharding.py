@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from cluster.records.metrics import step_metrics
+from cluster.records.metrics import GeneratorActivity, step_metrics
 from common.sharding import Shards, make_shards, shard_members, shard_samples
 from common.types import PromptRecord, TrainBatch, TrainSample
 
@@ -51,7 +51,8 @@ def test_the_driver_counts_a_batch_by_reference_as_it_counts_one_inline():
     assert by_ref.sample_tokens() == inline.sample_tokens()
     result = StepResult(loss=0.1, grad_norm=1.0)
     t = StepTimes(0.0, 1.0, 2.0, 3.0, 4.0)
-    a, b = (step_metrics(1, 5, x, result, t, {}, 4, (-1.0, 1.0), Tally(), None)
+    a, b = (step_metrics(1, 5, x, result, t, GeneratorActivity(), 4, (-1.0, 1.0), Tally(),
+                         None)
             for x in (inline, by_ref))
     assert (a.trained_samples, a.trained_tokens, a.staleness_mean, a.staleness_max) == \
         (b.trained_samples, b.trained_tokens, b.staleness_mean, b.staleness_max)

@@ -72,9 +72,9 @@ def test_two_samples_give_busy_fraction_occupancy_and_decode_rate_a_restart_coun
     d = generator_delta(before, after)
     # spans 10 s + 5 s (the restarted one from its start), busy 5 + 2, sequence-seconds
     # 20 + 10 of 4 slots each, tokens (340 - 120) + 50 over the two live ones' 7.5 s each
-    assert d == {"generator_busy_fraction": pytest.approx(7 / 15),
-                 "generator_slot_occupancy": pytest.approx(30 / 60),
-                 "decode_tokens_per_s": pytest.approx(270 / 7.5)}
+    assert d.to_dict() == {"generator_busy_fraction": pytest.approx(7 / 15),
+                           "generator_slot_occupancy": pytest.approx(30 / 60),
+                           "decode_tokens_per_s": pytest.approx(270 / 7.5)}
     rows = per_generator(before, after, peaks=[72.0, 20.0, 30.0])
     assert rows[2] == {"index": 2, "alive": False}
     assert rows[0]["busy_fraction"] == pytest.approx(0.5)
