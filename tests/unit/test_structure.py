@@ -232,12 +232,13 @@ def test_start_up_times_are_read_by_attribute():
 # ``to_json``), checkpoints (``snapshot``) and test hooks (``sizes``, ``waiting_on``,
 # ``state_size``) are other names.
 REPORT_NAMES = {"stats", "counts", "counters", "metrics"}
-DICT_TYPES = {"dict", "Dict"}
+# a dict and its string-keyable kin (a Counter is a dict)
+DICT_TYPES = {"dict", "Dict", "Counter", "defaultdict", "DefaultDict", "OrderedDict"}
 
 
 def _is_dict_type(node: ast.AST | None) -> bool:
-    """Whether an annotation says dict: ``dict``, ``dict[...]``, ``typing.Dict``,
-    ``dict | None``."""
+    """Whether an annotation says dict (``DICT_TYPES``): ``dict``, ``dict[...]``,
+    ``typing.Dict``, ``dict | None``, ``Counter``, ``collections.Counter``."""
     if node is None:
         return False
     if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
@@ -251,12 +252,14 @@ def _is_dict_type(node: ast.AST | None) -> bool:
 
 
 def _is_dict_value(node: ast.AST | None, dict_names: set[str]) -> bool:
-    """Whether an expression makes a dict: ``{...}``, a dict comprehension, ``dict(...)``, or
-    a local name assigned one of those."""
+    """Whether an expression makes a dict: ``{...}``, a dict comprehension, ``dict(...)``,
+    ``Counter()``, ``collections.defaultdict(int)``, a dataclass
+    ``field(default_factory=dict)``, or a local name assigned one of those."""
     if isinstance(node, (ast.Dict, ast.DictComp)):
         return True
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        return node.func.id in DICT_TYPES
+    if isinstance(node, ast.Call):
+        return _is_dict_type(node.func) or any(
+            k.arg == "default_factory" and _is_dict_type(k.value) for k in node.keywords)
     return isinstance(node, ast.Name) and node.id in dict_names
 
 
@@ -288,7 +291,75 @@ def test_no_stats_or_counts_report_returns_a_dict():
                "def counts(self) -> 'dict[str, int] | None':\n    return None\n",
                "async def _metrics(self):\n    return dict(loss=1.0)\n",
                "def stats(self):\n    out = {}\n    out['n'] = 1\n    return out\n",
-               "def stats(self):\n    return {k: 0 for k in 'ab'}\n"]
+               "def stats(self):\n    return {k: 0 for k in 'ab'}\n",
+               "class S:\n    @property\n    def counts(self) -> Counter:\n        return self.c\n",
+               "def counters(self):\n    return collections.Counter(self.seen)\n"]
     assert [len(dict_reports(ast.parse(src))) for src in planted] == [1] * len(planted)
     assert dict_reports(ast.parse("def stats(self) -> Rec:\n    return Rec(n=1)\n"
                                   "def to_dict(self) -> dict:\n    return {}\n")) == []
+
+
+# A role's counters are a record, and so is what a reader holds of them (issue 44: the fault
+# log's and the scorer's counters were Counters written under kind names and f-strings, each
+# name spelled again by their readers). An attribute or a class's field named like counters
+# (``REPORT_NAMES``) holds no dict (``DICT_TYPES``: a Counter, a defaultdict, ...) and nothing
+# indexes one by a literal or f-string name; a report of counters that returns one is
+# ``dict_reports``'s.
+
+
+def counter_dicts(tree: ast.AST) -> list[str]:
+    """Attributes (``self.counts = Counter()``, ``self._stats: dict = ...``) and class fields
+    (``counts: dict = field(default_factory=dict)``) named like counters, leading underscores
+    aside, assigned or annotated a dict; and such an attribute indexed by a string literal or
+    an f-string (``x.counts["scored"]``, ``self.counts[f"score_{why}"]``). Names and lines."""
+    out = []
+
+    def named(name: str) -> bool:
+        return name.lstrip("_") in REPORT_NAMES
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            out += [f"{node.name}.{n.target.id}:{n.lineno}" for n in node.body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                    and named(n.target.id)
+                    and (_is_dict_type(n.annotation) or _is_dict_value(n.value, set()))]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            typed = isinstance(node, ast.AnnAssign) and _is_dict_type(node.annotation)
+            out += [f".{t.attr}:{node.lineno}" for t in targets
+                    if isinstance(t, ast.Attribute) and named(t.attr)
+                    and (typed or _is_dict_value(node.value, set()))]
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                and named(node.value.attr) and (isinstance(node.slice, ast.JoinedStr) or (
+                    isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str))):
+            out.append(f".{node.value.attr}[...]:{node.lineno}")
+    return out
+
+
+def test_no_counters_are_held_or_read_as_a_string_keyed_dict():
+    from actors.fault_log import FaultCounts, FaultLog
+    from actors.scoring import Scorer
+    from common.records import Accounting, ScoringCounts
+
+    found = sorted(f"{name}:{c}" for name, path in modules(PRODUCT).items()
+                   for c in counter_dicts(ast.parse(path.read_text())))
+    assert found == [], f"counters held or read as a string-keyed dict: {found}"
+    assert isinstance(FaultLog().counts, FaultCounts)
+    assert isinstance(Scorer(task=None).counts, ScoringCounts)
+    assert isinstance(Accounting().scoring, ScoringCounts)
+    # and the check can fail: each way of holding counters in a dict, or reading them by name
+    planted = ["class F:\n    def __init__(self):\n        self.counts = Counter()\n",
+               "def f(self):\n    self._counters = {}\n",
+               "def f(self):\n    self.stats = dict(n=0)\n",
+               "def f(self):\n    self.counts = collections.defaultdict(int)\n",
+               "def f(self):\n    self.metrics: dict[str, float] = load()\n",
+               "class A:\n    counts: Counter = field(default_factory=Counter)\n",
+               "class A:\n    stats: 'dict | None' = None\n",
+               "n = log.counts['prior_fallbacks']\n",
+               "def f(self, why):\n    self.counts[f'score_{why}'] += 1\n"]
+    assert [len(counter_dicts(ast.parse(src))) for src in planted] == [1] * len(planted)
+    assert counter_dicts(ast.parse(
+        "class A:\n    counts: Rec = field(default_factory=Rec)\n"
+        "def f(self):\n    self.counts = Rec()\n    self.counts.scored += 1\n"
+        "    self.failures = Counter()\n    self.counts.of({'x': 1})\n"
+        "    return self.counts[0], rows['counts']\n")) == []
