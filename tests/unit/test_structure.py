@@ -281,9 +281,19 @@ def dict_reports(tree: ast.AST) -> list[str]:
     return out
 
 
+def product_findings(check) -> list[str]:
+    """``check(tree)``'s findings in every product module, each prefixed with its module."""
+    return sorted(f"{name}:{found}" for name, path in modules(PRODUCT).items()
+                  for found in check(ast.parse(path.read_text())))
+
+
+def finds_each(check, planted: list[str]) -> bool:
+    """Whether ``check`` finds exactly one thing in each planted source: it can fail."""
+    return [len(check(ast.parse(src))) for src in planted] == [1] * len(planted)
+
+
 def test_no_stats_or_counts_report_returns_a_dict():
-    found = sorted(f"{name}.{d}" for name, path in modules(PRODUCT).items()
-                   for d in dict_reports(ast.parse(path.read_text())))
+    found = product_findings(dict_reports)
     assert found == [], f"a stats/counts report returns a dict, not a record: {found}"
     # and the check can fail: each way of returning a dict is found
     planted = ["def stats(self) -> dict:\n    return {}\n",
@@ -294,7 +304,7 @@ def test_no_stats_or_counts_report_returns_a_dict():
                "def stats(self):\n    return {k: 0 for k in 'ab'}\n",
                "class S:\n    @property\n    def counts(self) -> Counter:\n        return self.c\n",
                "def counters(self):\n    return collections.Counter(self.seen)\n"]
-    assert [len(dict_reports(ast.parse(src))) for src in planted] == [1] * len(planted)
+    assert finds_each(dict_reports, planted)
     assert dict_reports(ast.parse("def stats(self) -> Rec:\n    return Rec(n=1)\n"
                                   "def to_dict(self) -> dict:\n    return {}\n")) == []
 
@@ -341,8 +351,7 @@ def test_no_counters_are_held_or_read_as_a_string_keyed_dict():
     from actors.scoring import Scorer
     from common.records import Accounting, ScoringCounts
 
-    found = sorted(f"{name}:{c}" for name, path in modules(PRODUCT).items()
-                   for c in counter_dicts(ast.parse(path.read_text())))
+    found = product_findings(counter_dicts)
     assert found == [], f"counters held or read as a string-keyed dict: {found}"
     assert isinstance(FaultLog().counts, FaultCounts)
     assert isinstance(Scorer(task=None).counts, ScoringCounts)
@@ -357,7 +366,7 @@ def test_no_counters_are_held_or_read_as_a_string_keyed_dict():
                "class A:\n    stats: 'dict | None' = None\n",
                "n = log.counts['prior_fallbacks']\n",
                "def f(self, why):\n    self.counts[f'score_{why}'] += 1\n"]
-    assert [len(counter_dicts(ast.parse(src))) for src in planted] == [1] * len(planted)
+    assert finds_each(counter_dicts, planted)
     assert counter_dicts(ast.parse(
         "class A:\n    counts: Rec = field(default_factory=Rec)\n"
         "def f(self):\n    self.counts = Rec()\n    self.counts.scored += 1\n"
