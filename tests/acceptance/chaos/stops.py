@@ -41,15 +41,19 @@ def _last_line(log: Path, pattern: str) -> str | None:
 
 def sigterm_then_resume(pb: ProcBench, seed: int = 0,
                         name: str = "sigterm_then_resume") -> Outcome:
-    """SIGTERM to the driver after a random step in [2, steps - 2], a random 0-3 s into the
-    next one; then ``run.resume=true``."""
+    """SIGTERM to the driver after a random step in [2, steps - 2], a random fraction of a
+    step into the next one (the run's own step time so far: a fixed 0-3 s once landed after
+    the last step of a run whose steps took 1.3 s); then ``run.resume=true``."""
     t0 = time.time()
     run_dir = pb.workdir / name
     rng = random.Random(seed)
-    at, delay = rng.randint(2, max(2, pb.steps - 2)), round(rng.uniform(0.0, 3.0), 2)
+    at, fraction = rng.randint(2, max(2, pb.steps - 2)), rng.uniform(0.0, 1.0)
     first = launch(_args(pb, name, "run.checkpoint_every=0",
                          f"run.preempt_grace_s={GRACE_S:g}"), pb.workdir / f"{name}.log")
     reached = first.wait_until(lambda: _steps_done(run_dir) >= at, pb.budget_s)
+    times = [r["step_time_s"] for r in read_jsonl(run_dir / "metrics.jsonl")
+             if r.get("step_time_s")]
+    delay = round(fraction * (sorted(times)[len(times) // 2] if times else 1.0), 2)
     time.sleep(delay)
     first.tree.snapshot()
     landed = first.proc.poll() is None
