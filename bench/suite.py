@@ -7,7 +7,9 @@ temporary folder, runs ``python -m pytest -q`` there with the installed packages
 second command, after its first installed them), and writes what a reader of "the suite takes
 N minutes" needs: the wall time, the counts (passed, failed, skipped, errors, deselected), the
 25 slowest phases (pytest's ``--durations``), the machine (CPU model, cores, load average at
-the start) and the commit. Extra arguments go to pytest (``-m acceptance`` times that tier).
+the start), the commit and the CPU dtype the runs computed in (``V05_CPU_DTYPE=bf16 python -m
+bench.suite --out bench/results/suite_bf16.json`` runs the suite as a CPU whose dtype probe
+picks bf16 does). Extra arguments go to pytest (``-m acceptance`` times that tier).
 Exits with pytest's status; the file is written either way.
 """
 from __future__ import annotations
@@ -78,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     out = {**stamp("bench.suite", argv), "tested_commit": head, "pytest": " ".join(cmd[1:]),
            "exit_status": proc.returncode, "wall_s": round(wall, 1),
            "wall_min": round(wall / 60, 2), "cpu_model": cpu_model(),
-           "load_average_at_start": round(load, 2), **parse(proc.stdout),
+           "load_average_at_start": round(load, 2),
+           # the dtype the suite's runs compute in on the CPU (tests/conftest.py forces the
+           # dtype probe's answer to fp32 unless V05_CPU_DTYPE is set; suite_dtype.py)
+           "cpu_dtype": os.environ.get("V05_CPU_DTYPE") or "fp32",
+           **parse(proc.stdout),
            "units": "seconds of wall clock on this machine; counts as pytest reports them"}
     write_json(a.out, out)
     print(f"[suite] {out['summary_line']} -> {a.out}", file=sys.stderr)
