@@ -54,16 +54,16 @@ def scored_prompts(rows: list[dict], k: int, rewards: tuple[float, float],
     admission (their p against the success rate of all their rollouts, ``rewards`` the task's
     (low, high): what the scheduler tells the selector as each prompt finishes)."""
     from actors.scheduler.selection import PriorError, uniform_chance
+    from estimator.core import reward_to_prob
 
-    lo, hi = rewards
     rows = [r for r in rows if r.get("prior_p") is not None and len(r["rewards"]) >= k]
     done = sorted(rows, key=lambda r: r["t_done"])
     error, j, out = PriorError(error_window), 0, []
     for r in sorted(rows, key=lambda r: r["t_admit"]):
         while j < len(done) and done[j]["t_done"] <= r["t_admit"]:
             d = done[j]
-            rate = (sum(d["rewards"]) / len(d["rewards"]) - lo) / (hi - lo)
-            error.add(d["prior_p"], min(max(rate, 0.0), 1.0), len(d["rewards"]))
+            rate = float(reward_to_prob(sum(d["rewards"]) / len(d["rewards"]), rewards))
+            error.add(d["prior_p"], rate, len(d["rewards"]))
             j += 1
         out.append(Scored(uniform_chance(r["prior_p"], error.var, k),
                           len(set(r["rewards"][:k])) == 1, uniform_chance(r["prior_p"], 0.0, k)))
@@ -88,15 +88,10 @@ def rule_reading(prompts: list[Scored], admit) -> dict:
 
 
 def auc(prompts: list[Scored]) -> float:
-    """P(U of a uniform group > U of a mixed one), ties counting one half."""
-    pos = sorted(s.u for s in prompts if s.uniform)
-    neg = sorted(s.u for s in prompts if not s.uniform)
-    if not pos or not neg:
-        return float("nan")
-    import bisect
-    wins = sum(bisect.bisect_left(neg, u) + 0.5 * (bisect.bisect_right(neg, u)
-                                                   - bisect.bisect_left(neg, u)) for u in pos)
-    return wins / (len(pos) * len(neg))
+    """P(U of a uniform group > U of a mixed one), ties counting one half (NaN without both)."""
+    from cluster.records.metrics import pair_auc
+
+    return pair_auc([s.u for s in prompts], [s.uniform for s in prompts])
 
 
 def readings(prompts: list[Scored], floor: float = FLOOR) -> dict:
