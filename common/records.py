@@ -15,6 +15,13 @@ PER_TOKEN = ("clip_fraction", "approx_kl", "kl", "entropy", "is_weight", "trunca
              "dual_clip_fraction")
 
 
+def named(cls, d: dict, leave: tuple[str, ...] = ()) -> dict:
+    """The items of ``d`` named like a field of the dataclass ``cls`` (but those in
+    ``leave``): what a record's ``of`` takes from a dict that may hold more, or older, names."""
+    names = {f.name for f in fields(cls)} - set(leave)
+    return {k: v for k, v in d.items() if k in names}
+
+
 @dataclass(frozen=True)
 class StepResult:
     """One learner step, as rank 0 reports it (every rank computes the same reduced values)."""
@@ -65,8 +72,7 @@ class SchedulerCounts:
     @classmethod
     def of(cls, d: dict) -> "SchedulerCounts":
         """From a dict with these names (a checkpoint's, summary.json); others ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**named(cls, d))
 
 
 @dataclass
@@ -126,8 +132,7 @@ class ScoringCounts:
     @classmethod
     def of(cls, d: dict) -> "ScoringCounts":
         """From summary.json's ``scoring`` (its names; others ignored)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**named(cls, d))
 
 
 # Accounting's lists of uids: to dropped.jsonl, deferred.jsonl and inflight_at_end.json
@@ -173,10 +178,9 @@ class Accounting:
     @classmethod
     def of(cls, d: dict) -> "Accounting":
         """From summary.json's flat object (unknown keys ignored)."""
-        names = {f.name for f in fields(cls)} - {"scheduler", "scoring"}
         return cls(scheduler=SchedulerCounts.of(d),
                    scoring=ScoringCounts.of(d.get("scoring") or {}),
-                   **{k: v for k, v in d.items() if k in names})
+                   **named(cls, d, leave=("scheduler", "scoring")))
 
 
 def mean_extras(extras: list[dict], weights: list[int] | None = None) -> dict | None:

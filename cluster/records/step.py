@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from common.records import named
+
 
 def numeric(m: dict, prefix: str = "") -> dict:
     """The numbers of a JSON record (booleans, None, lists and text left out), as W&B and
@@ -31,13 +33,6 @@ def clean(v):
     if isinstance(v, (list, tuple)):
         return [clean(x) for x in v]
     return v
-
-
-def _known(cls, d: dict) -> dict:
-    """The entries of ``d`` that are fields of ``cls`` (a file from another version of the
-    code may hold more or fewer)."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class HeldOut:
         if d.get(cls.PREFIX + "accuracy") is None and d.get(cls.PREFIX + "greedy") is None:
             return None
         own = {k[len(cls.PREFIX):]: v for k, v in d.items() if k.startswith(cls.PREFIX)}
-        return cls(**{k: v for k, v in _known(cls, own).items() if v is not None})
+        return cls(**{k: v for k, v in named(cls, own).items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -185,7 +180,7 @@ class StepMetrics:
     @classmethod
     def from_json(cls, d: dict) -> StepMetrics:
         """A metrics.jsonl line (unknown keys ignored, missing ones at their defaults)."""
-        own = _known(cls, d)
+        own = named(cls, d)
         return cls(**{"step": 0, "policy_version": 0, **own, "held_out": HeldOut.from_json(d)})
 
     def scalars(self) -> dict:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from cluster.records.step import HeldOut, _known, clean
-from common.records import Accounting
+from cluster.records.step import HeldOut, clean
+from common.records import Accounting, named
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Totals:
 
     @classmethod
     def from_json(cls, d: dict | None) -> Totals:
-        return cls(**_known(cls, d or {}))
+        return cls(**named(cls, d or {}))
 
 
 WHEN = ("initial", "final")
@@ -149,7 +149,7 @@ class RunSummary:
     @classmethod
     def from_json(cls, d: dict) -> RunSummary:
         """summary.json (unknown keys ignored, missing ones at their defaults)."""
-        own = {k: v for k, v in _known(cls, d).items() if k not in cls._NESTED and v is not None}
+        own = {k: v for k, v in named(cls, d).items() if k not in cls._NESTED and v is not None}
         acct = Accounting.of(d) if "prompts_admitted" in d else None
         return cls(**{"steps": 0, "policy_version": 0, **own, "totals": Totals.from_json(d),
                       "accounting": acct, "eval_initial": held_out_from_json(d, "initial"),
