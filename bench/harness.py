@@ -69,8 +69,9 @@ class Shared:
 def reset_roles(cfg, roles, init_dir: str) -> None:
     """The same starting point for another run on ``roles`` (``cluster.nodes.roles.Roles``;
     every run of a bench, tests): the learner back at the state saved in ``init_dir``, every
-    generator serving it (as a new version from the version's owner), and a fresh prior with an empty context and ``cfg``'s prior options (reset in
-    place, or a new actor when the old one is dead or busy)."""
+    generator serving it (as a new version from the version's owner), and a fresh prior with
+    an empty context and ``cfg``'s prior options (reset in place, or a new actor when the old
+    one is dead or busy)."""
     import ray
 
     from cluster.nodes.roles import start_prior, wait_ready

@@ -17,9 +17,10 @@ admitted with probability
 
 (the exploration ``floor`` keeps every kind of prompt coming, so that the prior keeps seeing
 the whole distribution), or, with a ``threshold`` t, a = 1 where U < t and ``floor`` elsewhere
-(sharper: studies.selection_limits reads how far each rule cuts the uniform groups), decided by a coin that depends only on the run's seed and the
-prompt's uid: runs of one seed and different algorithms take the same decision on the same
-prompt at the same p (common random numbers, as ``rollout.seeded`` does for the rollouts).
+(sharper: studies.selection_limits reads how far each rule cuts the uniform groups), decided
+by a coin that depends only on the run's seed and the prompt's uid: runs of one seed and
+different algorithms take the same decision on the same prompt at the same p (common random
+numbers, as ``rollout.seeded`` does for the rollouts).
 
 The driver draws candidates ahead of need (a ``window`` of several batches), has them scored
 in one call, and the selector walks them in draw order, admitting or deferring each once,

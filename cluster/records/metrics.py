@@ -252,8 +252,9 @@ LEARNER_FIELDS = {
 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,
-                 generators: GeneratorActivity, k_init: int, rewards: tuple[float, float], tally: Tally,
-                 held_out: HeldOut | None, nodes_alive: int | None = None) -> StepMetrics:
+                 generators: GeneratorActivity, k_init: int, rewards: tuple[float, float],
+                 tally: Tally, held_out: HeldOut | None,
+                 nodes_alive: int | None = None) -> StepMetrics:
     """One step's record, counted in ``tally`` (``rewards``: the task's range, see
     ``batch_metrics``; ``generators``: what they did during the step; ``held_out``: the
     evaluation that ended the step, if any)."""

@@ -1,8 +1,8 @@
 """``python -m bench.gpu_check --real-model`` on the CPU: the code path a lent GPU machine runs,
 up to the CUDA calls, on the carried SmolLM2-135M config shrunk to 2 layers (the suite's CPU
-dtype, suite_dtype.py; gloo, one learner rank): every part ran, the JSON has every figure with sane values, and the
-weight-sync payload is what the learner's state dict holds (in its dtype, the tied
-embedding twice). About 30-40 s on 2 cores, most of it imports.
+dtype, suite_dtype.py; gloo, one learner rank): every part ran, the JSON has every figure with
+sane values, and the weight-sync payload is what the learner's state dict holds (in its
+dtype, the tied embedding twice). About 30-40 s on 2 cores, most of it imports.
 """
 from __future__ import annotations
 
