@@ -138,6 +138,11 @@ def parse_args(argv):
                          "steps, seeds, evaluations, held-out prompts, start and config must be "
                          "this invocation's): re-run one mode after a change that leaves the "
                          "others' runs as they were")
+    ap.add_argument("--add-seeds-from", metavar="FILE",
+                    help="more seeds for a study in FILE (the same study, its sizes this "
+                         "invocation's but for fewer seeds): FILE's runs of every mode kept, and "
+                         "the modes asked for (each in FILE) run at the seeds after FILE's, up "
+                         "to --seeds; a mode not asked for keeps FILE's seeds")
     ap.add_argument("--from-runs", metavar="DIR",
                     help="read this invocation's runs from DIR (the run directory of an "
                          "invocation with the same arguments that stopped before writing its "
@@ -219,16 +224,19 @@ class Settings:
                 "cluster.address=local"]
 
 
-def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
-    """Every (seed, mode) run on one set of long-lived actors, reset before each run to the
-    same initial weights and an empty prior (``bench.harness``); {mode: [curve per seed]}."""
+def run_all(st: Settings, base: dict, run_dir: Path,
+            first_seed: int = 0) -> dict[str, list[dict]]:
+    """Every (seed, mode) run, seeds ``first_seed`` to ``st.seeds - 1``, on one set of
+    long-lived actors, reset before each run to the same initial weights and an empty prior
+    (``bench.harness``); {mode: [curve per seed]}."""
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
     # Every run of a seed starts from the same weights and evaluates with the same seed and
     # prompts: the seed's first run measures the starting accuracy, the others reuse it.
     initial: dict[int, dict] = {}
     shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
     with shared_roles(shape, run_dir) as shared:
-        for seed, mode in round_robin(st.modes, st.seeds):  # load drift spreads out
+        for r, mode in round_robin(st.modes, st.seeds - first_seed):  # drift spreads out
+            seed = first_seed + r
             cfg = run_config(base, mode, seed, run_dir, st.seeded)
             shared.reset(cfg)
             log(f"== {mode} seed {seed}: " + (
@@ -248,14 +256,16 @@ def run_all(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
     return runs
 
 
-def runs_from(st: Settings, base: dict, run_dir: Path) -> dict[str, list[dict]]:
+def runs_from(st: Settings, base: dict, run_dir: Path,
+              first_seed: int = 0) -> dict[str, list[dict]]:
     """``--from-runs DIR``: ``run_all``'s result read from the runs an interrupted invocation
     finished in ``run_dir``, each checked to be the run this invocation would make (its saved
     config equal to ``run_config``'s) and finished (its summary.json written)."""
     from cluster.config.schema import load_config
 
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
-    for seed, mode in round_robin(st.modes, st.seeds):
+    for r, mode in round_robin(st.modes, st.seeds - first_seed):
+        seed = first_seed + r
         cfg = run_config(base, mode, seed, run_dir, st.seeded)
         where = Path(cfg.run_dir)
         if not (where / "summary.json").is_file():
@@ -282,7 +292,8 @@ def report(st: Settings, base_cfg, runs: dict, argv: list[str], wall_s: float) -
            "config": {"file": st.config, "run": base_cfg.model_dump(mode="json")["run"],
                       "budget_train_s": None if st.steps else st.budget_s,
                       "budget_steps": st.steps, "budget_rollouts": st.rollouts,
-                      "seeds": st.seeds, "evals": st.evals,
+                      "seeds": st.seeds, "seeds_by_mode": {m: len(r) for m, r in runs.items()},
+                      "evals": st.evals,
                       "eval_prompts": st.eval_prompts, "eval_samples": base_cfg.run.eval_samples,
                       "eval_metric": base_cfg.run.eval_metric, "task": base_cfg.task.name,
                       "batch_prompts": base_cfg.rollout.batch_prompts,
@@ -396,10 +407,13 @@ def plot_stem(out: dict, path: Path) -> Path:
                           + ("_baselines" if is_baselines(out) else ""))
 
 
-def kept_runs(path: Path, st: Settings, key: str) -> dict:
+def kept_runs(path: Path, st: Settings, key: str, more_seeds: bool = False) -> dict:
     """``--keep-runs-from FILE``: the runs of the modes this invocation does not run, from the
     study ``key`` in FILE (a start, a start's baseline study, a setting), whose sizes must be
-    this invocation's ({file, command, date, modes, runs})."""
+    this invocation's ({file, command, date, modes, runs}). ``more_seeds``
+    (``--add-seeds-from``): every mode's runs, from a study with fewer seeds than this one
+    (``first_seed``: the number it has, where this invocation's runs begin), each mode asked for
+    among them."""
     res = json.loads(path.read_text())
     study = (res.get("studies") or {study_key(res): res}).get(key)
     if study is None:
@@ -409,14 +423,28 @@ def kept_runs(path: Path, st: Settings, key: str) -> dict:
             "evals": st.evals,
             "eval_prompts": st.eval_prompts, "start": st.start, "file": st.config,
             "batch_samples": st.batch_samples or None}
+    if more_seeds:
+        del mine["seeds"]
     differ = {k: (c.get(k), v) for k, v in mine.items() if c.get(k) != v}
     if differ:
         raise SystemExit(f"{path}: study {key!r} differs from this one in {differ} "
                          "(FILE's, this invocation's): its runs cannot stand beside these")
-    modes = [m for m in study["runs"] if m not in st.modes]
+    if not more_seeds:
+        modes = [m for m in study["runs"] if m not in st.modes]
+        return {"file": str(path), "command": study.get("command"), "date": study.get("date"),
+                "modes": modes, "order": list(study["runs"]),
+                "runs": {m: study["runs"][m] for m in modes}}
+    had = {m: {r["seed"] for r in rs} for m, rs in study["runs"].items()}
+    missing = [m for m in st.modes if m not in had]
+    if missing:
+        raise SystemExit(f"{path}: study {key!r} has no runs of {missing} to add seeds to")
+    first = max(max(had[m]) + 1 for m in st.modes)
+    if any(had[m] != set(range(first)) for m in st.modes) or first >= st.seeds:
+        raise SystemExit(f"{path}: study {key!r} has seeds {sorted(had[st.modes[0]])} of "
+                         f"{list(st.modes)}; --seeds {st.seeds} asks for none after them")
     return {"file": str(path), "command": study.get("command"), "date": study.get("date"),
-            "modes": modes, "order": list(study["runs"]),
-            "runs": {m: study["runs"][m] for m in modes}}
+            "modes": list(study["runs"]), "order": list(study["runs"]),
+            "runs": study["runs"], "first_seed": first}
 
 
 def merge_from(src: Path, path: Path) -> int:
@@ -460,16 +488,26 @@ def main(argv=None) -> int:
     base_cfg = load_config(REPO / st.config, [*st.overrides(), *model, *args.overrides])
     key = (args.setting or st.start if args.selection else
            f"{st.start}-baselines" if args.baselines else st.start)
-    kept = kept_runs(Path(args.keep_runs_from), st, key) if args.keep_runs_from else {}
+    if args.keep_runs_from and args.add_seeds_from:
+        raise SystemExit("--keep-runs-from and --add-seeds-from: one at a time")
+    kept = (kept_runs(Path(args.keep_runs_from), st, key) if args.keep_runs_from else
+            kept_runs(Path(args.add_seeds_from), st, key, more_seeds=True)
+            if args.add_seeds_from else {})
     t0 = time.time()
     if args.from_runs:
-        runs = runs_from(st, base_cfg.model_dump(mode="json"), Path(args.from_runs).resolve())
+        runs = runs_from(st, base_cfg.model_dump(mode="json"), Path(args.from_runs).resolve(),
+                         kept.get("first_seed", 0))
     else:
         runs = run_all(st, base_cfg.model_dump(mode="json"),
-                       Path(tempfile.mkdtemp(prefix="v05-learning-")))
+                       Path(tempfile.mkdtemp(prefix="v05-learning-")),
+                       kept.get("first_seed", 0))
     if kept:
-        both = {**kept["runs"], **runs}
-        runs = {m: both[m] for m in dict.fromkeys([*kept["order"], *st.modes])}
+        order = dict.fromkeys([*kept["order"], *st.modes])
+        if "first_seed" in kept:  # FILE's seeds of every mode, then this invocation's
+            runs = {m: [*kept["runs"][m], *runs.get(m, [])] for m in order}
+        else:
+            both = {**kept["runs"], **runs}
+            runs = {m: both[m] for m in order}
         st = replace(st, modes=tuple(runs))
     if args.selection:
         setting = args.setting or st.start
@@ -480,7 +518,8 @@ def main(argv=None) -> int:
     if args.from_runs:  # wall_s: the time to read them, not to make them
         one["runs_read_from"] = str(Path(args.from_runs).resolve())
     if kept:
-        one["runs_kept_from"] = {k: kept[k] for k in ("file", "command", "date", "modes")}
+        one["runs_kept_from"] = {k: kept[k] for k in ("file", "command", "date", "modes",
+                                                      "first_seed") if k in kept}
     if args.selection:
         write_json(args.out, merge_settings(one, Path(args.out)))
         selection_plots(one, Path(args.out).with_name(f"{Path(args.out).stem}_{setting}"))

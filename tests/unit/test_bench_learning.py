@@ -279,6 +279,34 @@ def test_keep_runs_from_takes_the_other_modes_of_a_like_study_and_refuses_an_unl
         kept_runs(path, Settings.of(parse_args(args)), "warm")
 
 
+def test_add_seeds_from_keeps_every_mode_and_starts_after_its_seeds(tmp_path):
+    """--add-seeds-from FILE: every mode's runs of FILE's study kept; the modes asked for run
+    from the first seed FILE lacks; a mode FILE lacks, seeds FILE already has or a study of
+    other sizes are refused."""
+    from bench.learning.__main__ import Settings, kept_runs, parse_args
+
+    runs = {"sync_drgrpo4": seeded([[0.2, 0.3], [0.2, 0.4], [0.1, 0.2]]),
+            "sync_v05": seeded([[0.2, 0.1], [0.2, 0.3], [0.1, 0.1]])}
+    study = {"config": {"start": "warm", "budget_rollouts": 3072, "seeds": 3, "evals": 6,
+                        "eval_prompts": 300, "file": "v05.yaml", "batch_samples": 64},
+             "runs": runs, "command": "python -m bench.learning --selection ...", "date": "d"}
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps({"studies": {"warm": study}}))
+    args = ["--selection", "--modes", "sync_drgrpo4", "--seeds", "5", "--evals", "6",
+            "--eval-prompts", "300"]
+    kept = kept_runs(path, Settings.of(parse_args(args)), "warm", more_seeds=True)
+    assert kept["first_seed"] == 3 and kept["runs"] == runs and kept["order"] == list(runs)
+    with pytest.raises(SystemExit, match="none after them"):
+        kept_runs(path, Settings.of(parse_args(args[:4] + ["3"] + args[5:])), "warm",
+                  more_seeds=True)
+    with pytest.raises(SystemExit, match="no runs of \\['sync_js4'\\]"):
+        kept_runs(path, Settings.of(parse_args(["--selection", "--modes", "sync_js4"]
+                                               + args[3:])), "warm", more_seeds=True)
+    with pytest.raises(SystemExit, match="'evals': \\(6, 3\\)"):
+        kept_runs(path, Settings.of(parse_args(args[:-3] + ["3"] + args[-2:])), "warm",
+                  more_seeds=True)
+
+
 def test_merge_keeps_each_start_and_gathers_their_controlled_summaries(tmp_path):
     from bench.learning.__main__ import merge
 
