@@ -40,9 +40,9 @@ class StepResult:
     n_samples: int = 0            # non-empty responses of the global batch
     skipped: bool = False         # the update was not applied (non-finite loss or gradient)
     skip_reason: str = ""
-    step: int = 0                 # optimiser steps applied so far
+    updates_applied: int = 0      # optimiser steps applied so far (a skipped step is not one)
     consecutive_skips: int = 0
-    step_time_s: float = 0.0
+    learner_step_s: float = 0.0   # this update's time in the learner (the run's step is longer)
     lr: float = math.nan
     micro_batches: int = 0
 

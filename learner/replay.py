@@ -202,7 +202,7 @@ def run(args: argparse.Namespace, out=None) -> dict:
 
 def _summary(history: list, n_samples: int, wall: float, init_s: float) -> dict:
     """``history``: the steps' ``StepResult``s."""
-    times = [m.step_time_s for m in history]
+    times = [m.learner_step_s for m in history]
     return {
         "steps": len(history), "samples": n_samples,
         "tokens": sum(m.n_tokens for m in history),

@@ -331,8 +331,8 @@ class LearnerWorker:
             loss=s.get("loss", math.nan), grad_norm=grad_norm, grad_noise_to_signal=noise,
             **{k: s[k] / n if n else math.nan for k in PER_TOKEN},
             n_tokens=int(n), n_samples=n_seq, skipped=bool(skip_reason), skip_reason=skip_reason,
-            step=self.step, consecutive_skips=self.consecutive_nan,
-            step_time_s=time.perf_counter() - t0, lr=lr, micro_batches=n_micro)
+            updates_applied=self.step, consecutive_skips=self.consecutive_nan,
+            learner_step_s=time.perf_counter() - t0, lr=lr, micro_batches=n_micro)
 
     def _all_reduce(self, t, op=None):
         import torch.distributed as dist

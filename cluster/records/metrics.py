@@ -238,17 +238,17 @@ def rolling_prior_error(steps: list[dict], window: int = PRIOR_WINDOW_STEPS) -> 
 
 
 # Every field of the learner's ``StepResult`` and the ``StepMetrics`` field that carries it
-# (the names differ where the step record already means something else by the learner's:
-# its ``step`` is the trainer's, its ``step_time_s`` the whole step's). A field added to
-# StepResult fails tests/unit/test_run_writer.py until it is named here.
+# (the same name but for the batch's sizes, which the step record names as the learner's
+# beside its own trained_samples and trained_tokens). A field added to StepResult fails
+# tests/unit/test_run_writer.py until it is named here.
 LEARNER_FIELDS = {
     "loss": "loss", "grad_norm": "grad_norm", "grad_noise_to_signal": "grad_noise_to_signal",
     "clip_fraction": "clip_fraction", "approx_kl": "approx_kl", "kl": "kl",
     "entropy": "entropy", "is_weight": "is_weight", "truncated_fraction": "truncated_fraction",
     "dual_clip_fraction": "dual_clip_fraction", "n_tokens": "learner_tokens",
     "n_samples": "learner_samples", "skipped": "skipped", "skip_reason": "skip_reason",
-    "step": "updates_applied", "consecutive_skips": "consecutive_skips",
-    "step_time_s": "learner_step_s", "lr": "lr", "micro_batches": "micro_batches"}
+    "updates_applied": "updates_applied", "consecutive_skips": "consecutive_skips",
+    "learner_step_s": "learner_step_s", "lr": "lr", "micro_batches": "micro_batches"}
 
 
 def step_metrics(step: int, version: int, batch: TrainBatch, learner: StepResult, t: StepTimes,

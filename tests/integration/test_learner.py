@@ -168,7 +168,7 @@ def test_two_ranks_equal_one_rank(learners, cfg):
         assert a.n_tokens == b.n_tokens and a.n_samples == b.n_samples == 5
         for k in ("loss", "grad_norm", "entropy", "clip_fraction", "approx_kl", "kl"):
             assert getattr(a, k) == pytest.approx(getattr(b, k), rel=1e-5, abs=1e-7), k
-    assert m2[-1].step == 2
+    assert m2[-1].updates_applied == 2
     assert [m.lr for m in m2] == [m.lr for m in m1] == [lr_at(cfg, 0), lr_at(cfg, 1)]
     # The policy starts AT the reference, then moves away from it.
     assert m2[0].kl == pytest.approx(0.0, abs=1e-6) and m2[1].kl > 1e-6
@@ -192,7 +192,7 @@ def test_non_finite_step_is_skipped_then_raises(learners, poison):
 
     before = two.get_weights_per_rank()
     m = two.train_step(poisoned(3))
-    assert m.skipped and m.step == 0
+    assert m.skipped and m.updates_applied == 0
     # A NaN log-prob makes the loss NaN; a huge advantage may overflow the loss or only
     # the gradient, depending on the token counts.
     assert m.skip_reason in (("non-finite loss",) if poison == "nan_logprob" else
@@ -200,7 +200,7 @@ def test_non_finite_step_is_skipped_then_raises(learners, poison):
     after = two.get_weights_per_rank()
     assert max_diff(before[0], after[0]) == 0.0 and max_diff(before[1], after[1]) == 0.0
     good = two.train_step(make_samples(5, 4))  # resets the consecutive counter
-    assert not good.skipped and good.step == 1 and math.isfinite(good.loss)
+    assert not good.skipped and good.updates_applied == 1 and math.isfinite(good.loss)
     assert good.lr == m.lr  # a skipped step does not advance the lr schedule
     assert max_diff(before[0], two.get_weights()) > 0.0
     assert two.train_step(poisoned(5)).skipped
@@ -229,7 +229,7 @@ def test_checkpoint_restores_weights_and_client_state(learners, cfg, tmp_path):
     # lands on the same weights (a fresh optimiser would take a different, sign-like first
     # step; another lr a different step).
     m = two.train_step(make_samples(4, 8))
-    assert m.step == 3 and m.lr == lrs[0]
+    assert m.updates_applied == 3 and m.lr == lrs[0]
     assert max_diff(w_next, two.get_weights()) < 1e-7
     lrs.append(two.train_step(make_samples(4, 9)).lr)
     assert lrs == [lr_at(cfg, 2), lr_at(cfg, 3), lr_at(cfg, 3)] and lrs[0] > lrs[1]
@@ -308,7 +308,7 @@ def test_record_then_replay(learners, policy_dir, tmp_path, capsys):
     summary = main([str(path), "--model", str(policy_dir), "--batch-prompts", "2",
                     "--ranks", "1", "--steps", "3", "--cpus-per-rank", str(CPUS_PER_RANK)])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    steps = [x for x in lines if "step" in x and "summary" not in x]
+    steps = [x for x in lines if "summary" not in x]
     assert [x["samples"] for x in steps] == [8, 8, 8]  # 2 prompts x 4, wrapping around
     assert all(not x["skipped"] and math.isfinite(x["loss"]) for x in steps)  # JSON lines
     assert lines[-1]["summary"] == summary

@@ -127,12 +127,12 @@ def test_timed_steps_times_every_step_and_fails_on_a_skip():
 
         def train_step(self, samples):
             self.calls += 1
-            return StepResult(skipped=self.calls == self.skip_at, step=self.calls,
+            return StepResult(skipped=self.calls == self.skip_at, updates_applied=self.calls,
                               n_samples=len(samples))
 
     w = Worker()
     times, last = timed_steps(w, [1, 2], 3)
     assert len(times) == 3 and all(t >= 0 for t in times)
-    assert (last.skipped, last.step, last.n_samples) == (False, 3, 2) and w.calls == 3
+    assert (last.skipped, last.updates_applied, last.n_samples) == (False, 3, 2) and w.calls == 3
     with pytest.raises(AssertionError):
         timed_steps(Worker(skip_at=2), [1], 3)

@@ -81,6 +81,21 @@ def test_the_progress_line_prints_a_zero_reward_as_zero():
     assert "reward +nan" in progress_line(StepMetrics(step=6, policy_version=6, k_mean=4.0), 13.0)
 
 
+def test_a_name_the_learners_result_and_the_step_record_share_means_one_fact():
+    """Where StepResult and StepMetrics hold a field of the same name, it is the learner's
+    figure carried under that name: no name means the learner's count in one record and the
+    trainer's in the other (``step`` and ``step_time_s`` did, until the learner's became
+    ``updates_applied`` and ``learner_step_s``)."""
+    from dataclasses import fields
+
+    from cluster.records.metrics import LEARNER_FIELDS
+    from cluster.records.step import StepMetrics
+    from common.records import StepResult
+
+    shared = {f.name for f in fields(StepResult)} & {f.name for f in fields(StepMetrics)}
+    assert shared and {n: LEARNER_FIELDS[n] for n in shared} == {n: n for n in shared}
+
+
 def test_every_field_of_the_learners_result_reaches_the_step_record_and_its_line(tmp_path):
     """Each StepResult field, given a distinct value by the learner, reaches metrics.jsonl
     under the name LEARNER_FIELDS gives it (the corrections the 32-GPU config turns on: kl,
