@@ -38,7 +38,7 @@ from actors.prompts import (PromptSampler, checked_priors, hand_over, prior_obse
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig, checkpoint
 from actors.scoring import Overlong, Scorer
 from common.atomic import write_atomic
-from common.records import Accounting
+from common.records import Accounting, WaitingOn
 from common.types import Rollout, SamplingConfig, TrainBatch
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
@@ -230,18 +230,11 @@ class Coordinator:
                           deferred_since_last_batch=list(s.deferred),
                           waiting_uids=[c.uid for c in s.selector.waiting] if s.selector else [])
 
-    def waiting_on(self) -> dict:
+    def waiting_on(self) -> WaitingOn:
         """For the trainer's watchdog: which role the hand-over is waiting for, and what that
         role last reported."""
         s, now, f = self.sched, time.time(), self.faults
-        due = sum(c for d, c in s.unfinished.items() if d <= s.version)
         loads = {i: n for i, n in enumerate(s.load) if n}
-        detail = {"version": s.version, "prompts_due_unfinished": due, "ready": len(s.ready),
-                  "in_flight": s.in_flight(), "room": s.room(), "paused": s.paused,
-                  "outstanding_per_generator": loads, "alive": list(s.alive),
-                  "seconds_since_generator_answered": self.pool.silent_s(now),
-                  "events": f.events[-5:], "last_prior_error": f.last_prior_error,
-                  "last_error": f.last_error}
         if self.prior_pending_since is not None:
             role = f"prior (asked {now - self.prior_pending_since:.0f}s ago)"
         elif not any(s.alive):
@@ -254,7 +247,13 @@ class Coordinator:
             role = "generators (work parked until one returns)"
         else:
             role = "coordinator (nothing in flight, no room to admit)"
-        return {"role": role, **detail}
+        return WaitingOn(
+            role=role, version=s.version,
+            prompts_due_unfinished=sum(c for d, c in s.unfinished.items() if d <= s.version),
+            ready=len(s.ready), in_flight=s.in_flight(), room=s.room(), paused=s.paused,
+            outstanding_per_generator=loads, alive=list(s.alive),
+            seconds_since_generator_answered=self.pool.silent_s(now), events=f.events[-5:],
+            last_prior_error=f.last_prior_error, last_error=f.last_error)
 
     def state_size(self) -> dict[str, int]:
         """Entries held, per container (the scheduler's, and this actor's own): tests.acceptance.soak."""

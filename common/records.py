@@ -192,3 +192,28 @@ def mean_extras(extras: list[dict], weights: list[int] | None = None) -> dict | 
             s = sums.setdefault(k, [0.0, 0.0])
             s[0], s[1] = s[0] + w * v, s[1] + w
     return {k: s / n for k, (s, n) in sums.items()} or None
+
+
+@dataclass(frozen=True)
+class WaitingOn:
+    """The coordinator's answer to the trainer's watchdog (``Coordinator.waiting_on``): the
+    role a stalled hand-over waits for, and what the coordinator knows that a person reading
+    the stall's message needs (``detail``: the rest, as printed)."""
+
+    role: str
+    version: int
+    prompts_due_unfinished: int      # prompts the current version still waits for
+    ready: int                       # finished prompts not yet handed over
+    in_flight: int
+    room: int
+    paused: bool
+    outstanding_per_generator: dict[int, int]  # rollouts outstanding, by generator index
+    alive: list[bool]
+    seconds_since_generator_answered: list[float]
+    events: list[tuple]              # the last few faults (FaultLog.events)
+    last_prior_error: str | None
+    last_error: str | None
+
+    def detail(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "role"}
+

@@ -92,6 +92,6 @@ def coordinator_blame(coord) -> Callable[[str, float, int], tuple[str, dict]]:
         except Exception as err:  # noqa: BLE001 - the coordinator itself does not answer
             return "coordinator (not answering)", {"error": f"{type(err).__name__}: {err}",
                                                    "seconds_since_last_step": waited}
-        return report.pop("role"), {**report, "seconds_since_last_step": waited}
+        return report.role, {**report.detail(), "seconds_since_last_step": waited}
 
     return blame

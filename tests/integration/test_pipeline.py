@@ -411,7 +411,7 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
         import ray
 
         deadline = time.time() + 60
-        while not ray.get(coord.waiting_on.remote())["outstanding_per_generator"]:
+        while not ray.get(coord.waiting_on.remote()).outstanding_per_generator:
             assert time.time() < deadline, "step 3's rollouts were never requested"
             time.sleep(0.02)
         stop.handle(signal.SIGTERM)

@@ -81,7 +81,7 @@ async def first_prompt_fails(c: Coordinator, gen) -> None:
     assert a.scheduler.prompts_admitted == (a.scheduler.prompts_handed + a.prompts_dropped
                                      + s.in_flight())
     assert c.faults.counts.coordinator_error == 1
-    assert c.waiting_on()["last_error"] == c.faults.last_error and "s0/" in c.faults.last_error
+    assert c.waiting_on().last_error == c.faults.last_error and "s0/" in c.faults.last_error
     assert [e[1] for e in c.faults.events] == ["coordinator_error"]
     await c.stop()
 
@@ -123,7 +123,7 @@ def test_an_exception_in_a_spawned_task_is_recorded_once_per_kind():
             c._spawn(broken())
         await until(lambda: not c._tasks, "the tasks to end")
         assert c.faults.counts.task_error == 3
-        assert "broken: KeyError" in c.faults.last_error and c.waiting_on()["last_error"] == c.faults.last_error
+        assert "broken: KeyError" in c.faults.last_error and c.waiting_on().last_error == c.faults.last_error
         assert [e[1] for e in c.faults.events] == ["task_error"]  # one event, not one per failure
         await c.stop()
 

@@ -229,8 +229,8 @@ def test_start_up_times_are_read_by_attribute():
 # A role's report of itself is a record read by attribute (issue 44: string-keyed stats dicts
 # crossed from the generators, the prior server and the selector to their readers, each key
 # spelled again by every reader). Named so, it returns no dict; serialisers (``to_dict``,
-# ``to_json``), checkpoints (``snapshot``) and test hooks (``sizes``, ``waiting_on``,
-# ``state_size``) are other names.
+# ``to_json``), checkpoints (``snapshot``) and test hooks (``sizes``, ``state_size``) are
+# other names.
 REPORT_NAMES = {"stats", "counts", "counters", "metrics"}
 # a dict and its string-keyable kin (a Counter is a dict)
 DICT_TYPES = {"dict", "Dict", "Counter", "defaultdict", "DefaultDict", "OrderedDict"}
