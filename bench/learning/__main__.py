@@ -36,6 +36,10 @@ invocation) with a plot per setting (learning_selection_<setting>.png).
 ``--config`` runs the study on another run config than v05.yaml (configs/smollm2-135m.yaml:
 the pretrained SmolLM2 on word_arithmetic), with that config's own model and task.
 
+A study longer than a sitting: ``--run-dir DIR`` keeps the runs in DIR, and the same command
+run again reads the runs that finished there and runs the rest. ``--add-seeds-from FILE``
+gives a study already in FILE more seeds (its runs kept, the seeds after them run).
+
 Same task, same initial policy (one set of long-lived actors, reset to the same weights and
 an empty prior before every run: bench.harness), same learner settings (v05.yaml's),
 the same held-out prompts (the starting accuracy is measured once per seed, by its first run,
@@ -59,6 +63,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -143,6 +148,11 @@ def parse_args(argv):
                          "invocation's but for fewer seeds): FILE's runs of every mode kept, and "
                          "the modes asked for (each in FILE) run at the seeds after FILE's, up "
                          "to --seeds; a mode not asked for keeps FILE's seeds")
+    ap.add_argument("--run-dir", metavar="DIR",
+                    help="where the runs go (default: a new temporary folder); a run that "
+                         "finished there already, with the config this invocation would run, "
+                         "is read, not run again: a study longer than a sitting goes on where "
+                         "it stopped")
     ap.add_argument("--from-runs", metavar="DIR",
                     help="read this invocation's runs from DIR (the run directory of an "
                          "invocation with the same arguments that stopped before writing its "
@@ -228,16 +238,21 @@ def run_all(st: Settings, base: dict, run_dir: Path,
             first_seed: int = 0) -> dict[str, list[dict]]:
     """Every (seed, mode) run, seeds ``first_seed`` to ``st.seeds - 1``, on one set of
     long-lived actors, reset before each run to the same initial weights and an empty prior
-    (``bench.harness``); {mode: [curve per seed]}."""
+    (``bench.harness``); {mode: [curve per seed]}. A run that finished in ``run_dir`` already
+    (``--run-dir``: an invocation stopped part-way) is read, not run again."""
+    plan = planned(st, base, run_dir, first_seed)
+    todo = [i for i, (_, _, cfg) in enumerate(plan) if not finished(cfg, "--run-dir")]
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
     # Every run of a seed starts from the same weights and evaluates with the same seed and
     # prompts: the seed's first run measures the starting accuracy, the others reuse it.
     initial: dict[int, dict] = {}
     shape = run_config(base, "async_v05", 0, run_dir)  # the shape with a prior
-    with shared_roles(shape, run_dir) as shared:
-        for r, mode in round_robin(st.modes, st.seeds - first_seed):  # drift spreads out
-            seed = first_seed + r
-            cfg = run_config(base, mode, seed, run_dir, st.seeded)
+    with (shared_roles(shape, run_dir) if todo else nullcontext()) as shared:
+        for i, (seed, mode, cfg) in enumerate(plan):
+            if i not in todo:
+                log(f"== {mode} seed {seed}: finished in {cfg.run_dir}, read")
+                runs[mode].append(curve_of(cfg, mode, seed))
+                continue
             shared.reset(cfg)
             log(f"== {mode} seed {seed}: " + (
                 f"{st.rollouts} generated rollouts" if st.rollouts else
@@ -245,9 +260,7 @@ def run_all(st: Settings, base: dict, run_dir: Path,
             trainer = shared.trainer(cfg, initial_eval=initial.get(seed))
             trainer.run()
             initial[seed] = trainer.initial_eval
-            curve = {**read_curve(cfg.run_dir, cfg.run.eval_metric,
-                                  (cfg.task.reward_low, cfg.task.reward_high)),
-                     "mode": mode, "seed": seed}
+            curve = curve_of(cfg, mode, seed)
             runs[mode].append(curve)
             a, b = curve["points"][0], curve["points"][-1]
             log(f"   {a['accuracy']:.3f} -> {b['accuracy']:.3f} +- {b['se']:.3f} in "
@@ -256,28 +269,43 @@ def run_all(st: Settings, base: dict, run_dir: Path,
     return runs
 
 
+def planned(st: Settings, base: dict, run_dir: Path, first_seed: int = 0) -> list[tuple]:
+    """Each run of an invocation, in the order they run: (seed, mode, config)."""
+    return [(first_seed + r, mode, run_config(base, mode, first_seed + r, run_dir, st.seeded))
+            for r, mode in round_robin(st.modes, st.seeds - first_seed)]  # drift spreads out
+
+
+def finished(cfg, flag: str) -> bool:
+    """Whether ``cfg``'s run finished in its directory (its summary.json written), checked to
+    be that run: its saved config equal to ``cfg`` (else exits, naming ``flag``)."""
+    from cluster.config.schema import load_config
+
+    where = Path(cfg.run_dir)
+    if not (where / "summary.json").is_file():
+        return False
+    if load_config(where / "config.yaml", []).model_dump(mode="json") != cfg.model_dump(
+            mode="json"):
+        raise SystemExit(f"{flag}: {where}/config.yaml is not the run this invocation would "
+                         "make (other arguments or another version)")
+    return True
+
+
+def curve_of(cfg, mode: str, seed: int) -> dict:
+    """A finished run's curve (``bench.learning.analysis.read_curve``), named."""
+    return {**read_curve(cfg.run_dir, cfg.run.eval_metric,
+                         (cfg.task.reward_low, cfg.task.reward_high)), "mode": mode, "seed": seed}
+
+
 def runs_from(st: Settings, base: dict, run_dir: Path,
               first_seed: int = 0) -> dict[str, list[dict]]:
     """``--from-runs DIR``: ``run_all``'s result read from the runs an interrupted invocation
-    finished in ``run_dir``, each checked to be the run this invocation would make (its saved
-    config equal to ``run_config``'s) and finished (its summary.json written)."""
-    from cluster.config.schema import load_config
-
+    finished in ``run_dir`` (``finished``), running none."""
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
-    for r, mode in round_robin(st.modes, st.seeds - first_seed):
-        seed = first_seed + r
-        cfg = run_config(base, mode, seed, run_dir, st.seeded)
-        where = Path(cfg.run_dir)
-        if not (where / "summary.json").is_file():
-            raise SystemExit(f"--from-runs: {where} did not finish (no summary.json); "
-                             "ask for fewer --seeds or --modes")
-        if load_config(where / "config.yaml", []).model_dump(mode="json") != cfg.model_dump(
-                mode="json"):
-            raise SystemExit(f"--from-runs: {where}/config.yaml is not the run this "
-                             "invocation would make (other arguments or another version)")
-        runs[mode].append({**read_curve(cfg.run_dir, cfg.run.eval_metric,
-                                        (cfg.task.reward_low, cfg.task.reward_high)),
-                           "mode": mode, "seed": seed})
+    for seed, mode, cfg in planned(st, base, run_dir, first_seed):
+        if not finished(cfg, "--from-runs"):
+            raise SystemExit(f"--from-runs: {cfg.run_dir} did not finish (no summary.json); "
+                             "ask for fewer --seeds or --modes, or go on with --run-dir")
+        runs[mode].append(curve_of(cfg, mode, seed))
     return runs
 
 
@@ -498,9 +526,11 @@ def main(argv=None) -> int:
         runs = runs_from(st, base_cfg.model_dump(mode="json"), Path(args.from_runs).resolve(),
                          kept.get("first_seed", 0))
     else:
-        runs = run_all(st, base_cfg.model_dump(mode="json"),
-                       Path(tempfile.mkdtemp(prefix="v05-learning-")),
-                       kept.get("first_seed", 0))
+        run_dir = (Path(args.run_dir).resolve() if args.run_dir else
+                   Path(tempfile.mkdtemp(prefix="v05-learning-")))
+        log(f"runs in {run_dir} (an invocation stopped part-way goes on with --run-dir "
+            f"{run_dir})")
+        runs = run_all(st, base_cfg.model_dump(mode="json"), run_dir, kept.get("first_seed", 0))
     if kept:
         order = dict.fromkeys([*kept["order"], *st.modes])
         if "first_seed" in kept:  # FILE's seeds of every mode, then this invocation's

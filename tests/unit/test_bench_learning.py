@@ -478,6 +478,45 @@ def test_from_runs_reads_only_finished_runs_of_this_invocations_configs(tmp_path
         "sync_drgrpo4": [{"dir": str(where), "mode": "sync_drgrpo4", "seed": 0}]}
 
 
+def test_run_dir_reads_the_runs_finished_there_and_starts_roles_only_for_the_rest(
+        tmp_path, monkeypatch):
+    """--run-dir DIR: the same command run again reads every run that finished in DIR (no
+    roles started when all did) and starts the roles for those that did not."""
+    from pathlib import Path
+
+    import yaml
+
+    import bench.learning.__main__ as cli
+    from cluster.config.schema import build_config
+
+    st = cli.Settings.of(cli.parse_args(["--selection", "--seeds", "2", "--modes",
+                                         "sync_drgrpo4"]))
+    base = build_config({}).model_dump(mode="json")
+    plan = cli.planned(st, base, tmp_path)
+    assert [(seed, mode) for seed, mode, _ in plan] == [(0, "sync_drgrpo4"), (1, "sync_drgrpo4")]
+
+    class Started(Exception):
+        pass
+
+    def roles(*a, **kw):
+        raise Started
+    monkeypatch.setattr(cli, "shared_roles", roles)
+    monkeypatch.setattr(cli, "read_curve", lambda d, metric, rewards: {"dir": str(d)})
+    for _, _, cfg in plan[:1]:  # the first finished, the second not
+        Path(cfg.run_dir).mkdir()
+        (Path(cfg.run_dir) / "summary.json").write_text("{}")
+        (Path(cfg.run_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    with pytest.raises(Started):
+        cli.run_all(st, base, tmp_path)
+    last = Path(plan[1][2].run_dir)
+    last.mkdir()
+    (last / "summary.json").write_text("{}")
+    (last / "config.yaml").write_text(yaml.safe_dump(plan[1][2].model_dump(mode="json")))
+    assert cli.run_all(st, base, tmp_path) == {"sync_drgrpo4": [
+        {"dir": str(Path(c.run_dir)), "mode": "sync_drgrpo4", "seed": seed}
+        for seed, _, c in plan]}
+
+
 def test_merge_from_folds_each_setting_of_a_per_rollout_study_in_unchanged(tmp_path):
     """--merge-from with the per-rollout study (--selection): each setting written to a file
     of its own folds into --out beside the others, figures unchanged, a plot each."""
