@@ -472,7 +472,8 @@ def kept_runs(path: Path, st: Settings, key: str, more_seeds: bool = False) -> d
                          f"{list(st.modes)}; --seeds {st.seeds} asks for none after them")
     return {"file": str(path), "command": study.get("command"), "date": study.get("date"),
             "modes": list(study["runs"]), "order": list(study["runs"]),
-            "runs": study["runs"], "first_seed": first}
+            "runs": study["runs"], "first_seed": first,
+            "runs_kept_from": study.get("runs_kept_from")}  # where FILE's own came from
 
 
 def merge_from(src: Path, path: Path) -> int:
@@ -549,7 +550,8 @@ def main(argv=None) -> int:
         one["runs_read_from"] = str(Path(args.from_runs).resolve())
     if kept:
         one["runs_kept_from"] = {k: kept[k] for k in ("file", "command", "date", "modes",
-                                                      "first_seed") if k in kept}
+                                                      "first_seed", "runs_kept_from")
+                                 if kept.get(k) is not None}
     if args.selection:
         write_json(args.out, merge_settings(one, Path(args.out)))
         selection_plots(one, Path(args.out).with_name(f"{Path(args.out).stem}_{setting}"))

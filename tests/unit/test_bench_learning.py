@@ -296,6 +296,7 @@ def test_add_seeds_from_keeps_every_mode_and_starts_after_its_seeds(tmp_path):
             "--eval-prompts", "300"]
     kept = kept_runs(path, Settings.of(parse_args(args)), "warm", more_seeds=True)
     assert kept["first_seed"] == 3 and kept["runs"] == runs and kept["order"] == list(runs)
+    assert kept["runs_kept_from"] is None  # FILE's study ran all its own runs
     with pytest.raises(SystemExit, match="none after them"):
         kept_runs(path, Settings.of(parse_args(args[:4] + ["3"] + args[5:])), "warm",
                   more_seeds=True)
