@@ -12,7 +12,11 @@ in uniform groups among what it admits, and the share of candidates it admits (t
 deferred: no rollouts spent). Rules: the shipped ``max(floor, 1 - U)``, sharper powers
 ``max(floor, (1 - U)^g)``, and thresholds (``algo.select_threshold``: ``U < t`` admitted, the
 rest at the floor). And the
-prior's ranking of uniform groups (AUC of U against whether the group was uniform).
+prior's ranking of uniform groups (AUC of U against whether the group was uniform). For the
+prompts each rule defers, what they cost: the share of them whose group was not uniform
+(``deferred_informative_share``: what they would have taught), the share of all informative
+groups deferred (``informative_deferred``), and the prior's error on the deferred and on the
+admitted prompts (``prior_abs_error``: |p - the success rate of all their rollouts|).
 
 An offline reading: the runs' policy is V0.5's, not the selecting run's; a rule that defers
 more also changes which prompts the policy learns on. Writes
@@ -45,6 +49,7 @@ class Scored:
     u: float
     uniform: bool
     u_exact: float
+    error: float = 0.0  # |prior p - the success rate of all the prompt's rollouts|
 
 
 def scored_prompts(rows: list[dict], k: int, rewards: tuple[float, float],
@@ -57,16 +62,18 @@ def scored_prompts(rows: list[dict], k: int, rewards: tuple[float, float],
     from estimator.core import reward_to_prob
 
     rows = [r for r in rows if r.get("prior_p") is not None and len(r["rewards"]) >= k]
+    def rate(r: dict) -> float:
+        return float(reward_to_prob(sum(r["rewards"]) / len(r["rewards"]), rewards))
+
     done = sorted(rows, key=lambda r: r["t_done"])
     error, j, out = PriorError(error_window), 0, []
     for r in sorted(rows, key=lambda r: r["t_admit"]):
         while j < len(done) and done[j]["t_done"] <= r["t_admit"]:
-            d = done[j]
-            rate = float(reward_to_prob(sum(d["rewards"]) / len(d["rewards"]), rewards))
-            error.add(d["prior_p"], rate, len(d["rewards"]))
+            error.add(done[j]["prior_p"], rate(done[j]), len(done[j]["rewards"]))
             j += 1
         out.append(Scored(uniform_chance(r["prior_p"], error.var, k),
-                          len(set(r["rewards"][:k])) == 1, uniform_chance(r["prior_p"], 0.0, k)))
+                          len(set(r["rewards"][:k])) == 1, uniform_chance(r["prior_p"], 0.0, k),
+                          abs(r["prior_p"] - rate(r))))
     return out
 
 
@@ -79,9 +86,20 @@ def rule_reading(prompts: list[Scored], admit) -> dict:
     own chance, whatever the prior's error."""
     weights = [admit(s.u) for s in prompts]
     total = sum(weights)
+    deferred = [1.0 - w for w in weights]
+    informative = sum(not s.uniform for s in prompts)
     exact = [admit(s.u_exact) for s in prompts]
+
+    def mean(ws, xs):
+        return sum(w * x for w, x in zip(ws, xs)) / sum(ws) if sum(ws) > 0 else None
+
     return {"admitted_share": total / len(prompts),
             "uniform_share": sum(w for w, s in zip(weights, prompts) if s.uniform) / total,
+            "deferred_informative_share": mean(deferred, [not s.uniform for s in prompts]),
+            "informative_deferred": (sum(d for d, s in zip(deferred, prompts) if not s.uniform)
+                                     / informative if informative else None),
+            "prior_abs_error": {"admitted": mean(weights, [s.error for s in prompts]),
+                                "deferred": mean(deferred, [s.error for s in prompts])},
             "if_prior_exact": {
                 "admitted_share": sum(exact) / len(prompts),
                 "uniform_share": sum(w * s.u_exact for w, s in zip(exact, prompts)) / sum(exact)}}

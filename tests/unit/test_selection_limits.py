@@ -20,6 +20,29 @@ def test_a_rule_is_read_by_weighting_each_prompt_with_its_admission_chance():
     assert rule_reading(prompts, lambda u: 1.0)["uniform_share"] == pytest.approx(0.75)
 
 
+def test_the_deferred_prompts_are_read_for_what_they_would_have_taught_and_the_priors_error():
+    """Deferred weight 1 - w: the share of it whose group was mixed, the share of all mixed
+    groups deferred, and the prior's error weighted by admission and by deferral."""
+    prompts = [Scored(0.9, True, 0.9, 0.05), Scored(0.9, False, 0.9, 0.45),
+               Scored(0.1, False, 0.1, 0.2), Scored(0.1, True, 0.1, 0.1)]
+    got = rule_reading(prompts, lambda u: 0.25 if u > 0.5 else 1.0)
+    # deferred 0.75 of each of the first two (one mixed); none of the others
+    assert got["deferred_informative_share"] == pytest.approx(0.5)
+    assert got["informative_deferred"] == pytest.approx(0.75 / 2)
+    assert got["prior_abs_error"]["deferred"] == pytest.approx((0.05 + 0.45) / 2)
+    assert got["prior_abs_error"]["admitted"] == pytest.approx(
+        (0.25 * 0.05 + 0.25 * 0.45 + 0.2 + 0.1) / 2.5)
+    every = rule_reading(prompts, lambda u: 1.0)  # nothing deferred
+    assert every["deferred_informative_share"] is None and every["informative_deferred"] == 0
+
+
+def test_scored_prompts_carry_the_priors_error_against_all_their_rollouts():
+    rows = [{"prior_p": 0.9, "t_admit": 0.0, "t_done": 1.0, "rewards": [1.0, 1.0, -1.0, 1.0,
+                                                                        -1.0, 1.0, 1.0, 1.0]}]
+    (s,) = scored_prompts(rows, 4, (-1.0, 1.0))
+    assert not s.uniform and s.error == pytest.approx(abs(0.9 - 0.75))
+
+
 def test_auc_ranks_uniform_groups_above_mixed_ones_ties_counting_half():
     assert auc([Scored(0.9, True, 0), Scored(0.1, False, 0)]) == 1.0
     assert auc([Scored(0.1, True, 0), Scored(0.9, False, 0)]) == 0.0
