@@ -63,6 +63,9 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
             "prior": prior_quality(prompts, rewards=rewards),
             "eval_time_s": summary["eval_time_s"],
+            # the run's own training clock, which its budget (run.max_train_s) reads: the
+            # points' train_s sum the steps' times, without the bookkeeping between them
+            "train_wall_s": summary.get("train_wall_time_s"),
             "initial_eval_reused": bool(summary.get("eval_initial_reused"))}
 
 

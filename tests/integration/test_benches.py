@@ -34,11 +34,12 @@ def test_quick_learning_bench_writes_curves_and_the_pinned_summary(lent_roles, t
         [run] = runs  # one seed
         pts = run["points"]
         assert len(pts) >= 2 and pts[0]["train_s"] == 0 and pts[0]["rollouts"] == 0
-        # The curve's train_s sums the steps' times; the budget (run.max_train_s) reads the
-        # run's training clock, which also counts the bookkeeping between steps (a few ms a
-        # step): a run stopped by its budget ends its curve within that of it (5.985 s of 6
-        # once, on a loaded machine).
-        assert pts[-1]["train_s"] >= BUDGET_S - 0.1, f"{mode} stopped before its budget"
+        # The budget (run.max_train_s) reads the run's training clock (train_wall_s); the
+        # curve's train_s sums the steps' times, without the bookkeeping between steps, which
+        # a loaded machine stretches (5.08 s of a 6 s budget once): the run's clock says
+        # whether its budget stopped it.
+        assert run["train_wall_s"] >= BUDGET_S, f"{mode} stopped before its budget"
+        assert 0 < pts[-1]["train_s"] <= run["train_wall_s"]
         for a, b in zip(pts, pts[1:]):
             assert b["train_s"] > a["train_s"] and b["rollouts"] > a["rollouts"]
             assert b["trained_tokens"] > a["trained_tokens"]
