@@ -1,7 +1,8 @@
 """Records the roles hand the driver, each defined once and passed on unchanged: the learner's
 ``StepResult`` (one optimiser step), the coordinator's ``Accounting`` (every admitted prompt's
 fate, the rollouts, the faults and the scorer's ``ScoringCounts``) and a generator's
-``GeneratorStats`` (its counters and clocks). Pure dataclasses: no Ray, torch or vLLM import.
+``GeneratorStats`` (its counters and clocks) and the coordinator's ``WaitingOn`` (for the
+trainer's watchdog). Pure dataclasses: no Ray, torch or vLLM import.
 """
 from __future__ import annotations
 
