@@ -276,12 +276,15 @@ def planned(st: Settings, base: dict, run_dir: Path, first_seed: int = 0) -> lis
 
 
 def finished(cfg, flag: str) -> bool:
-    """Whether ``cfg``'s run finished in its directory (its summary.json written), checked to
-    be that run: its saved config equal to ``cfg`` (else exits, naming ``flag``)."""
+    """Whether ``cfg``'s run finished in its directory (its summary.json written with status
+    "finished": a run preempted, stalled or stopped by a failed checkpoint writes one too),
+    checked to be that run: its saved config equal to ``cfg`` (else exits, naming ``flag``)."""
     from cluster.config.schema import load_config
 
     where = Path(cfg.run_dir)
-    if not (where / "summary.json").is_file():
+    summary = where / "summary.json"
+    if not summary.is_file() or json.loads(summary.read_text()).get("status",
+                                                                     "finished") != "finished":
         return False
     if load_config(where / "config.yaml", []).model_dump(mode="json") != cfg.model_dump(
             mode="json"):
@@ -303,7 +306,8 @@ def runs_from(st: Settings, base: dict, run_dir: Path,
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
     for seed, mode, cfg in planned(st, base, run_dir, first_seed):
         if not finished(cfg, "--from-runs"):
-            raise SystemExit(f"--from-runs: {cfg.run_dir} did not finish (no summary.json); "
+            raise SystemExit(f"--from-runs: {cfg.run_dir} did not finish (no summary.json, or "
+                             "one of a run stopped early); "
                              "ask for fewer --seeds or --modes, or go on with --run-dir")
         runs[mode].append(curve_of(cfg, mode, seed))
     return runs

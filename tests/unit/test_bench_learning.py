@@ -511,7 +511,11 @@ def test_run_dir_reads_the_runs_finished_there_and_starts_roles_only_for_the_res
         cli.run_all(st, base, tmp_path)
     last = Path(plan[1][2].run_dir)
     last.mkdir()
-    (last / "summary.json").write_text("{}")
+    (last / "config.yaml").write_text(yaml.safe_dump(plan[1][2].model_dump(mode="json")))
+    (last / "summary.json").write_text('{"status": "preempted"}')  # stopped early: run again
+    with pytest.raises(Started):
+        cli.run_all(st, base, tmp_path)
+    (last / "summary.json").write_text('{"status": "finished"}')
     (last / "config.yaml").write_text(yaml.safe_dump(plan[1][2].model_dump(mode="json")))
     assert cli.run_all(st, base, tmp_path) == {"sync_drgrpo4": [
         {"dir": str(Path(c.run_dir)), "mode": "sync_drgrpo4", "seed": seed}
