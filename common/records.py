@@ -217,4 +217,3 @@ class WaitingOn:
 
     def detail(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "role"}
-

@@ -62,6 +62,7 @@ def scored_prompts(rows: list[dict], k: int, rewards: tuple[float, float],
     from estimator.core import reward_to_prob
 
     rows = [r for r in rows if r.get("prior_p") is not None and len(r["rewards"]) >= k]
+
     def rate(r: dict) -> float:
         return float(reward_to_prob(sum(r["rewards"]) / len(r["rewards"]), rewards))
 

@@ -241,7 +241,7 @@ def run_all(st: Settings, base: dict, run_dir: Path,
     (``bench.harness``); {mode: [curve per seed]}. A run that finished in ``run_dir`` already
     (``--run-dir``: an invocation stopped part-way) is read, not run again."""
     plan = planned(st, base, run_dir, first_seed)
-    todo = [i for i, (_, _, cfg) in enumerate(plan) if not finished(cfg, "--run-dir")]
+    todo = {i for i, (_, _, cfg) in enumerate(plan) if not finished(cfg, "--run-dir")}
     runs: dict[str, list[dict]] = {m: [] for m in st.modes}
     # Every run of a seed starts from the same weights and evaluates with the same seed and
     # prompts: the seed's first run measures the starting accuracy, the others reuse it.
