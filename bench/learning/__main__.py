@@ -37,7 +37,10 @@ invocation) with a plot per setting (learning_selection_<setting>.png).
 the pretrained SmolLM2 on word_arithmetic), with that config's own model and task.
 
 A study longer than a sitting: ``--run-dir DIR`` keeps the runs in DIR, and the same command
-run again reads the runs that finished there and runs the rest. ``--add-seeds-from FILE``
+run again reads the runs that finished there and runs the rest. A study longer than a
+machine (a sitting's machine is fresh): DIR under bench/results/study_runs/, whose .gitignore keeps
+the four files a finished run is read from (summary.json, metrics.jsonl, prompts.jsonl,
+config.yaml), committed as runs finish; the clone goes on from them. ``--add-seeds-from FILE``
 gives a study already in FILE more seeds (its runs kept, the seeds after them run).
 
 Same task, same initial policy (one set of long-lived actors, reset to the same weights and
@@ -278,7 +281,9 @@ def planned(st: Settings, base: dict, run_dir: Path, first_seed: int = 0) -> lis
 def finished(cfg, flag: str) -> bool:
     """Whether ``cfg``'s run finished in its directory (its summary.json written with status
     "finished": a run preempted, stalled or stopped by a failed checkpoint writes one too),
-    checked to be that run: its saved config equal to ``cfg`` (else exits, naming ``flag``)."""
+    checked to be that run: its saved config equal to ``cfg`` (else exits, naming ``flag``),
+    but for the folder it was written under (``run.output_dir``): the run is the one found
+    there, so a study's runs can move, or come with a clone, and still be read."""
     from cluster.config.schema import load_config
 
     where = Path(cfg.run_dir)
@@ -286,8 +291,10 @@ def finished(cfg, flag: str) -> bool:
     if not summary.is_file() or json.loads(summary.read_text()).get("status",
                                                                      "finished") != "finished":
         return False
-    if load_config(where / "config.yaml", []).model_dump(mode="json") != cfg.model_dump(
-            mode="json"):
+    saved = load_config(where / "config.yaml", []).model_dump(mode="json")
+    wanted = cfg.model_dump(mode="json")
+    saved["run"]["output_dir"] = wanted["run"]["output_dir"]
+    if saved != wanted:
         raise SystemExit(f"{flag}: {where}/config.yaml is not the run this invocation would "
                          "make (other arguments or another version)")
     return True

@@ -520,6 +520,12 @@ def test_run_dir_reads_the_runs_finished_there_and_starts_roles_only_for_the_res
     assert cli.run_all(st, base, tmp_path) == {"sync_drgrpo4": [
         {"dir": str(Path(c.run_dir)), "mode": "sync_drgrpo4", "seed": seed}
         for seed, _, c in plan]}
+    # the folder moved (a later sitting's clone): its runs are still the ones this makes
+    moved = tmp_path.parent / "moved"
+    tmp_path.rename(moved)
+    assert cli.run_all(st, base, moved) == {"sync_drgrpo4": [
+        {"dir": str(moved / c.run.name), "mode": "sync_drgrpo4", "seed": seed}
+        for seed, _, c in plan]}
 
 
 def test_merge_from_folds_each_setting_of_a_per_rollout_study_in_unchanged(tmp_path):
