@@ -62,6 +62,7 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
             "prior": prior_quality(prompts, rewards=rewards),
+            "prior_vs_levels": prior_against_levels(prompts, _levels(run_dir), rewards),
             "eval_time_s": summary["eval_time_s"],
             # the run's own training clock, which its budget (run.max_train_s) reads: the
             # points' train_s sum the steps' times, without the bookkeeping between them
@@ -76,6 +77,74 @@ def _algo(run_dir: Path) -> dict:
     path = Path(run_dir) / "config.yaml"
     cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
     return (cfg or {}).get("algo") or {}
+
+
+def _levels(run_dir: Path) -> dict[str, int]:
+    """Each train prompt's difficulty level, from the run's task (its config.yaml); {} where
+    the run has no config or its task no levels (every ``difficulty`` 0)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return {}
+    from cluster.config.schema import load_config
+    from tasks import make_task_from_config
+
+    task = make_task_from_config(load_config(path, []).task)
+    levels = {p.prompt: p.difficulty for p in task.train()}
+    return levels if any(levels.values()) else {}
+
+
+def prior_against_levels(prompts: list[dict], level_of: dict[str, int],
+                         rewards: tuple[float, float] = (-1.0, 1.0),
+                         windows: dict[str, tuple[float, float]] | None = None) -> dict | None:
+    """The prior's error on a run's own prompts against a predictor told each prompt's level,
+    in windows of the run's updates (default: its middle and last thirds).
+
+    Both are scored against the rate each prompt's rollouts then showed (its mean reward on
+    ``rewards``, clipped: the rate the prior learns), which carries the k rollouts' sampling
+    noise; the prior's p was given before those rollouts and the level predictor is the mean
+    of the other prompts of the level in the window (leave one out), so that noise is
+    independent of both and adds the same variance to each squared error: the per-prompt
+    difference of squared errors (``mse_difference``, prior minus levels, mean and SE over the
+    window's prompts) estimates the difference against the true rates. ``*_rmse_noise_removed``:
+    each error with the noise's estimate (rate (1 - rate) / (k - 1) a prompt) taken out. The
+    level predictor reads the window's rates, not the policy's exact level means, so it carries
+    a little noise of its own (1 / n of the level's spread, n its prompts in the window). None
+    where the run had no prior or no levels."""
+    from estimator.core import reward_to_prob
+
+    rows = [p for p in prompts if p.get("prior_p") is not None and p["rewards"]
+            and p["prompt"] in level_of and len(p["rewards"]) > 1]
+    if not rows or not level_of:
+        return None
+    last = max(r["step"] for r in rows)
+    windows = windows or {"middle": (1 / 3, 2 / 3), "end": (2 / 3, 1.0)}
+    out = {}
+    for name, (lo, hi) in windows.items():
+        w = [r for r in rows if lo * last < r["step"] <= hi * last]
+        levels = np.array([level_of[r["prompt"]] for r in w])
+        rate = np.array([float(reward_to_prob(np.mean(r["rewards"]), rewards)) for r in w])
+        if len(w) < 2 or all((levels == v).sum() < 2 for v in set(levels.tolist())):
+            out[name] = None
+            continue
+        p = np.array([r["prior_p"] for r in w])
+        level = np.empty(len(w))
+        for i, v in enumerate(levels):
+            same = levels == v
+            same[i] = False
+            others = np.ones(len(w), bool)
+            others[i] = False
+            level[i] = rate[same].mean() if same.any() else rate[others].mean()
+        noise = rate * (1 - rate) / (np.array([len(r["rewards"]) for r in w]) - 1)
+        d = (p - rate) ** 2 - (level - rate) ** 2
+        out[name] = {
+            "steps": [int(math.floor(lo * last)) + 1, int(hi * last)], "prompts": len(w),
+            "mse_difference": {"mean": float(d.mean()),
+                               "se": float(d.std(ddof=1) / math.sqrt(len(d)))},
+            "prior_rmse_noise_removed": float(math.sqrt(max(
+                0.0, ((p - rate) ** 2 - noise).mean()))),
+            "levels_rmse_noise_removed": float(math.sqrt(max(
+                0.0, ((level - rate) ** 2 - noise).mean())))}
+    return out
 
 
 def _zero_uniform(run_dir: Path) -> bool:

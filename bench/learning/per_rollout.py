@@ -66,7 +66,31 @@ def mode_figures(runs: list[dict], at: float, wall: float) -> dict:
             "updates": float(np.mean([r["steps"] for r in runs])),
             "generated_per_update": float(np.mean([r["points"][-1][AXIS] / max(1, r["steps"])
                                                    for r in runs])),
-            "train_s": float(np.mean([r["points"][-1]["train_s"] for r in runs]))}
+            "train_s": float(np.mean([r["points"][-1]["train_s"] for r in runs])),
+            "prior_vs_levels": prior_vs_levels(runs)}
+
+
+def prior_vs_levels(runs: list[dict]) -> dict | None:
+    """The prior against the level-told predictor in each window of the runs
+    (``bench.learning.analysis.prior_against_levels``), over the seeds: the difference of
+    mean squared errors (prior minus levels; below 0, the prior predicts better) with its SE
+    over seeds, and each one's error with the rollouts' noise removed, their means."""
+    per_run = [r.get("prior_vs_levels") for r in runs]
+    per_run = [w for w in per_run if w]
+    if not per_run:
+        return None
+    out = {}
+    for name in per_run[0]:
+        ws = [w[name] for w in per_run if w.get(name)]
+        if not ws:
+            out[name] = None
+            continue
+        out[name] = {"mse_difference": _stats(np.array([w["mse_difference"]["mean"]
+                                                         for w in ws])),
+                     "prompts": int(sum(w["prompts"] for w in ws)),
+                     **{key: float(np.mean([w[key] for w in ws]))
+                        for key in ("prior_rmse_noise_removed", "levels_rmse_noise_removed")}}
+    return out
 
 
 def setting_summary(runs: dict[str, list[dict]], selection: str, baselines: tuple[str, ...],

@@ -144,6 +144,72 @@ def test_read_curve_from_run_files(tmp_path):
     assert c["k_mean"] == 5.0 and c["prior"] is None
 
 
+def test_prior_against_levels_scores_both_against_the_rollouts_rates_in_windows():
+    from bench.learning.analysis import prior_against_levels
+
+    def row(step, prompt, wins, p):
+        return {"step": step, "prompt": prompt, "prior_p": p,
+                "rewards": [1.0] * wins + [-1.0] * (4 - wins)}
+    level_of = {"a": 1, "b": 1, "c": 2, "d": 2, "e": 1}
+    prompts = [row(1, "a", 4, 0.5), row(2, "c", 0, 0.5),          # the first third: no window
+               row(3, "a", 2, 0.5), row(4, "b", 2, 0.4), row(4, "c", 1, 0.5),
+               row(5, "a", 4, 0.9), row(6, "b", 2, 0.6),          # the end: hand-computed
+               row(6, "c", 0, 0.2), row(6, "d", 1, 0.1),
+               row(6, "unknown", 4, 0.0), {**row(6, "e", 4, None)}]  # no level; no prior
+    w = prior_against_levels(prompts, level_of)
+    end = w["end"]
+    assert end["steps"] == [5, 6] and end["prompts"] == 4
+    # rates 1, .5, 0, .25; the level predictor: the level's other prompts, .5, 1, .25, 0
+    d = [0.1 ** 2 - 0.5 ** 2, 0.1 ** 2 - 0.5 ** 2, 0.2 ** 2 - 0.25 ** 2, 0.15 ** 2 - 0.25 ** 2]
+    assert end["mse_difference"]["mean"] == pytest.approx(np.mean(d))
+    assert end["mse_difference"]["se"] == pytest.approx(np.std(d, ddof=1) / 2)
+    noise = np.mean([0.0, 0.25 / 3, 0.0, 0.1875 / 3])      # rate (1 - rate) / (k - 1)
+    assert end["prior_rmse_noise_removed"] == 0.0         # below the noise: clipped at 0
+    assert end["levels_rmse_noise_removed"] == pytest.approx(
+        np.sqrt(np.mean([0.25, 0.25, 0.0625, 0.0625]) - noise))
+    # the middle (steps 3-4): level 2 has one prompt, predicted by the window's others
+    mid = w["middle"]
+    assert mid["prompts"] == 3 and mid["steps"] == [3, 4]
+    assert mid["mse_difference"]["mean"] == pytest.approx(np.mean(
+        [0.0 - 0.0, (0.4 - 0.5) ** 2 - 0.0, (0.5 - 0.25) ** 2 - (0.5 - 0.25) ** 2]))
+    assert prior_against_levels([{**p, "prior_p": None} for p in prompts], level_of) is None
+    assert prior_against_levels(prompts, {}) is None
+
+
+def test_read_curve_reads_the_levels_from_the_runs_task(tmp_path):
+    """A run's levels come from its task (its config.yaml); over seeds, the mode's figure is
+    the per-run differences' mean and SE."""
+    import yaml
+
+    from bench.learning.per_rollout import prior_vs_levels
+    from cluster.config.schema import build_config
+    from tasks import make_task_from_config
+
+    cfg = build_config({"task": {"name": "word_arithmetic", "difficulties": [1, 5]}})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    train = make_task_from_config(cfg.task).train()[:24]
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "eval_sampled_initial": 0.5, "eval_sampled_initial_se": 0.03, "prompts_trained": 24,
+        "eval_time_s": 1.0}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 3, "step_time_s": 1.0, "rollouts": 96, "trained_tokens": 1}) + "\n")
+    # the prior says 0.5 everywhere; level 1 always right, level 5 always wrong
+    rows = [{"step": 1 + i % 3, "prompt": p.prompt, "prior_p": 0.5, "k": 4, "baseline": 0.0,
+             "rewards": [1.0 if p.difficulty == 1 else -1.0] * 4} for i, p in enumerate(train)]
+    assert {p.difficulty for p in train} == {1, 5}
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = read_curve(tmp_path, "sampled")["prior_vs_levels"]
+    assert w["end"]["mse_difference"]["mean"] == pytest.approx(0.25)   # levels: exact
+    assert w["end"]["levels_rmse_noise_removed"] == 0.0
+    runs = [{"prior_vs_levels": w}, {"prior_vs_levels": {
+        "middle": None, "end": {**w["end"], "mse_difference": {"mean": 0.15, "se": 0.0}}}},
+            {"prior_vs_levels": None}]
+    m = prior_vs_levels(runs)
+    assert m["end"]["mse_difference"]["mean"] == pytest.approx(0.2)
+    assert m["end"]["mse_difference"]["seeds"] == pytest.approx([0.25, 0.15])
+    assert m["middle"]["mse_difference"]["seeds"] == pytest.approx([0.25])
+
+
 def seeded(accs_by_seed, **kw):
     out = []
     for seed, accs in enumerate(accs_by_seed):
