@@ -1,14 +1,14 @@
 """Ray dashboard metrics (``ray.util.metrics``), names prefixed ``v05_``.
 
-One tiny actor owns the metric objects; the driver reports each learner step's metrics
-dict to it, so sync and async runs export the same series. Ray's metrics agent serves them
+One tiny actor owns the metric objects; the driver reports each learner step's record
+(``cluster.records.step.StepMetrics``) to it, so sync and async runs export the same series. Ray's metrics agent serves them
 in Prometheus format (the dashboard's Grafana panels, or ``--metrics-export-port``).
 """
 from __future__ import annotations
 
 K_BOUNDARIES = [float(k) + 0.5 for k in range(1, 32)]  # one bucket per rollout count
 
-GAUGES = {  # name -> (description, key in the step metrics)
+GAUGES = {  # name -> (description, the step record's field)
     "v05_generator_busy_fraction": ("Fraction of time generators had work", "generator_busy_fraction"),
     "v05_inflight_prompts": ("Prompts admitted and not yet handed to the learner", "inflight_prompts"),
     "v05_prior_accept_rate": ("Fraction of prompts whose prior passed the test", "prior_accept_rate"),
@@ -60,12 +60,14 @@ class Telemetry:
     def ready(self) -> bool:
         return True
 
-    def report(self, step_metrics: dict, ks: list[int], extra_rollouts: int) -> None:
+    def report(self, step, ks: list[int]) -> None:
+        """One learner step: ``step``, its record (a ``StepMetrics``: each gauge reads its field,
+        none set where the step has no figure), and ``ks``, its trained prompts' rollouts."""
         for key, gauge in self._gauges.items():
-            v = step_metrics.get(key)
+            v = getattr(step, key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 gauge.set(float(v))
         for k in ks:
             self._k.observe(float(k))
-        if extra_rollouts > 0:
-            self._extra.inc(float(extra_rollouts))
+        if step.extra_rollouts:
+            self._extra.inc(float(step.extra_rollouts))

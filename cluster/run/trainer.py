@@ -169,7 +169,7 @@ class Trainer:
         if ev is not None and not last:
             self.dog.get("coordinator", self.coord.resume.remote())
         m = self.record(batch, result, (t0, t1, t2, t3), g0, ev)
-        self.r.telemetry.report.remote(m.scalars(), [p.k for p in batch.records], m.extra_rollouts)
+        self.r.telemetry.report.remote(m, [p.k for p in batch.records])
         self.snapshot_when_due()
         if checkpoint_due(self.cfg.run, self.step, last):
             self.save()

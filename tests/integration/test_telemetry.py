@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 from actors.telemetry import EXPORTED, GAUGES, Telemetry  # noqa: E402
+from cluster.records.step import StepMetrics  # noqa: E402
 from common.names import actor_name  # noqa: E402
 from learner.ranks import free_port  # noqa: E402
 
@@ -53,11 +54,12 @@ def telemetry():
         name = actor_name(RUN, "telemetry")
         t = ray.remote(Telemetry).options(name=name, num_cpus=0).remote(RUN)
         ray.get(t.ready.remote())
-        step = {key: 0.5 for _, key in GAUGES.values()}
+        step = StepMetrics(**{"step": 1, "policy_version": 1, "extra_rollouts": 13,
+                              **{key: 0.5 for _, key in GAUGES.values()}})
 
         def report():
             while not stop.is_set():
-                ray.get(t.report.remote(step, [4, 5, 16], 13))
+                ray.get(t.report.remote(step, [4, 5, 16]))
                 stop.wait(1.0)
 
         thread = threading.Thread(target=report, daemon=True)

@@ -91,3 +91,15 @@ def test_every_panel_query_parses_in_promtool(tmp_path):
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(panels)} rules found" in out.stdout
+
+
+def test_every_gauge_reads_a_field_of_the_step_record():
+    """The driver hands the telemetry actor each step's record, not a dict: a gauge whose
+    field the record lacks (renamed, say) would fail there, so it fails here first."""
+    from dataclasses import fields
+
+    from cluster.records.step import StepMetrics
+
+    names = {f.name for f in fields(StepMetrics)}
+    assert {key for _, key in GAUGES.values()} <= names
+    assert "extra_rollouts" in names
