@@ -55,6 +55,7 @@ def mode_figures(runs: list[dict], at: float, wall: float) -> dict:
         xs = [g[key] for g in gen if g.get(key) is not None]
         return float(np.mean(xs)) if xs else None
 
+    levels = prior_vs_levels(runs)  # runs read before it was: none (their files unchanged)
     return {"accuracy_at_equal_rollouts": _stats(accuracy_at(runs, AXIS, at)),
             "accuracy_at_equal_train_s": _stats(accuracy_at(runs, "train_s", wall)),
             "auc": _stats(np.array([auc(r, AXIS, at) for r in runs])),
@@ -67,7 +68,7 @@ def mode_figures(runs: list[dict], at: float, wall: float) -> dict:
             "generated_per_update": float(np.mean([r["points"][-1][AXIS] / max(1, r["steps"])
                                                    for r in runs])),
             "train_s": float(np.mean([r["points"][-1]["train_s"] for r in runs])),
-            "prior_vs_levels": prior_vs_levels(runs)}
+            **({"prior_vs_levels": levels} if levels else {})}
 
 
 def prior_vs_levels(runs: list[dict]) -> dict | None:
