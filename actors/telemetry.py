@@ -1,8 +1,9 @@
 """Ray dashboard metrics (``ray.util.metrics``), names prefixed ``v05_``.
 
 One tiny actor owns the metric objects; the driver reports each learner step's record
-(``cluster.records.step.StepMetrics``) to it, so sync and async runs export the same series. Ray's metrics agent serves them
-in Prometheus format (the dashboard's Grafana panels, or ``--metrics-export-port``).
+(``cluster.records.step.StepMetrics``) to it, so sync and async runs export the same series.
+Ray's metrics agent serves them in Prometheus format (the dashboard's Grafana panels, or
+``--metrics-export-port``).
 """
 from __future__ import annotations
 

@@ -62,7 +62,10 @@ def read_curve(run_dir: Path, metric: str, rewards: tuple[float, float] = (-1.0,
             "k_mean": float(np.mean([p["k"] for p in prompts])) if prompts else None,
             "steps": len(rows), "prompts_trained": summary["prompts_trained"],
             "prior": prior_quality(prompts, rewards=rewards),
-            "prior_vs_levels": prior_against_levels(prompts, _levels(run_dir), rewards),
+            # the task is built for its levels only where the run had a prior to judge
+            "prior_vs_levels": prior_against_levels(
+                prompts, _levels(run_dir) if any(p.get("prior_p") is not None
+                                                 for p in prompts) else {}, rewards),
             "eval_time_s": summary["eval_time_s"],
             # the run's own training clock, which its budget (run.max_train_s) reads: the
             # points' train_s sum the steps' times, without the bookkeeping between them
@@ -127,13 +130,11 @@ def prior_against_levels(prompts: list[dict], level_of: dict[str, int],
             out[name] = None
             continue
         p = np.array([r["prior_p"] for r in w])
-        level = np.empty(len(w))
-        for i, v in enumerate(levels):
-            same = levels == v
-            same[i] = False
-            others = np.ones(len(w), bool)
-            others[i] = False
-            level[i] = rate[same].mean() if same.any() else rate[others].mean()
+        # leave one out: the level's other prompts (the window's others where it has none)
+        n = np.array([(levels == v).sum() for v in levels])
+        total = np.array([rate[levels == v].sum() for v in levels])
+        level = np.where(n > 1, (total - rate) / np.maximum(n - 1, 1),
+                         (rate.sum() - rate) / (len(w) - 1))
         noise = rate * (1 - rate) / (np.array([len(r["rewards"]) for r in w]) - 1)
         d = (p - rate) ** 2 - (level - rate) ** 2
         out[name] = {
