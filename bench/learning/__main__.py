@@ -40,7 +40,8 @@ A study longer than a sitting: ``--run-dir DIR`` keeps the runs in DIR, and the 
 run again reads the runs that finished there and runs the rest. A study longer than a
 machine (a sitting's machine is fresh): DIR under bench/results/study_runs/, whose .gitignore keeps
 the four files a finished run is read from (summary.json, metrics.jsonl, prompts.jsonl,
-config.yaml), committed as runs finish; the clone goes on from them. ``--add-seeds-from FILE``
+config.yaml), and invocations.jsonl (each invocation's command, date and commit), committed
+as runs finish; the clone goes on from them. ``--add-seeds-from FILE``
 gives a study already in FILE more seeds (its runs kept, the seeds after them run).
 
 Same task, same initial policy (one set of long-lived actors, reset to the same weights and
@@ -306,6 +307,14 @@ def curve_of(cfg, mode: str, seed: int) -> dict:
                          (cfg.task.reward_low, cfg.task.reward_high)), "mode": mode, "seed": seed}
 
 
+def record_invocation(run_dir: Path, argv: list[str]) -> None:
+    """What wrote the runs in ``run_dir`` (``--run-dir``): this invocation's command, date,
+    machine and commit (``bench.harness.stamp``) appended to its invocations.jsonl."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "invocations.jsonl", "a") as f:
+        f.write(json.dumps(stamp("bench.learning", argv)) + "\n")
+
+
 def runs_from(st: Settings, base: dict, run_dir: Path,
               first_seed: int = 0) -> dict[str, list[dict]]:
     """``--from-runs DIR``: ``run_all``'s result read from the runs an interrupted invocation
@@ -542,6 +551,8 @@ def main(argv=None) -> int:
                    Path(tempfile.mkdtemp(prefix="v05-learning-")))
         log(f"runs in {run_dir} (an invocation stopped part-way goes on with --run-dir "
             f"{run_dir})")
+        if args.run_dir:
+            record_invocation(run_dir, argv)
         runs = run_all(st, base_cfg.model_dump(mode="json"), run_dir, kept.get("first_seed", 0))
     if kept:
         order = dict.fromkeys([*kept["order"], *st.modes])

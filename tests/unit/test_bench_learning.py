@@ -594,6 +594,19 @@ def test_run_dir_reads_the_runs_finished_there_and_starts_roles_only_for_the_res
         for seed, _, c in plan]}
 
 
+def test_a_run_dir_records_each_invocation_that_wrote_there(tmp_path):
+    from bench.learning.__main__ import record_invocation
+
+    where = tmp_path / "study"
+    record_invocation(where, ["--selection", "--seeds", "5"])
+    record_invocation(where, ["--selection", "--seeds", "5", "learner.threads=2"])
+    lines = [json.loads(x) for x in (where / "invocations.jsonl").read_text().splitlines()]
+    assert [x["command"] for x in lines] == [
+        "python -m bench.learning --selection --seeds 5",
+        "python -m bench.learning --selection --seeds 5 learner.threads=2"]
+    assert all(x["date"] and "commit" in x for x in lines)
+
+
 def test_merge_from_folds_each_setting_of_a_per_rollout_study_in_unchanged(tmp_path):
     """--merge-from with the per-rollout study (--selection): each setting written to a file
     of its own folds into --out beside the others, figures unchanged, a plot each."""
