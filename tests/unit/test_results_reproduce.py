@@ -9,7 +9,8 @@ analysis changed without its results being recomputed, fails here.
   compared strictly: a key on one side only fails (issue 44, item 5); and the file's top level
   is one of its studies (its newest invocation, as ``bench.learning``'s ``merge`` writes it)
   with ``summary.controlled`` and ``summary.baselines`` gathered from them;
-- bench/results/learning_selection.json (``bench.learning --selection``): each setting's
+- the per-rollout files (``bench.learning --selection``: learning_selection.json,
+  learning_real_model.json): each setting's
   ``summary.settings.<name>`` (``per_rollout.setting_summary``), from ``studies.<name>.runs``,
   compared strictly (``strict_differences``): a key on one side only fails too (issue 44,
   item 5);
@@ -156,15 +157,23 @@ def test_the_real_models_prior_figures_name_the_prior_truth_run_of_its_task():
             theirs["level_mean_predictor"]["error_sd_noise_removed"]
 
 
-SELECTION = RESULTS / "learning_selection.json"
+# the per-rollout studies (``bench.learning --selection``): a setting per invocation each
+PER_ROLLOUT = [p for p in LEARNING if "settings" in json.loads((RESULTS / p).read_text())
+               .get("summary", {})]
 
 
-def test_the_per_rollout_study_is_what_its_runs_give_key_for_key():
+def test_the_per_rollout_files_are_found():
+    assert {"learning_selection.json", "learning_real_model.json"} <= set(PER_ROLLOUT)
+
+
+@pytest.mark.parametrize("name", PER_ROLLOUT)
+def test_the_per_rollout_study_is_what_its_runs_give_key_for_key(name):
     """Each setting's pinned figures (``summary.settings.<name>``, and the copy in its study)
     are ``setting_summary`` of the setting's runs, key for key."""
     from bench.learning.__main__ import SELECTION_BASELINES, SELECTION_MODE
     from bench.learning.per_rollout import setting_summary
 
+    SELECTION = RESULTS / name
     res = json.loads(SELECTION.read_text())
     pinned, studied = res["summary"]["settings"], res["studies"]
     assert studied and set(pinned) == set(studied), (
