@@ -126,13 +126,17 @@ def prior_against_levels(prompts: list[dict], level_of: dict[str, int],
         w = [r for r in rows if lo * last < r["step"] <= hi * last]
         levels = np.array([level_of[r["prompt"]] for r in w])
         rate = np.array([float(reward_to_prob(np.mean(r["rewards"]), rewards)) for r in w])
-        if len(w) < 2 or all((levels == v).sum() < 2 for v in set(levels.tolist())):
+        if len(w) < 2:
             out[name] = None
             continue
+        _, group = np.unique(levels, return_inverse=True)
+        n = np.bincount(group)[group]                    # each prompt's level: its prompts
+        if (n < 2).all():
+            out[name] = None
+            continue
+        total = np.bincount(group, weights=rate)[group]  # and the sum of their rates
         p = np.array([r["prior_p"] for r in w])
         # leave one out: the level's other prompts (the window's others where it has none)
-        n = np.array([(levels == v).sum() for v in levels])
-        total = np.array([rate[levels == v].sum() for v in levels])
         level = np.where(n > 1, (total - rate) / np.maximum(n - 1, 1),
                          (rate.sum() - rate) / (len(w) - 1))
         noise = rate * (1 - rate) / (np.array([len(r["rewards"]) for r in w]) - 1)

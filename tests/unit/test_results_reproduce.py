@@ -173,11 +173,10 @@ def test_the_per_rollout_study_is_what_its_runs_give_key_for_key(name):
     from bench.learning.__main__ import SELECTION_BASELINES, SELECTION_MODE
     from bench.learning.per_rollout import setting_summary
 
-    SELECTION = RESULTS / name
-    res = json.loads(SELECTION.read_text())
+    res = json.loads((RESULTS / name).read_text())
     pinned, studied = res["summary"]["settings"], res["studies"]
     assert studied and set(pinned) == set(studied), (
-        f"{SELECTION.name}: settings pinned {sorted(pinned)}, studied {sorted(studied)}")
+        f"{name}: settings pinned {sorted(pinned)}, studied {sorted(studied)}")
     for name, study in studied.items():
         entry = pinned[name]
         again = ("re-summarise the setting with its own command (it reads the setting's runs "
@@ -190,7 +189,7 @@ def test_the_per_rollout_study_is_what_its_runs_give_key_for_key(name):
                                study["summary"]["settings"].get(name, {}))):
             own = {k: v for k, v in stored.items() if k not in ("command", "date")}
             diff = strict_differences(own, computed, 1e-9, where)
-            assert diff == [], (f"{SELECTION.name}: {where} is not what setting_summary gives "
+            assert diff == [], (f"{name}: {where} is not what setting_summary gives "
                                 f"from studies.{name}.runs:\n  " + "\n  ".join(diff)
                                 + f"\n{again}")
 
