@@ -19,7 +19,7 @@ replaced it: ``replace_generator``), it gets the newest weights and rejoins. A g
 by its incarnation token changing. A prior that fails, times out or answers garbage sends
 its prompts to the empirical-mean fallback (counted). An error on this side while a
 request's completions are handled (a scorer or the scheduler raising) drops the prompt as
-``coordinator_error: <type>``; an exception in any task it spawns is recorded
+``DropReason.COORDINATOR_ERROR`` (dropped.jsonl: ``coordinator_error: <type>``); an exception in any task it spawns is recorded
 (``events``, ``last_error``, which ``waiting_on`` reports).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from actors.prompts import (PromptSampler, checked_priors, hand_over, prior_obse
 from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerConfig, checkpoint
 from actors.scoring import Overlong, Scorer
 from common.atomic import write_atomic
-from common.records import Accounting, WaitingOn
+from common.records import Accounting, DropReason, WaitingOn
 from common.types import Rollout, SamplingConfig, TrainBatch
 
 MAX_REQUEST_FAILURES = 3  # engine errors (not deaths) on one prompt before it is dropped
@@ -377,9 +377,10 @@ class Coordinator:
             self._lost(d.generator, type(err).__name__)
             return self.sched.on_request_failed(d.request_id, generator_lost=True)
         self.failures[d.uid] += 1  # an engine error on this request
-        reason = (f"generator_error: {type(err).__name__}"
-                  if self.failures[d.uid] >= MAX_REQUEST_FAILURES else None)
-        return self.sched.on_request_failed(d.request_id, drop_reason=reason)
+        reason = (DropReason.GENERATOR_ERROR if self.failures[d.uid] >= MAX_REQUEST_FAILURES
+                  else None)
+        return self.sched.on_request_failed(d.request_id, drop_reason=reason,
+                                            detail=type(err).__name__)
 
     async def _completed(self, d: Dispatch, pif, rollouts: list[Rollout]) -> list:
         """Score a request's completions and report them to the scheduler; its actions."""
@@ -405,9 +406,9 @@ class Coordinator:
         reason (the scheduler may have taken part of the report, so the prompt cannot be
         trusted to go on) and free its slots. Nothing is lost and nothing waits forever."""
         self.faults.note("coordinator_error", -1, err, f"request {d.request_id}: ")
-        reason = f"coordinator_error: {type(err).__name__}"
-        actions = self.sched.on_request_failed(d.request_id, drop_reason=reason)
-        return actions + self.sched.drop(d.uid, reason)  # [] if it was dropped just now
+        why, detail = DropReason.COORDINATOR_ERROR, type(err).__name__
+        actions = self.sched.on_request_failed(d.request_id, drop_reason=why, detail=detail)
+        return actions + self.sched.drop(d.uid, why, detail=detail)  # [] if dropped just now
 
     # -- faults ------------------------------------------------------------------------------
     def _lost(self, i: int, why: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 
 # The learner's per-token metrics: summed over response tokens on every rank (one all-reduce)
 # and divided by the global token count. A ``StepResult`` field each; the loss output
@@ -136,6 +137,60 @@ class ScoringCounts:
         return cls(**named(cls, d))
 
 
+class DropReason(str, Enum):
+    """Why an admitted prompt was dropped: a ``DropCounts`` field each, and dropped.jsonl's
+    ``reason`` (followed there by ``: <exception type>`` for the two errors)."""
+
+    FILTERED_ALL_EQUAL = "filtered_all_equal"  # its group's rewards all equal (algo.filter)
+    STALE = "stale"                            # too old after max_regenerations re-generations
+    GENERATOR_ERROR = "generator_error"        # its requests raised in the engine, repeatedly
+    COORDINATOR_ERROR = "coordinator_error"    # handling its completions raised (the coordinator)
+    LEARNER_NAN_SKIP = "learner_nan_skip"      # its step's update was skipped (a NaN loss)
+    ABORTED = "aborted"                        # its driver gave it up (over-sampling's abort)
+
+    @staticmethod
+    def kind(text: str) -> str:
+        """The kind named by dropped.jsonl's ``reason`` (``kind`` or ``kind: detail``)."""
+        return text.split(":", 1)[0].strip()
+
+    def line(self, detail: str = "") -> str:
+        """dropped.jsonl's ``reason``: the kind, then ``: detail`` where there is one."""
+        return f"{self.value}: {detail}" if detail else self.value
+
+
+@dataclass
+class DropCounts:
+    """Prompts dropped, by ``DropReason`` (a field each, under its value): the scheduler's
+    (``Scheduler.drops``), the accounting's ``drop_reasons``; summary.json carries them under
+    these names."""
+
+    filtered_all_equal: int = 0
+    stale: int = 0
+    generator_error: int = 0
+    coordinator_error: int = 0
+    learner_nan_skip: int = 0
+    aborted: int = 0
+
+    def add(self, reason: DropReason, n: int = 1) -> None:
+        setattr(self, reason.value, getattr(self, reason.value) + n)
+
+    @property
+    def total(self) -> int:
+        return sum(asdict(self).values())
+
+    @classmethod
+    def of(cls, d: dict) -> "DropCounts":
+        """From summary.json's ``drop_reasons`` or a checkpoint's ``drops``; files written
+        before the counts were typed name the errors ``kind: <exception type>``, each folded
+        into its kind."""
+        out = cls()
+        for text, n in d.items():
+            kind = DropReason.kind(text)
+            if kind in DropReason._value2member_map_:
+                out.add(DropReason(kind), n)
+        return out
+
+
 # Accounting's lists of uids: to dropped.jsonl, deferred.jsonl and inflight_at_end.json
 UID_LISTS = ("inflight_uids", "dropped_since_last_batch", "deferred_since_last_batch",
              "waiting_uids")
@@ -152,7 +207,7 @@ class Accounting:
 
     scheduler: SchedulerCounts = field(default_factory=SchedulerCounts)
     prompts_dropped: int = 0
-    drop_reasons: dict = field(default_factory=dict)
+    drop_reasons: DropCounts = field(default_factory=DropCounts)
     prompts_in_flight_at_end: int = 0
     # Admission by selection (``algo.select``): prompts_drawn = prompts_admitted +
     # prompts_deferred + prompts_waiting_at_end (without selection drawn = admitted)
@@ -171,17 +226,19 @@ class Accounting:
 
     def summary(self) -> dict:
         """summary.json's fields: the scheduler's counters flat, then the others (the uid
-        lists left out; ``scoring`` an object of its counters' names)."""
+        lists left out; ``drop_reasons`` and ``scoring`` objects of their counters' names)."""
         own = {f.name: getattr(self, f.name) for f in fields(self)
                if f.name not in UID_LISTS and f.name != "scheduler"}
-        return {**asdict(self.scheduler), **own, "scoring": asdict(self.scoring)}
+        return {**asdict(self.scheduler), **own, "drop_reasons": asdict(self.drop_reasons),
+                "scoring": asdict(self.scoring)}
 
     @classmethod
     def of(cls, d: dict) -> "Accounting":
         """From summary.json's flat object (unknown keys ignored)."""
         return cls(scheduler=SchedulerCounts.of(d),
+                   drop_reasons=DropCounts.of(d.get("drop_reasons") or {}),
                    scoring=ScoringCounts.of(d.get("scoring") or {}),
-                   **named(cls, d, leave=("scheduler", "scoring")))
+                   **named(cls, d, leave=("scheduler", "drop_reasons", "scoring")))
 
 
 def mean_extras(extras: list[dict], weights: list[int] | None = None) -> dict | None:

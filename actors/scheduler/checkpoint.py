@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Callable
 
 from actors.scheduler.state import PromptInFlight
-from common.records import SchedulerCounts
+from common.records import DropCounts, SchedulerCounts
 from estimator.state import PromptState
 
 
@@ -32,7 +32,7 @@ def snapshot(sched, encode_problem: Callable, encode_payload: Callable) -> dict:
     # prompts' histories and the counters (drawn = admitted + deferred + waiting on resume too)
     sel = {} if sched.selector is None else {"selection": sched.selector.snapshot(encode_problem),
                                              "deferred": [list(d) for d in sched.deferred]}
-    return {"version": sched.version, "counts": asdict(sched.counts), "drops": dict(sched.drops),
+    return {"version": sched.version, "counts": asdict(sched.counts), "drops": asdict(sched.drops),
             "dropped": [[uid, why] for uid, why in sched.dropped],
             **sched.calendar.snapshot(), "inflight": prompts, **sel}
 
@@ -61,7 +61,8 @@ def restore(sched, snap: dict, decode_problem: Callable, decode_payload: Callabl
     old = {"admitted": "prompts_admitted", "handed": "prompts_handed",
            "extra_rollouts": "extra_rollouts_requested"}
     sched.counts = SchedulerCounts.of({old.get(k, k): n for k, n in snap["counts"].items()})
-    sched.drops.update(snap["drops"])
+    # (checkpoints written before the drops were typed: ``DropCounts.of`` folds their names)
+    sched.drops = DropCounts.of(snap["drops"])
     # Absent from checkpoints written before it was kept.
     sched.dropped = [(uid, why) for uid, why in snap.get("dropped", [])]
     sched.calendar.restore(snap, shift)

@@ -11,7 +11,7 @@ from actors.scheduler.admission import AdmissionCalendar
 from actors.scheduler.messages import Cancel, Dispatch, Finished, SchedulerConfig, priority
 from actors.scheduler.selection import Candidate, Selector, sizes
 from actors.scheduler.state import PromptInFlight, Request, up_to_samples
-from common.records import Accounting, SchedulerCounts
+from common.records import Accounting, DropCounts, DropReason, SchedulerCounts
 from estimator.core import reward_to_prob
 from estimator.state import PromptState
 
@@ -34,7 +34,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.parked: list[Dispatch] = []          # waiting for a live generator
         self.counts = SchedulerCounts()
-        self.drops: Counter = Counter()
+        self.drops = DropCounts()
         self._ids = itertools.count()
         self._finished: list[PromptInFlight] = []    # finished since the last drain_finished()
         self.dropped: list[tuple[str, str]] = []  # (uid, reason) of every drop, in order
@@ -229,10 +229,10 @@ class Scheduler:
         return actions
 
     def on_request_failed(self, request_id: str, generator_lost: bool = False,
-                          drop_reason: str | None = None) -> list:
+                          drop_reason: DropReason | None = None, detail: str = "") -> list:
         """A request raised. ``generator_lost``: its generator died (its other requests will
         fail too); the live completions are re-issued elsewhere. ``drop_reason``: give up on
-        the prompt instead (e.g. repeated engine errors)."""
+        the prompt instead (e.g. repeated engine errors; ``detail``: the exception's type)."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return []
@@ -246,7 +246,7 @@ class Scheduler:
         if pif is None or not req.live:
             return []
         if drop_reason is not None:
-            return self.drop(pif.uid, drop_reason)
+            return self.drop(pif.uid, drop_reason, detail=detail)
         self.counts.reissued_requests += 1
         indices = tuple(d.indices[p] for p in sorted(req.live))
         out = self._dispatch(pif, indices, d.priority, d.round, prefer_home=False)
@@ -280,24 +280,24 @@ class Scheduler:
             self.selector.observe(pif.problem, st.prior_p,
                                   float(reward_to_prob(st.vbar, st.est.cfg.rewards)), st.k)
         if not pif.state.keep:
-            self.drop(pif.uid, "filtered_all_equal", refill=True)
+            self.drop(pif.uid, DropReason.FILTERED_ALL_EQUAL, refill=True)
             return
         self.ready[pif.uid] = pif
         self.unfinished[pif.deadline] -= 1
         self._recheck.add(pif.uid)
         self.calendar.finished(pif.trainable)
 
-    def drop(self, uid: str, reason: str, refill: bool = False) -> list:
-        """Drop a prompt (counted under ``reason``); its place frees. Returns the
-        cancels of its outstanding rollouts."""
+    def drop(self, uid: str, reason: DropReason, refill: bool = False, detail: str = "") -> list:
+        """Drop a prompt (counted under ``reason``; ``detail`` joins it in dropped.jsonl);
+        its place frees. Returns the cancels of its outstanding rollouts."""
         pif = self.inflight.pop(uid, None)
         if pif is None:
             return []
         if self.ready.pop(uid, None) is None:
             self.unfinished[pif.deadline] -= 1
         self.calendar.release(pif.deadline, refill)  # its place is free (a refill may take it)
-        self.drops[reason] += 1
-        self.dropped.append((uid, reason))
+        self.drops.add(reason)
+        self.dropped.append((uid, reason.line(detail)))
         out = []
         for rid in pif.requests:
             q = self.requests.pop(rid)
@@ -378,7 +378,7 @@ class Scheduler:
             if not stale:
                 continue
             if pif.regenerations >= self.cfg.max_regenerations:
-                out += self.drop(pif.uid, "stale")
+                out += self.drop(pif.uid, DropReason.STALE)
                 continue
             pif.regenerations += 1
             self.counts.stale_regenerated += len(stale)
@@ -414,7 +414,6 @@ class Scheduler:
                 "parked": len(self.parked), "recheck": len(self._recheck),
                 "finished": len(self._finished), "dropped": len(self.dropped),
                 "deferred": len(self.deferred),
-                "drops": len(self.drops),
                 **{f"selection_{k}": n for k, n in sizes(self.selector).items()}}
 
     def accounting(self) -> Accounting:
@@ -425,7 +424,7 @@ class Scheduler:
                           prompts_drawn=sel.drawn if sel else self.counts.prompts_admitted,
                           prompts_deferred=sel.deferred if sel else 0,
                           prompts_waiting_at_end=len(sel.waiting) if sel else 0,
-                          prompts_dropped=sum(self.drops.values()), drop_reasons=dict(self.drops))
+                          prompts_dropped=self.drops.total, drop_reasons=replace(self.drops))
 
     # -- checkpoints (``actors.scheduler.checkpoint``: snapshot, restore) ------------------
     def resume(self, pif: PromptInFlight, ready: bool) -> list:

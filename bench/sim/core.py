@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from actors.scheduler import Cancel, Dispatch, Finished, Scheduler, SchedulerCon
 from actors.scheduler.selection import SelectionConfig
 from bench.sim.engine import Engine, Rollout
 from bench.sim.models import SimConfig
+from common.records import DropReason
 from estimator import ESTIMATORS, make_estimator
 
 
@@ -281,7 +282,7 @@ class Sim:
         keep = {g.uid for g in keep}
         cancels = []
         for uid in [u for u in sched.inflight if u not in keep]:
-            cancels += sched.drop(uid, "oversample_aborted")
+            cancels += sched.drop(uid, DropReason.ABORTED)
             self.streams.pop(uid, None)
             self.aborted_prompts += 1
         return cancels
@@ -346,7 +347,8 @@ class Sim:
         checks = dict(
             admitted=counts.prompts_admitted, trained=len(self.k_trained),
             handed=counts.prompts_handed, dropped=acct.prompts_dropped,
-            inflight=self.sched.in_flight(), drop_reasons=acct.drop_reasons,
+            inflight=self.sched.in_flight(),
+            drop_reasons={k: n for k, n in asdict(acct.drop_reasons).items() if n},
             rollouts_dispatched=counts.rollouts_dispatched,
             rollouts_finished=len(self.finish_times), rollouts_cancelled=counts.rollouts_cancelled,
             stale_regenerated=counts.stale_regenerated, aborted_prompts=self.aborted_prompts,

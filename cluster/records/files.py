@@ -23,10 +23,11 @@ from pathlib import Path
 from cluster.records.step import StepMetrics
 from cluster.records.summary import RunSummary
 from common.atomic import write_atomic
+from common.records import DropReason
 
-# Every line of dropped.jsonl: {"uid", "reason", "step"}; a NaN-skipped step's prompts are
-# dropped with this reason (the summary counts them among ``prompts_dropped``).
-NAN_SKIP = "learner_nan_skip"
+# Every line of dropped.jsonl: {"uid", "reason", "step"} (``reason``: ``DropReason.line``); a
+# NaN-skipped step's prompts are dropped as ``learner_nan_skip`` (the summary counts them among
+# ``prompts_dropped``).
 
 
 def fault(path: Path) -> None:
@@ -115,7 +116,7 @@ class RunFiles:
                 self._recorder.append(r.prompt_id, r.prompt, r.rewards[:n], r.baseline, version,
                                       [next(it) for _ in range(n)], step=step)
         if skipped:
-            self.dropped([(r.uid, NAN_SKIP) for r in batch.records], step)
+            self.dropped([(r.uid, DropReason.LEARNER_NAN_SKIP.line()) for r in batch.records], step)
             return
         self.append(self.prompts_path, [{**r.to_dict(), "step": step, "t_trained": t_trained}
                                         for r in batch.records])

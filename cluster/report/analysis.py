@@ -5,6 +5,7 @@ derives the ``--check`` exit code from it) and the prior's reliability bins.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def summary_accounting(s: RunSummary | None) -> dict:
         out.update(prompts_admitted=a.scheduler.prompts_admitted,
                    prompts_dropped=a.prompts_dropped,
                    prompts_in_flight_at_end=a.prompts_in_flight_at_end,
-                   drop_reasons=a.drop_reasons)
+                   drop_reasons=asdict(a.drop_reasons))
     return out
 
 

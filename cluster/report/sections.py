@@ -19,6 +19,7 @@ from cluster.report.analysis import (accounting_checks, file_counts, reliability
                                      summary_accounting)
 from cluster.report import plots
 from cluster.report.data import RunData, as_float, held_out
+from common.records import DropReason
 
 EMPTY = RunSummary(0, 0, Totals())  # what a section reads of a run without summary.json
 
@@ -343,9 +344,9 @@ def accounting(run: RunData) -> str:
                        ("dropped", "prompts_dropped")):
         rows.append([label, acct.get(key), files.get(key)])
         cls.append("")
-    by_file = Counter(str(d.get("reason")) for d in run.dropped or [])
+    by_file = Counter(DropReason.kind(str(d.get("reason"))) for d in run.dropped or [])
     reasons = acct.get("drop_reasons") if isinstance(acct.get("drop_reasons"), dict) else {}
-    for r in sorted(set(reasons) | set(by_file)):
+    for r in sorted({r for r, n in reasons.items() if n} | set(by_file)):
         rows.append([f"dropped: {r}", reasons.get(r), by_file.get(r, 0) if run.dropped is not None
                      else None])
         cls.append("sub")

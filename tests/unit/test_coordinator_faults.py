@@ -10,7 +10,7 @@ import asyncio
 
 from actors.coordinator import Coordinator, CoordinatorConfig
 from actors.scheduler import SchedulerConfig
-from common.records import ScoringCounts
+from common.records import DropCounts, ScoringCounts
 from common.types import Rollout
 from estimator import make_estimator
 from tasks import TaskConfig
@@ -70,10 +70,10 @@ def coordinator(gen) -> Coordinator:
 
 async def first_prompt_fails(c: Coordinator, gen) -> None:
     await c.start()
-    await until(lambda: c.sched.drops, "the first prompt to be dropped")
+    await until(lambda: c.sched.drops.total, "the first prompt to be dropped")
     await until(lambda: len(gen.requests) == 2, "the next prompt to be admitted")
     s = c.sched
-    assert s.dropped == [("s0", next(iter(s.drops)))]
+    assert [uid for uid, _ in s.dropped] == ["s0"] and s.drops.total == 1
     assert set(s.inflight) == {"s1"}                 # the next prompt runs; s0 is nowhere
     assert [r.dispatch.uid for r in s.requests.values()] == ["s1"]  # s0's request is gone
     assert s.load == [4]                             # only s1's 4 rollouts hold slots
@@ -94,7 +94,8 @@ def test_a_scheduler_error_on_a_requests_completions_drops_the_prompt_and_frees_
                                                 for i in range(req.n)])
         c = coordinator(gen)
         await first_prompt_fails(c, gen)
-        assert c.sched.drops == {"coordinator_error: ValueError": 1}
+        assert c.sched.drops == DropCounts(coordinator_error=1)
+        assert c.sched.dropped == [("s0", "coordinator_error: ValueError")]
         assert "ValueError" in c.faults.last_error
 
     asyncio.run(main())
@@ -106,7 +107,8 @@ def test_a_scorer_error_drops_the_prompt_with_its_reason():
         c = coordinator(gen)
         c.scorer = RaisingScorer()
         await first_prompt_fails(c, gen)
-        assert c.sched.drops == {"coordinator_error: RuntimeError": 1}
+        assert c.sched.drops == DropCounts(coordinator_error=1)
+        assert c.sched.dropped == [("s0", "coordinator_error: RuntimeError")]
         assert "RuntimeError: scorer bug" in c.faults.last_error
 
     asyncio.run(main())

@@ -80,7 +80,7 @@ def make_run(root: Path, steps: int = 8, prompts_per_step: int = 8, gens: int = 
             for r in recs:
                 plog.write(json.dumps({**r.to_dict(), "step": step, "t_trained": t + wait}) + "\n")
             t += wait + train + sync + ev.get("eval_time_s", 0.0)
-    reasons = {"filtered": dropped - 1, "stale": 1 if dropped else 0, "learner_nan_skip": 0}
+    reasons = {"filtered_all_equal": dropped - 1, "stale": 1 if dropped else 0, "learner_nan_skip": 0}
     with (run / "dropped.jsonl").open("w") as f:
         for reason, n in reasons.items():
             for _ in range(n):

@@ -16,6 +16,7 @@ from actors.scheduler import core as sched_mod
 from actors.scheduler import (Cancel, Dispatch, Finished, Scheduler, SchedulerConfig,
                               priority)
 from actors.scheduler.state import cap_samples
+from common.records import DropCounts, DropReason
 from common.types import PriorObservation, Rollout
 from estimator import make_estimator
 
@@ -252,7 +253,7 @@ def test_filtered_prompts_free_their_slot_and_are_refilled_then_the_batch_trains
         if s.room() == 0:
             break
         f.apply(s.admit([f"y{len(f.log)}"], [None]))
-    assert s.drops["filtered_all_equal"] == 4  # refilled until the cap (2 x B)
+    assert s.drops.filtered_all_equal == 4  # refilled until the cap (2 x B)
     batch, _ = s.take_batch(2)
     assert [g.uid for g in batch] == ["keep"]  # a closed deadline trains short
     a = s.accounting()
@@ -274,7 +275,7 @@ def test_a_stale_finished_sample_is_regenerated_then_the_prompt_dropped():
     f.complete(regen[0].request_id)
     assert s.take_batch(1) is None       # too stale again: dropped, nothing to train
 
-    assert s.drops["stale"] == 1 and s.in_flight() == 0
+    assert s.drops.stale == 1 and s.in_flight() == 0
 
 
 # -- cancellation -------------------------------------------------------------------------------
@@ -377,8 +378,10 @@ def test_repeated_engine_errors_drop_the_prompt_with_its_reason():
     f = Fake(s)
     [d] = f.admit(1)
     f.inflight.pop(d.request_id)
-    assert s.on_request_failed(d.request_id, drop_reason="generator_error: X") == []
-    assert s.drops == {"generator_error: X": 1} and s.in_flight() == 0
+    assert s.on_request_failed(d.request_id, drop_reason=DropReason.GENERATOR_ERROR,
+                               detail="X") == []
+    assert s.drops == DropCounts(generator_error=1) and s.in_flight() == 0
+    assert s.dropped == [(d.uid, "generator_error: X")]  # dropped.jsonl's reason: kind: detail
     a = s.accounting()
     assert a.scheduler.prompts_admitted == 1 == a.prompts_dropped
 
@@ -387,7 +390,7 @@ def test_a_result_for_a_dropped_prompt_counts_as_spent_compute():
     s = Scheduler(cfg(batch_prompts=4, max_staleness=1), grpo(), 1)
     f = Fake(s)
     [d] = f.admit(1)
-    [c] = s.drop(d.uid, "test")
+    [c] = s.drop(d.uid, DropReason.ABORTED)
     assert c.positions == (0, 1, 2, 3)
     f.cancelled[d.request_id] = set(c.positions)
     assert f.complete(d.request_id) == []
@@ -522,12 +525,17 @@ def test_drops_not_yet_handed_over_survive_a_checkpoint():
     f = Fake(s)
     d = f.admit(2)[0]
     f.inflight.pop(d.request_id)
-    s.on_request_failed(d.request_id, drop_reason="generator_error: X")
+    s.on_request_failed(d.request_id, drop_reason=DropReason.GENERATOR_ERROR, detail="X")
     snap = json.loads(json.dumps(snapshot(s, lambda p: p, lambda p: list(p))))
     resumed = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
     restore(resumed, snap, lambda p: p, tuple)
     assert resumed.dropped == [(d.uid, "generator_error: X")] == s.dropped
-    assert resumed.drops == s.drops
+    assert resumed.drops == s.drops == DropCounts(generator_error=1)
+    # a checkpoint written before the drops were typed named them "kind: <exception type>"
+    untyped = {**snap, "drops": {"generator_error: X": 1, "filtered_all_equal": 2}}
+    typed = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
+    restore(typed, untyped, lambda p: p, tuple)
+    assert typed.drops == DropCounts(generator_error=1, filtered_all_equal=2)
     old = {k: v for k, v in snap.items() if k != "dropped"}
     legacy = Scheduler(cfg(batch_prompts=2, max_staleness=1), grpo(), 1)
     restore(legacy, old, lambda p: p, tuple)
@@ -791,7 +799,7 @@ def test_a_long_run_with_drops_keeps_the_schedulers_containers_flat():
         s.drain_finished()  # and feeds these to the prior
         s.set_version(v + 1)
         sizes.append(s.sizes())
-    assert s.drops["filtered_all_equal"] > 100
+    assert s.drops.filtered_all_equal > 100
     for key in sizes[0]:
         assert max(z[key] for z in sizes[100:]) <= max(max(z[key] for z in sizes[:10]), 4), key
 

@@ -318,7 +318,7 @@ def test_oversample_admits_1_1_b_trains_b_and_counts_the_aborted_tokens():
     assert [s["prompts"] for s in res.steps] == [8] * cfg.steps
     assert [s["rollouts"] for s in res.steps] == [8 * 16] * cfg.steps
     assert ch["admitted"] == 10 * cfg.steps         # every step admitted 1.25 B ...
-    assert ch["drop_reasons"] == {"oversample_aborted": 2 * cfg.steps}   # ... and dropped 0.25 B
+    assert ch["drop_reasons"] == {"aborted": 2 * cfg.steps}   # ... and dropped 0.25 B
     assert res.aborted_prompts == 2 * cfg.steps and ch["inflight"] == 0
     assert res.staleness.max() == 0                 # still a barrier: nothing trains stale
     # Aborted rollouts' tokens are spent: counted in what was generated, never trained.

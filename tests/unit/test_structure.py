@@ -178,6 +178,39 @@ def test_the_schedulers_counters_are_a_record_read_by_attribute():
     assert "generator_restarts" not in {f.name for f in fields(Accounting)}
 
 
+def record_dicts(tree: ast.AST) -> list[str]:
+    """Fields annotated a dict (``DICT_TYPES``) in the counters' records: the classes named
+    ``...Counts`` and ``Accounting``. Names and lines."""
+    return [f"{c.name}.{n.target.id}:{n.lineno}" for c in ast.walk(tree)
+            if isinstance(c, ast.ClassDef) and (c.name.endswith("Counts") or c.name == "Accounting")
+            for n in c.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            and _is_dict_type(n.annotation)]
+
+
+def test_the_drops_are_counted_by_a_closed_set_of_reasons():
+    """Issue 44: ``Accounting.drop_reasons`` was a reason -> count dict whose names were an
+    open set (``generator_error: <exception type>`` among them), written by the scheduler and
+    the run's summary and read by name by the report; it is ``DropCounts``, a field per
+    ``DropReason`` (the exception's type goes to dropped.jsonl's line only)."""
+    from dataclasses import fields
+
+    from actors.scheduler import Scheduler, SchedulerConfig
+    from common.records import Accounting, DropCounts, DropReason
+    from estimator import make_estimator
+
+    found = record_dicts(ast.parse((REPO / "common" / "records.py").read_text()))
+    assert found == [], f"a counters' record holds a string-keyed dict: {found}"
+    assert {f.name for f in fields(DropCounts)} == {r.value for r in DropReason}
+    s = Scheduler(SchedulerConfig(batch_prompts=1, max_staleness=0, slots_per_generator=4),
+                  make_estimator("grpo"), 1)
+    assert isinstance(s.drops, DropCounts) and isinstance(Accounting().drop_reasons, DropCounts)
+    # and the check can fail: a counters' record with a dict field is found
+    assert record_dicts(ast.parse("class Accounting:\n    drop_reasons: dict = field()\n"
+                                  "class FaultCounts:\n    by_kind: 'Counter | None' = None\n"
+                                  "class Other:\n    env: dict = None\n")) \
+        == ["Accounting.drop_reasons:2", "FaultCounts.by_kind:4"]
+
+
 # Who may store a policy version (issue 44: it had six holders, three checking "only goes up"
 # each): its owner, and those that keep what they were last told. A new attribute that stores
 # a version anywhere else in the product fails here; records that carry the version they were
