@@ -69,37 +69,26 @@ class Shared:
 def reset_roles(cfg, roles, init_dir: str) -> None:
     """The same starting point for another run on ``roles`` (``cluster.nodes.roles.Roles``;
     every run of a bench, tests): the learner back at the state saved in ``init_dir``, every
-    generator serving it (as a new version from the version's owner), and a fresh prior with
-    an empty context and ``cfg``'s prior options (reset in place, or a new actor when the old
-    one is dead or busy)."""
+    generator serving it (as a new version from the version's owner), and a new prior actor
+    of ``cfg``'s prior section (the old one killed: its context, counters and backends go
+    with its process). The new prior starts first, so its start overlaps the reload."""
     import ray
 
     from cluster.nodes.roles import start_prior, wait_ready
     from common.names import actor_name
 
+    if roles.prior is not None:
+        ray.kill(roles.prior)
+        roles.prior = start_prior(cfg, roles.placement_groups["prior"],
+                                  actor_name(cfg.run.name, "prior"))
     roles.learner.load_checkpoint(init_dir)
     wait_ready(roles.generators)  # one Ray restarted is up again
     served = max(ray.get([g.version.remote() for g in roles.generators]))
     version = roles.advance(max(served, roles.published) + 1)
     _, refs = roles.learner.publish_weights(roles.generators, version)
     ray.get(refs)
-    if roles.prior is not None and not reset_prior_in_place(roles.prior, cfg.prior.options):
-        ray.kill(roles.prior)
-        roles.prior = start_prior(cfg, roles.placement_groups["prior"],
-                                  actor_name(cfg.run.name, "prior"))
-        ray.get(roles.prior.ready.remote())
-
-
-def reset_prior_in_place(prior, options: dict | None = None, timeout_s: float = 60.0) -> bool:
-    """The prior back to its just-started state in its own process, with ``options`` (None:
-    its own; ``PriorServer.reset``); False when it cannot be (dead, hung, or a call past its
-    budget still running)."""
-    import ray
-
-    try:
-        return bool(ray.get(prior.reset.remote(options), timeout=timeout_s))
-    except (ray.exceptions.RayError, TimeoutError):
-        return False
+    if roles.prior is not None:
+        wait_ready([roles.prior])
 
 
 def role_shape(cfg) -> dict:

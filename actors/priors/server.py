@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 import threading
 import time
 from collections import deque
@@ -114,8 +113,7 @@ def prior_names() -> list[str]:
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """What a server builds its backends from (``PriorServer``'s arguments of the same names;
-    ``reset`` may replace ``options``)."""
+    """What a server builds its backends from (``PriorServer``'s arguments of the same names)."""
 
     backend: str
     options: dict
@@ -147,7 +145,7 @@ class PriorStats:
     backend: str                    # the primary backend's name
     window: int
     n_context: int                  # observations in the window
-    n_observed: int                 # observations taken since the start (or the last reset)
+    n_observed: int                 # observations taken since the start
     latest_version: int             # the newest policy version they named
     predict_calls: int
     n_predicted: int                # prompts predicted
@@ -196,18 +194,13 @@ class PriorServer:
             raise ValueError(f"budget_s must be > 0 seconds or None, got {budget_s!r}")
         _limit_threads(int(cpu_threads))
         self.backend_name = backend
-        self._spec = BackendSpec(backend, dict(options or {}), fallback,
-                              dict(fallback_options or {}), int(cpu_threads))
+        spec = BackendSpec(backend, dict(options or {}), fallback, dict(fallback_options or {}),
+                           int(cpu_threads))
         self.budget_s = float(budget_s) if budget_s is not None else None
         self.window = int(window)
         self._job: Future | None = None     # the primary's call in its helper thread
-        self._fresh()
-
-    def _fresh(self) -> None:
-        """New backends and an empty context: the state of a server just started."""
-        b = self._spec
-        self.backend = _build(b.backend, b.options, b.cpu_threads)
-        self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(b)
+        self.backend = _build(spec.backend, spec.options, spec.cpu_threads)
+        self.fallback_name, self.fallback, self.fallback_unavailable = _build_fallback(spec)
         self._items: deque[PriorObservation] = deque(maxlen=self.window)
         self._dirty = True                  # the primary's context is stale
         self._fallback_dirty = True         # the fallback's context is stale
@@ -220,28 +213,6 @@ class PriorServer:
         self.fallbacks = FallbackCounts()
         self._n_fallback_predicted = 0
         self.last_fallback = ""
-
-    def reset(self, options: dict | None = None) -> bool:
-        """Back to the state of a server just started (new backends, empty window, counters
-        at zero), in place: another run on the same actor (benchmarks, tests) without a new
-        process; ``options``: the primary backend's options from now on (None: unchanged).
-        False, and nothing changed, while a primary call past its budget still runs in its
-        helper thread, or when Ray restarted this actor (its restart is spent): such a server
-        is replaced instead."""
-        if self._job is not None and not self._job.done():
-            return False
-        if _restarted_actor():
-            return False
-        self._job = None
-        kept = self._spec
-        if options is not None:
-            self._spec = replace(kept, options=dict(options))
-        try:
-            self._fresh()
-        except Exception:
-            self._spec = kept     # bad options: the server keeps the ones it had
-            raise
-        return True
 
     def ready(self) -> bool:
         return True
@@ -349,24 +320,6 @@ class PriorServer:
             n_fallback_predicted=self._n_fallback_predicted, last_fallback=self.last_fallback,
             fallback_unavailable=self.fallback_unavailable,
             backend_stats=self.backend.stats() if idle else None)
-
-
-def _restarted_actor() -> bool:
-    """Whether this process is a Ray actor that Ray restarted (False outside Ray)."""
-    if "ray" not in sys.modules:
-        return False
-    import ray
-
-    if not ray.is_initialized():
-        return False
-    ctx = ray.get_runtime_context()
-    if ctx.get_actor_id() is None:  # the driver, or a task
-        return False
-    import warnings
-
-    with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated actor_id
-        warnings.simplefilter("ignore")
-        return bool(ctx.was_current_actor_reconstructed)
 
 
 def _checked(name: str, raw, n: int):

@@ -89,6 +89,7 @@ def fresh(system):
     from bench.harness import reset_roles
 
     reset_roles(system["cfg"], system["roles"], system["init"])
+    assert ray.get(system["roles"].prior.stats.remote()).n_observed == 0  # a v05 run fed the old
     return system
 
 

@@ -17,24 +17,24 @@ HARD = [f"Prove that for every prime p > {a}, the polynomial x^{a} - {b} has a r
 
 
 @pytest.fixture(scope="module")
-def prior():
+def cluster():
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False)
     try:
-        actor = ray.remote(num_cpus=0.5)(PriorServer).remote("embedded", {}, window=64,
-                                                             cpu_threads=1)
-        assert ray.get(actor.ready.remote(), timeout=300) is True
-        yield actor
+        yield
     finally:
         ray.shutdown()
 
 
 @pytest.fixture
-def fresh(prior):
-    """The module's actor as just started (an empty window, counters at zero): each test
-    starts from the same state, in any order."""
-    assert ray.get(prior.reset.remote()) is True
-    return prior
+def fresh(cluster):
+    """A new embedded prior actor (an empty window, counters at zero), killed after its
+    test: each test starts from the same state, in any order."""
+    actor = ray.remote(num_cpus=0.5)(PriorServer).remote("embedded", {}, window=64,
+                                                         cpu_threads=1)
+    assert ray.get(actor.ready.remote(), timeout=300) is True
+    yield actor
+    ray.kill(actor)
 
 
 def test_actor_observes_and_ranks_a_separable_context(fresh):
@@ -71,7 +71,7 @@ def test_actor_window_and_validation_errors_cross_the_actor_boundary(fresh):
     assert stats.n_observed == before + 72 and stats.latest_version == 2
 
 
-def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior, tmp_path):
+def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(cluster, tmp_path):
     """A v0 actor given no GPU resolves its device to the CPU (Ray hides the GPUs from it);
     weights that produce NaN make every answer come from the embedded fallback, counted."""
     from actors.priors.v0_tiny import SIMILARITY_HEAD, write_tiny_v0
@@ -89,34 +89,3 @@ def test_v0_actor_without_a_gpu_runs_on_the_cpu_and_falls_back_to_embedded(prior
     assert stats.fallbacks == FallbackCounts(timeout=0, error=1)
     assert "non-finite" in stats.last_fallback
     ray.kill(actor)
-
-
-def test_reset_in_place_and_replaced_once_ray_restarted_the_actor(prior):
-    """bench.harness.reset_roles resets a live prior in its own process; one that Ray
-    restarted has spent its restart, refuses, and reset_roles starts a new actor instead."""
-    import os
-
-    from bench.harness import reset_prior_in_place
-
-    class Crashable(PriorServer):  # local: pickled by value for the worker
-        def crash(self):
-            os._exit(1)
-
-    actor = ray.remote(num_cpus=0.2, max_restarts=1)(Crashable).remote("constant", {}, 8)
-    assert ray.get(actor.observe.remote([Obs("a", 1.0, 0), Obs("b", 0.0, 3)])) == 2
-    assert reset_prior_in_place(actor) is True
-    stats = ray.get(actor.stats.remote())
-    assert stats.n_context == 0 and stats.n_observed == 0 and stats.latest_version == 0
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.crash.remote())  # the process is gone before this call returns
-    for _ in range(240):  # calls while Ray restarts it fail, until the new process answers
-        try:
-            assert ray.get(actor.ready.remote(), timeout=60) is True
-            break
-        except ray.exceptions.RayActorError:
-            import time
-
-            time.sleep(0.5)
-    assert reset_prior_in_place(actor) is False
-    ray.kill(actor)
-    assert reset_prior_in_place(actor, timeout_s=30) is False  # dead: refused, not raised

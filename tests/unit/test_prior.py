@@ -298,35 +298,6 @@ def test_the_servers_stats_are_a_record_and_flat_under_the_old_names_in_a_file()
     assert json.loads(json.dumps(flat))["cache_misses"] == 3
 
 
-def test_reset_is_a_server_just_started_unless_a_late_call_still_runs():
-    fresh = PriorServer("test-stuck", {}, fallback="constant", budget_s=0.05).stats()
-    s = PriorServer("test-stuck", {}, fallback="constant", budget_s=0.05)
-    s.observe(CONTEXT)
-    old = s.backend
-    try:
-        s.predict(["q"])                                     # past its budget: still running
-        assert s.reset() is False                            # refused, nothing changed
-        assert s.backend is old and s.stats().n_context == 3
-    finally:
-        old.release.set()
-    s._job.result(timeout=60)
-    assert s.reset() is True
-    assert s.backend is not old and s.backend.calls == 0     # new backends
-    assert s.stats() == fresh                                # empty window, counters at zero
-
-
-def test_reset_with_options_builds_the_backend_with_them_from_then_on():
-    s = PriorServer("constant", {"prior_mean": 0.2}, fallback=None)
-    assert s.predict(["q"]) == [pytest.approx(0.2)]
-    assert s.reset({"prior_mean": 0.9}) is True            # a bench's next mode, its prior
-    assert s.predict(["q"]) == [pytest.approx(0.9)]
-    assert s.reset() is True                               # None: the options kept
-    assert s.predict(["q"]) == [pytest.approx(0.9)]
-    with pytest.raises(ValueError, match="prior_mean"):
-        s.reset({"prior_mean": 2.0})
-    assert s.reset() is True and s.predict(["q"]) == [pytest.approx(0.9)]
-
-
 def test_a_failing_or_garbage_backend_is_answered_by_the_fallback_and_counted():
     s = PriorServer("test-raises", {}, fallback="constant", budget_s=60.0)
     s.observe(CONTEXT)
