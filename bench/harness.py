@@ -74,7 +74,7 @@ def reset_roles(cfg, roles, init_dir: str) -> None:
     with its process). The new prior starts first, so its start overlaps the reload."""
     import ray
 
-    from cluster.nodes.roles import start_prior, wait_ready
+    from cluster.nodes.roles import start_prior
     from common.names import actor_name
 
     if roles.prior is not None:
@@ -89,6 +89,29 @@ def reset_roles(cfg, roles, init_dir: str) -> None:
     ray.get(refs)
     if roles.prior is not None:
         wait_ready([roles.prior])
+
+
+def wait_ready(handles: list, timeout_s: float = 600.0) -> None:
+    """Wait until every actor answers ``ready()``. An actor Ray is restarting raises
+    ``ActorUnavailableError`` at once instead of waiting; retry those until ``timeout_s``."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(handles)
+    while pending:
+        left = []
+        for h, ref in [(h, h.ready.remote()) for h in pending]:
+            try:
+                ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
+            except ray.exceptions.ActorUnavailableError:
+                left.append(h)
+        if left and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(left)} actor(s) not ready after {timeout_s:.0f}s")
+        if left:
+            time.sleep(0.5)  # restarting: no event to wait on, Ray answers at once
+        pending = left
 
 
 def role_shape(cfg) -> dict:

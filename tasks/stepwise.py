@@ -82,15 +82,6 @@ class Spec:
     def answer(self) -> int:
         return (self.x + (self.k * self.d if self.op == "+" else -self.k * self.d)) % MODULUS
 
-    @property
-    def carries(self) -> int:
-        """How many of its steps carry (``+``) or borrow (``-``) in the units column."""
-        a, n = self.x, 0
-        for _ in range(self.k):
-            n += _carries(a, self.op, self.d)
-            a = _step(a, self.op, self.d)
-        return n
-
 
 def parse_prompt(prompt: str) -> Spec:
     m = _PROMPT_RE.fullmatch(prompt)
@@ -122,11 +113,12 @@ def sample_spec(rng: random.Random, level: int) -> Spec:
                 k=rng.randint(lo, hi))
 
 
-def _step(a: int, op: str, d: int) -> int:
+def step_value(a: int, op: str, d: int) -> int:
+    """The value after one step from ``a``."""
     return (a + d if op == "+" else a - d) % MODULUS
 
 
-def _carries(a: int, op: str, d: int) -> bool:
+def units_carry(a: int, op: str, d: int) -> bool:
     """Whether the units column carries (``+``) or borrows (``-``); ``d`` has one digit."""
     return (a % 10 + d >= 10) if op == "+" else (a % 10 < d)
 
@@ -144,7 +136,7 @@ def sample_trace(spec: Spec, rng: random.Random | None = None,
     lines, a, left, slips = [], spec.x, spec.k, 0
     repeated = False  # at most one repeated count per trace, to bound its length
     while left > 0:
-        b, nxt = _step(a, spec.op, spec.d), left - 1
+        b, nxt = step_value(a, spec.op, spec.d), left - 1
         if slip_rate > 0 and rng.random() < slip_rate:
             kind = rng.choice([s for s in SLIPS if _applies(s, a, spec, left, repeated)])
             slips += 1
@@ -163,7 +155,7 @@ def sample_trace(spec: Spec, rng: random.Random | None = None,
 
 def _applies(kind: str, a: int, spec: Spec, left: int, repeated: bool) -> bool:
     if kind == "carry":
-        return _carries(a, spec.op, spec.d)
+        return units_carry(a, spec.op, spec.d)
     if kind == "skip":
         return left >= 2
     if kind == "repeat":

@@ -57,12 +57,12 @@ def mode_config(base: dict, name: str, run_dir: Path, group: int | None = None):
 
 
 def run_mode(cfg, shared, mem, warmup: int) -> dict:
-    from cluster.records.files import read_metrics
+    from cluster.records.files import read_lines
 
     task = shared.task
     mem.reset()
     summary = shared.trainer(cfg).run()
-    rows = read_metrics(cfg.run_dir)
+    rows = read_lines(cfg.run_dir / "metrics.jsonl")
     prompts = [json.loads(x) for x in (cfg.run_dir / "prompts.jsonl").read_text().splitlines()]
     w = [r for r in rows if r["step"] > warmup]
     t0 = rows[0]["t_start"]

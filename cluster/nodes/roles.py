@@ -256,26 +256,3 @@ def shares_gpus(cfg) -> bool:
     profiling would otherwise count the learner's growing allocations against itself)."""
     g, lr = cfg.generators.gpus, cfg.learner.gpus
     return bool(g and lr) and (not float(g).is_integer() or not float(lr).is_integer())
-
-
-def wait_ready(handles: list, timeout_s: float = 600.0) -> None:
-    """Wait until every actor answers ``ready()``. An actor Ray is restarting raises
-    ``ActorUnavailableError`` at once instead of waiting; retry those until ``timeout_s``."""
-    import time
-
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    pending = list(handles)
-    while pending:
-        left = []
-        for h, ref in [(h, h.ready.remote()) for h in pending]:
-            try:
-                ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
-            except ray.exceptions.ActorUnavailableError:
-                left.append(h)
-        if left and time.monotonic() > deadline:
-            raise TimeoutError(f"{len(left)} actor(s) not ready after {timeout_s:.0f}s")
-        if left:
-            time.sleep(0.5)  # restarting: no event to wait on, Ray answers at once
-        pending = left

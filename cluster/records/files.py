@@ -268,11 +268,6 @@ def read_lines(path: Path) -> list[dict]:
     return [r for r in rows if r is not None]
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def prompt_fates(run_dir: Path) -> dict:
     """Every drawn prompt's fate, by uid, from a run's files (the evidence that nothing was
     lost or trained twice, across crashes and resumes): uids are ``s<position>`` in the

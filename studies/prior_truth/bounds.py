@@ -40,9 +40,19 @@ def generator_variables(task: str, prompts: list[str], levels
     return names, np.array([[r[k] for k in names] for r in got], dtype=float)
 
 
+def _carries(s) -> int:
+    """How many of the steps of ``s`` (a ``tasks.stepwise.Spec``) carry (``+``) or borrow
+    (``-``) in the units column."""
+    a, n = s.x, 0
+    for _ in range(s.k):
+        n += sw.units_carry(a, s.op, s.d)
+        a = sw.step_value(a, s.op, s.d)
+    return n
+
+
 def _stepwise(prompt: str, level: int) -> dict:
     s = sw.parse_prompt(prompt)
-    carries = s.carries
+    carries = _carries(s)
     row = {f"level{v}": float(level == v) for v in sw.LEVELS}
     row |= {f"steps_at_level{v}": s.k * float(level == v) for v in sw.LEVELS}
     row |= {f"step_size{d}": float(s.d == d) for d in sw.STEP_SIZES}

@@ -138,7 +138,7 @@ def test_nccl_reconnects_a_restarted_generator(ray_gpu, gen, tmp_path):
 
     import ray
 
-    from cluster.nodes.roles import wait_ready
+    from bench.harness import wait_ready
     from learner.config import LearnerConfig
     from learner.ranks import Learner
     from tasks.policy_model import build_tokenizer, save_policy

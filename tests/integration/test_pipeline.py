@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 from cluster.config.schema import build_config  # noqa: E402
-from cluster.records.files import prompt_fates, read_metrics  # noqa: E402
+from cluster.records.files import prompt_fates, read_lines  # noqa: E402
 from cluster.nodes.placement import plan  # noqa: E402
 from cluster.run.directory import start_on_running_roles  # noqa: E402
 from suite_dtype import DTYPE  # noqa: E402
@@ -130,7 +130,7 @@ def test_sync_grpo_trains_through_the_barrier(fresh, monkeypatch):
     changed = [n for n in initial if n in after and not np.allclose(initial[n], after[n])]
     assert len(changed) > len(initial) // 2, "training should move most weights"
     assert ray.get([g.version.remote() for g in fresh["roles"].generators]) == [start + 3] * 2
-    rows = read_metrics(cfg.run_dir)
+    rows = read_lines(cfg.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert METRIC_KEYS <= set(rows[0])
     # The barrier: every sample trained on the version that generated it, batch by batch.
@@ -221,7 +221,7 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
     fresh["roles"].prior = start_prior(cfg, fresh["roles"].placement_groups["prior"],
                                        actor_name(cfg.run.name, "prior"))
     summary = run(fresh, cfg)
-    rows = read_metrics(cfg.run_dir)
+    rows = read_lines(cfg.run_dir / "metrics.jsonl")
     assert METRIC_KEYS <= set(rows[0])
     prompts = prompts_of(cfg)
     assert all(4 <= p["k"] <= 16 for p in prompts)
@@ -241,7 +241,7 @@ def test_async_v05_asks_for_more_where_the_prior_is_wrong_and_bounds_sample_age(
 
 
 def test_async_run_survives_a_generator_kill(fresh):
-    from cluster.nodes.roles import wait_ready
+    from bench.harness import wait_ready
 
     cfg = make_cfg(fresh["tmp"], "async-kill", mode="async",
                    algo={"name": "v05", "k_init": 4, "k_max": 16},
@@ -274,7 +274,7 @@ def test_checkpoint_resume_and_rollout_replay(fresh):
     cfg3 = make_cfg(fresh["tmp"], "resume", mode="sync",
                     run={"max_steps": 3, "eval_every": 0, "resume": True})
     second = run(fresh, cfg3)
-    rows = read_metrics(cfg3.run_dir)
+    rows = read_lines(cfg3.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]  # continued, not restarted
     assert second["policy_version"] > first["policy_version"]
     assert second["steps"] == 3
@@ -332,11 +332,11 @@ def test_crash_and_resume_train_every_admitted_prompt_exactly_once(fresh):
     prompts = prompts_of(cfg2)
     uids = [p["uid"] for p in prompts]
     assert len(uids) == len(set(uids)) == 8 * 4          # each trained exactly once
-    assert [r["step"] for r in read_metrics(cfg2.run_dir)] == list(range(1, 9))
+    assert [r["step"] for r in read_lines(cfg2.run_dir / "metrics.jsonl")] == list(range(1, 9))
     assert summary["resumed_from"] == "step4" and summary["steps"] == 8
     assert "in_flight_at_checkpoint" not in summary["drop_reasons"]
     assert_accounted(summary)
-    assert all(r["staleness_max"] <= 1 for r in read_metrics(cfg2.run_dir))
+    assert all(r["staleness_max"] <= 1 for r in read_lines(cfg2.run_dir / "metrics.jsonl"))
     # By uid: every prompt the stream handed out is trained, dropped or in flight, once.
     fates = prompt_fates(cfg2.run_dir)
     assert fates["lost"] == fates["trained_twice"] == fates["unknown"] == []
@@ -397,7 +397,6 @@ def test_a_preemption_in_the_sync_batch_wait_checkpoints_the_prompts_in_flight(f
     import cluster.run.trainer as trainer_mod
     from cluster.records.checkpoints import RUN_STATE, Checkpoints
     from cluster.run.preempt import Preempted
-    from cluster.records.files import read_lines
     from cluster.run.trainer import Trainer
 
     sections = dict(mode="sync", algo={"name": "grpo", "k_init": 8, "k_max": 8},
@@ -485,7 +484,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(fresh):
     summary = run(fresh, cfg2)
     assert summary["resumed_from"] == "step2"
     assert summary["skipped_checkpoints"] and summary["skipped_checkpoints"][0].startswith("step4")
-    assert [r["step"] for r in read_metrics(cfg2.run_dir)] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in read_lines(cfg2.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     assert_accounted(summary)
 
 
@@ -581,7 +580,7 @@ def assert_wandb_has_every_metric(run_dir, steps):
     from cluster.records.step import numeric
     from cluster.records.wandb_log import compare, read_offline
 
-    rows = read_metrics(run_dir)
+    rows = read_lines(run_dir / "metrics.jsonl")
     got = read_offline(run_dir)
     assert [h["_step"] for h in got["history"]] == [r["step"] for r in rows] == steps
     for h, r in zip(got["history"], rows):
@@ -637,7 +636,7 @@ def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch, c
         run(fresh, short(tmp, "nockpt", 2))
     assert (tmp / "nockpt" / "final").is_dir() and (tmp / "nockpt" / "metrics.jsonl").is_file()
     assert digests(cfg.run_dir, "checkpoints", "final") == kept
-    assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1, 2]
+    assert [r["step"] for r in read_lines(cfg.run_dir / "metrics.jsonl")] == [1, 2]
 
     # A longer run of the same name continues it (run.resume=auto): the first run's
     # checkpoint is still there, byte for byte, and W&B's run goes on under the same id.
@@ -660,6 +659,6 @@ def test_two_launches_of_one_name_never_lose_the_first_run(fresh, monkeypatch, c
     # Only run.overwrite=true deletes: a fresh run in its place.
     third = run(fresh, short(tmp, "twice", 1, overwrite=True, eval_every=0))
     assert third["steps"] == 1 and third["resumed_from"] is None
-    assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1]
+    assert [r["step"] for r in read_lines(cfg.run_dir / "metrics.jsonl")] == [1]
     assert not (cfg.run_dir / "checkpoints" / "step2").exists()
     assert_wandb_has_every_metric(cfg.run_dir, [1])

@@ -93,7 +93,7 @@ def test_gloo_broadcast_into_vllm_and_reconnect_after_restart(gen):
     import ray
 
     from common.weight_sync import make_sender
-    from cluster.nodes.roles import wait_ready
+    from bench.harness import wait_ready
 
     sender = make_sender(CFG)
     sender.connect([gen])  # the worker joins epoch 1 inside vLLM's engine process

@@ -181,7 +181,7 @@ def _kill_and_wait_restart(gen) -> None:
 def _wait_restart(gen, before: str) -> None:
     import ray
 
-    from cluster.nodes.roles import wait_ready
+    from bench.harness import wait_ready
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

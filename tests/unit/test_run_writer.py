@@ -1,7 +1,7 @@
 """Run outputs: metrics.jsonl lines parse (NaN -> null), the progress line, TensorBoard scalars."""
 import json
 
-from cluster.records.files import RunFiles, progress_line, read_metrics
+from cluster.records.files import RunFiles, progress_line, read_lines
 from cluster.records.step import HeldOut, StepMetrics
 from cluster.records.summary import RunSummary, Totals
 
@@ -12,7 +12,7 @@ def test_metrics_lines_progress_and_tensorboard(tmp_path, capsys):
                        generator_busy_fraction=0.9, step_time_s=1.0, loss=float("nan"),
                        held_out=HeldOut(accuracy=0.5, accuracy_se=0.1)))
     w.summary(RunSummary(1, 1, Totals()))
-    (row,) = read_metrics(tmp_path / "run")
+    (row,) = read_lines(tmp_path / "run" / "metrics.jsonl")
     assert {k: v for k, v in row.items() if v is not None} == {
         "step": 1, "policy_version": 1, "reward_mean": 0.25, "k_mean": 4.5,
         "generator_busy_fraction": 0.9, "step_time_s": 1.0, "eval_accuracy": 0.5,
@@ -37,7 +37,7 @@ def test_resume_drops_lines_written_after_the_checkpoint(tmp_path):
                                                for i in (1, 2, 3, 4)))
     # The crashed run had written steps 3 and 4 after its checkpoint at step 2.
     RunFiles(run, "a: 1\n", resume_step=2, progress=False)
-    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    assert [r["step"] for r in read_lines(run / "metrics.jsonl")] == [1, 2]
     assert [json.loads(x)["uid"] for x in (run / "prompts.jsonl").read_text().splitlines()] == \
         ["p1", "p2"]
     RunFiles(run, "a: 1\n", progress=False)  # a fresh run replaces both

@@ -211,6 +211,54 @@ def test_the_drops_are_counted_by_a_closed_set_of_reasons():
         == ["Accounting.drop_reasons:2", "FaultCounts.by_kind:4"]
 
 
+def used_only_by_measurement(product: dict[str, str], measurement: dict[str, str]) -> list[str]:
+    """Public functions, classes and methods defined in ``product`` (path -> source) that
+    bench/ or studies/ (``measurement``) use and the product does not: a function's or a
+    class's name mentioned nowhere in the product but where it is defined, a method's name
+    never read as an attribute (``.reset``) or named as a string (``getattr``) there. Any
+    mention counts as a use (a docstring's too): the check errs towards passing."""
+    everything = "\n".join(product.values())
+    measured = "\n".join(measurement.values())
+    out = []
+    for path, text in product.items():
+        tree = ast.parse(text)
+        methods = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in c.body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    or node.name.startswith("_"):
+                continue
+            name = re.escape(node.name)
+            if id(node) in methods:
+                use, defined = re.compile(rf"\.{name}\b|[\"']{name}[\"']"), 0
+            else:
+                use, defined = re.compile(rf"\b{name}\b"), 1
+            if len(use.findall(everything)) <= defined and use.search(measured):
+                out.append(f"{path}:{node.lineno} {node.name}")
+    return out
+
+
+def test_no_product_code_is_kept_for_a_benchmark_or_a_study_alone():
+    """Issue 44: product modules kept code only a benchmark or a study used
+    (``PriorServer.reset``, ``wait_ready``, ``read_metrics``, ``Spec.carries``; before them
+    ``reset_roles``, ``seed_spread_check``, ``trainable_count``); such code lives in bench/
+    or studies/ (docs/architecture.md)."""
+    def sources(packages):
+        return {str(p.relative_to(REPO)): p.read_text() for p in modules(packages).values()}
+
+    found = used_only_by_measurement(sources(PRODUCT), sources(("bench", "studies")))
+    assert found == [], f"product code that only bench/ or studies/ use: {found}"
+    # and the check can fail: a product method only a bench calls is found
+    product = {"a.py": "class Server:\n    def reset(self):\n        pass\n"
+                       "    def serve(self):\n        return self.helper()\n"
+                       "    def helper(self):\n        return 1\n",
+               "c.py": "def main(server):\n    server.serve()\n"}
+    bench = {"b.py": "server.reset()\nserver.serve()\n"}
+    assert used_only_by_measurement(product, bench) == ["a.py:2 reset"]
+    assert used_only_by_measurement({"a.py": "def wait_ready(h):\n    pass\n"},
+                                    {"b.py": "wait_ready([g])\n"}) == ["a.py:1 wait_ready"]
+
+
 # Who may store a policy version (issue 44: it had six holders, three checking "only goes up"
 # each): its owner, and those that keep what they were last told. A new attribute that stores
 # a version anywhere else in the product fails here; records that carry the version they were

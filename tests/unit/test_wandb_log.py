@@ -10,7 +10,7 @@ import pytest
 wandb = pytest.importorskip("wandb")
 
 from cluster.config.schema import build_config, dump_config  # noqa: E402
-from cluster.records.files import RunFiles, read_metrics  # noqa: E402
+from cluster.records.files import RunFiles, read_lines  # noqa: E402
 from cluster.records.step import HeldOut, StepMetrics, numeric  # noqa: E402
 from cluster.records.summary import RunSummary, Totals  # noqa: E402
 from cluster.records.wandb_log import WandbLog, read_offline, wandb_mode  # noqa: E402
@@ -46,7 +46,7 @@ def test_every_metric_the_config_summary_and_report_reach_the_offline_run(tmp_pa
     files.report(write_report)  # the report (or its failure) then the W&B run's end
 
     got = read_offline(cfg.run_dir)
-    rows = read_metrics(cfg.run_dir)
+    rows = read_lines(cfg.run_dir / "metrics.jsonl")
     assert [h["_step"] for h in got["history"]] == [r["step"] for r in rows] == [1, 2, 3]
     for h, r in zip(got["history"], rows):
         want = {k: v for k, v in r.items() if isinstance(v, (int, float))
@@ -108,7 +108,7 @@ def test_a_failing_wandb_is_said_once_and_the_run_goes_on(tmp_path, offline, cap
         files.step(m)  # no exception: metrics.jsonl has every step
     files.summary(RunSummary(3, 3, Totals()))
     files.report(write_report)
-    assert [r["step"] for r in read_metrics(cfg.run_dir)] == [1, 2, 3]
+    assert [r["step"] for r in read_lines(cfg.run_dir / "metrics.jsonl")] == [1, 2, 3]
     warned = [ln for ln in capsys.readouterr().err.splitlines() if "W&B logging stopped" in ln]
     assert len(warned) == 1 and "ConnectionError: W&B is down" in warned[0]
     assert json.loads((cfg.run_dir / "summary.json").read_text())["steps"] == 3
@@ -151,7 +151,7 @@ def test_the_console_the_report_wandb_and_tensorboard_read_the_same_record(tmp_p
     tb.Reload()
     for i, m in enumerate(steps):
         assert f"reward {m.reward_mean:+.3f}" in console[i] and f"k {m.k_mean:4.1f}" in console[i]
-        assert StepMetrics.from_json(read_metrics(cfg.run_dir)[i]) == m
+        assert StepMetrics.from_json(read_lines(cfg.run_dir / "metrics.jsonl")[i]) == m
         assert report.metrics[i] == m
         assert report.col(lambda r: r.reward_mean)[i] == m.reward_mean
         for name, value in m.scalars().items():
