@@ -66,8 +66,8 @@ def preflight(cfg):
     return p, task, start
 
 
-def run(cfg, checked=None) -> dict:
-    """Run one training job to the end; returns the summary."""
+def run(cfg, checked=None) -> RunSummary:
+    """Run one training job to the end; returns its summary (summary.json's record)."""
     import ray
 
     from cluster.run.preempt import Preemption
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     prefer_loopback(cfg.cluster.address)  # before ray is imported
     print(f"run directory: {cfg.run_dir}", flush=True)
     try:
-        summary = run(cfg, (p, task, start, model_path))
+        s = run(cfg, (p, task, start, model_path))
     except (PlacementError, ConnectionError, CheckpointAltered) as err:  # the cluster cannot
         print(f"error: {err}", file=sys.stderr, flush=True)  # hold the plan or was not reached,
         return 2  # or a checkpoint file changed after preflight verified it: nothing unpickled
@@ -150,7 +150,6 @@ def main(argv=None) -> int:
     except RoleLost as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return ROLE_LOST
-    s = RunSummary.from_json(summary)
     print(f"done: {s.steps} steps in {s.wall_time_s:.0f}s ({s.train_wall_time_s:.0f}s "
           f"training, {s.totals.eval_time_s:.0f}s evaluating); {s.totals.prompts_trained} "
           "prompts trained")

@@ -62,6 +62,7 @@ def run_mode(cfg, shared, mem, warmup: int) -> dict:
     task = shared.task
     mem.reset()
     summary = shared.trainer(cfg).run()
+    acct = summary.accounting
     rows = read_lines(cfg.run_dir / "metrics.jsonl")
     prompts = [json.loads(x) for x in (cfg.run_dir / "prompts.jsonl").read_text().splitlines()]
     w = [r for r in rows if r["step"] > warmup]
@@ -70,10 +71,12 @@ def run_mode(cfg, shared, mem, warmup: int) -> dict:
         "config": {"mode": cfg.mode, "algo": cfg.algo.model_dump(), "steps": cfg.run.max_steps,
                    "batch_prompts": cfg.rollout.batch_prompts},
         "steady_state": steady_state(rows, warmup),
-        "prompts_trained": summary["prompts_trained"],
-        "wall_time_s": summary["wall_time_s"], "peak_rss_mib": mem.peaks_mib(),
-        "accounting": {k: summary[k] for k in ("prompts_admitted", "prompts_trained",
-                                               "prompts_dropped", "prompts_in_flight_at_end")},
+        "prompts_trained": summary.totals.prompts_trained,
+        "wall_time_s": summary.wall_time_s, "peak_rss_mib": mem.peaks_mib(),
+        "accounting": {"prompts_admitted": acct.scheduler.prompts_admitted,
+                       "prompts_trained": summary.totals.prompts_trained,
+                       "prompts_dropped": acct.prompts_dropped,
+                       "prompts_in_flight_at_end": acct.prompts_in_flight_at_end},
         "k_values": [p["k"] for p in prompts],
         "timeline": timeline(rows, prompts, t0, w[0]["t_start"] - t0 if w else 0.0),
         "response_lengths": [n for p in prompts for n in p["lengths"]],

@@ -188,12 +188,13 @@ class RunFiles:
                    json.dumps({"step": step, "uids": list(acct.inflight_uids),
                                "waiting": list(acct.waiting_uids)}) + "\n")
 
-    def summary(self, s: RunSummary) -> dict:
+    def summary(self, s: RunSummary) -> RunSummary:
         """summary.json, with ``run_file_failures``: the writes of run files that failed;
-        returns what it holds."""
-        self._summary = replace(s, run_file_failures=self.write_failures).to_json()
+        returns the record it holds."""
+        written = replace(s, run_file_failures=self.write_failures)
+        self._summary = written.to_json()
         self.write(self.dir / "summary.json", json.dumps(self._summary, indent=2) + "\n")
-        return self._summary
+        return written
 
     def report(self, write_report) -> None:
         """report.html from the run's files (``write_report(run_dir)``: the report's writer,

@@ -94,9 +94,9 @@ class Trainer:
         (``cluster.run.start.start_run``)."""
         return cls(start_run(cfg, roles, task, start), after_step, initial_eval)
 
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         """Every step, then the coordinator's accounting, the last checkpoint, the trained policy
-        (``run.save_final``), summary.json (returned as written); ``Stalled``, or ``Preempted``
+        (``run.save_final``), summary.json (its record returned); ``Stalled``, or ``Preempted``
         (cluster.run.preempt)."""
         cfg, files = self.cfg, self.r.files
         try:  # a stall from here on still closes the run's own roles (``close``)

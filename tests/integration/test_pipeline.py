@@ -97,7 +97,7 @@ def run(system, cfg, after_step=None):
     from cluster.run.trainer import Trainer
 
     return Trainer.start(cfg, system["roles"], system["task"], start_on_running_roles(cfg),
-                         after_step=after_step).run()
+                         after_step=after_step).run().to_json()  # summary.json's object
 
 
 def prompts_of(cfg):

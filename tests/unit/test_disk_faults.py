@@ -144,9 +144,12 @@ def test_a_run_file_that_cannot_be_written_is_warned_about_counted_and_training_
     assert "training goes on" in err
     monkeypatch.setattr(rfmod, "fault", lambda path: None)
     w.step(StepMetrics(step=3, policy_version=3))
-    w.summary(RunSummary(3, 3, Totals()))
+    written = w.summary(RunSummary(3, 3, Totals()))
     assert [r["step"] for r in read_lines(metrics)] == [1, 3]
     assert json.loads((run / "summary.json").read_text())["run_file_failures"] == 1
+    # the record returned (Trainer.run's, the launcher's) is the one written, failures included
+    assert isinstance(written, RunSummary) and written.run_file_failures == 1
+    assert written.to_json() == json.loads((run / "summary.json").read_text())
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped_on_read_and_dropped_on_resume(tmp_path):

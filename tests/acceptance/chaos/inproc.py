@@ -59,7 +59,7 @@ def run(trainer_or_factory) -> Ran:
 
     try:
         trainer = trainer_or_factory() if callable(trainer_or_factory) else trainer_or_factory
-        return Ran(trainer.run(), None, False)
+        return Ran(trainer.run().to_json(), None, False)
     except Stalled as s:
         return Ran(None, f"Stalled: waiting on {s.role}", True)
     except Exception as err:  # noqa: BLE001 - the scenario's verdict, with its cause

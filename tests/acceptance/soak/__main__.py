@@ -118,7 +118,7 @@ def soak(args, workdir: Path) -> dict:
         sampler = Sampler(trainer.coord, cfg.run_dir, args.every_s, stop.steps)
         sampler.start()
         try:
-            summary = trainer.run()
+            summary = trainer.run().to_json()
         finally:
             sampler.stop()
     return {"cfg": cfg, "overrides": over, "summary": summary, "samples": sampler.samples, "steps": stop.steps,
