@@ -206,8 +206,7 @@ class Accounting:
     inflight_at_end.json."""
 
     scheduler: SchedulerCounts = field(default_factory=SchedulerCounts)
-    prompts_dropped: int = 0
-    drop_reasons: DropCounts = field(default_factory=DropCounts)
+    drop_reasons: DropCounts = field(default_factory=DropCounts)  # prompts_dropped: their total
     prompts_in_flight_at_end: int = 0
     # Admission by selection (``algo.select``): prompts_drawn = prompts_admitted +
     # prompts_deferred + prompts_waiting_at_end (without selection drawn = admitted)
@@ -224,13 +223,17 @@ class Accounting:
     deferred_since_last_batch: list = field(default_factory=list)  # (uid, p, probability)
     waiting_uids: list = field(default_factory=list)  # candidates undecided at the end
 
+    @property
+    def prompts_dropped(self) -> int:
+        return self.drop_reasons.total
+
     def summary(self) -> dict:
         """summary.json's fields: the scheduler's counters flat, then the others (the uid
         lists left out; ``drop_reasons`` and ``scoring`` objects of their counters' names)."""
         own = {f.name: getattr(self, f.name) for f in fields(self)
                if f.name not in UID_LISTS and f.name != "scheduler"}
-        return {**asdict(self.scheduler), **own, "drop_reasons": asdict(self.drop_reasons),
-                "scoring": asdict(self.scoring)}
+        return {**asdict(self.scheduler), "prompts_dropped": self.prompts_dropped, **own,
+                "drop_reasons": asdict(self.drop_reasons), "scoring": asdict(self.scoring)}
 
     @classmethod
     def of(cls, d: dict) -> "Accounting":

@@ -424,7 +424,7 @@ class Scheduler:
                           prompts_drawn=sel.drawn if sel else self.counts.prompts_admitted,
                           prompts_deferred=sel.deferred if sel else 0,
                           prompts_waiting_at_end=len(sel.waiting) if sel else 0,
-                          prompts_dropped=self.drops.total, drop_reasons=replace(self.drops))
+                          drop_reasons=replace(self.drops))
 
     # -- checkpoints (``actors.scheduler.checkpoint``: snapshot, restore) ------------------
     def resume(self, pif: PromptInFlight, ready: bool) -> list:

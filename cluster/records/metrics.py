@@ -288,9 +288,8 @@ def run_summary(cfg, acct: Accounting, totals: Totals, steps: int, version: int,
     process's wall-clock since its loop started (``wall_time_s``); ``extras``: the
     generators over the run and the start (``cluster.run.start.run_extras``)."""
     # Prompts of a step the learner skipped (NaN) count as dropped, with their reason.
-    acct = replace(acct, prompts_dropped=acct.prompts_dropped + totals.prompts_skipped_nan,
-                   drop_reasons=replace(acct.drop_reasons,
-                                        learner_nan_skip=totals.prompts_skipped_nan))
+    acct = replace(acct, drop_reasons=replace(acct.drop_reasons,
+                                              learner_nan_skip=totals.prompts_skipped_nan))
     train_wall = max(1e-9, totals.train_s)
     per_s = rates(totals)
     return RunSummary(
