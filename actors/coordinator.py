@@ -19,8 +19,9 @@ replaced it: ``replace_generator``), it gets the newest weights and rejoins. A g
 by its incarnation token changing. A prior that fails, times out or answers garbage sends
 its prompts to the empirical-mean fallback (counted). An error on this side while a
 request's completions are handled (a scorer or the scheduler raising) drops the prompt as
-``DropReason.COORDINATOR_ERROR`` (dropped.jsonl: ``coordinator_error: <type>``); an exception in any task it spawns is recorded
-(``events``, ``last_error``, which ``waiting_on`` reports).
+``DropReason.COORDINATOR_ERROR`` (dropped.jsonl: ``coordinator_error: <type>``); an
+exception in any task it spawns is recorded (``events``, ``last_error``, which
+``waiting_on`` reports).
 """
 from __future__ import annotations
 
