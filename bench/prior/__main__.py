@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 from bench.harness import stamp

@@ -103,9 +103,6 @@ def panel_bias(ax, res):
     ax.legend(fontsize=7, loc="lower left")
 
 
-EXP_MARKERS = {"v05_osla": "o", "exp_v05_median_floor": "v", "exp_eb_posterior": "*"}
-
-
 PLAN_COLORS = {"sequential": "#7f7f7f", "batched": "#1f78b4"}
 
 
