@@ -183,11 +183,12 @@ class DropCounts:
         """From summary.json's ``drop_reasons`` or a checkpoint's ``drops``; files written
         before the counts were typed name the errors ``kind: <exception type>``, each folded
         into its kind."""
+        known = {r.value: r for r in DropReason}
         out = cls()
         for text, n in d.items():
-            kind = DropReason.kind(text)
-            if kind in DropReason._value2member_map_:
-                out.add(DropReason(kind), n)
+            reason = known.get(DropReason.kind(text))
+            if reason is not None:
+                out.add(reason, n)
         return out
 
 
